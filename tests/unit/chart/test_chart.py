@@ -1,0 +1,113 @@
+"""The Helm chart, rendered by Helm's own Go SDK (helm-python-sdk): what `helm install laps
+charts/laps` would send, validated against Kubernetes 1.37's schemas."""
+from __future__ import annotations
+
+import pathlib
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "laps"
+KUBE_VERSION = "1.37"
+# Kinds from other projects' CRDs that kubernetes-validate has no schema for.
+FOREIGN_KINDS = {"ServiceMonitor"}
+
+
+def render(values: dict | None = None, namespace: str = "laps-system") -> list[dict]:
+    chart = helm_python.Chart.load(CHART)
+    out = chart.render(values or {}, name="laps", namespace=namespace, is_install=True)
+    docs = []
+    for path, text in out.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"watchNamespaces": ["team-a", "team-b"]},
+        {"metrics": {"serviceMonitor": {"enabled": True}}, "grafana": {"dashboards": {"enabled": False}}},
+    ],
+    ids=["defaults", "namespaced", "servicemonitor-no-dashboards"],
+)
+def test_every_rendered_manifest_is_valid_kubernetes(values):
+    docs = render(values)
+    assert docs
+    for doc in docs:
+        if doc["kind"] in FOREIGN_KINDS:
+            continue
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_helm_lint_strict_finds_no_warnings_or_errors():
+    report = helm_python.lint(str(CHART), {}, strict=True, kube_version=f"v{KUBE_VERSION}.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_default_install_watches_all_namespaces_with_cluster_rbac():
+    docs = render()
+    (deploy,) = by_kind(docs, "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "operator" and "--all-namespaces" in args
+    (role,) = by_kind(docs, "ClusterRole")
+    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    # The operator must hold what it grants the gateway (no RBAC escalation) and what it manages.
+    for need in [("laps.io", "lapsclusters/status"), ("", "pods"), ("apps", "statefulsets"),
+                 ("discovery.k8s.io", "endpointslices"), ("rbac.authorization.k8s.io", "roles")]:
+        assert need in granted, need
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert binding["subjects"][0]["name"] == sa["metadata"]["name"]
+    assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_watch_namespaces_gives_namespaced_roles_only():
+    docs = render({"watchNamespaces": ["team-a", "team-b"]})
+    assert not by_kind(docs, "ClusterRole")
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["team-a", "team-b"]
+    args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+
+
+def test_dashboards_ship_as_labelled_configmaps_with_valid_json():
+    import json
+
+    cms = [d for d in by_kind(render(), "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert cms, "no dashboard ConfigMap"
+    for cm in cms:
+        for text in cm["data"].values():
+            assert json.loads(text)["panels"]
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"replicas": 2}, "/replicas"),
+        ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+        ({"metrics": {"port": 8081}}, "/metrics/port"),
+        ({"unknownKey": 1}, "unknownKey"),
+    ],
+)
+def test_bad_values_are_rejected_with_the_offending_path(values, fragment):
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render(values)
+    assert fragment in str(err.value)
+
+
+def test_chart_ships_the_same_crd_as_crds_dir():
+    chart_crds = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert chart_crds == sorted(p.name for p in (ROOT / "crds").glob("*.yaml")) != []
+    for name in chart_crds:
+        assert (CHART / "crds" / name).read_text() == (ROOT / "crds" / name).read_text()
