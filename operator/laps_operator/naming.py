@@ -1,0 +1,86 @@
+"""Names and labels of everything the operator creates (docs/contracts.md, "Labels")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MANAGER = "laps-operator"
+CLUSTER_LABEL = "laps.io/cluster"
+ROLE_LABEL = "laps.io/role"
+GROUP_LABEL = "laps.io/prefill-group"
+GROUPS = ("short", "long")
+
+ENGINE_PORT = 30000
+BOOTSTRAP_PORT = 8998
+OPERATOR_METRICS_PORT = 8080
+OPERATOR_LIVENESS_PORT = 8081
+LABELS_FILE = "/etc/podinfo/labels"
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    """The LAPSCluster that owns the children: enough for names and owner references."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @property
+    def prefill(self) -> str:
+        return f"{self.name}-prefill"
+
+    def prefill_group_service(self, group: str) -> str:
+        return f"{self.name}-prefill-{group}"
+
+    @property
+    def decode(self) -> str:
+        return f"{self.name}-decode"
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.name}-gateway"
+
+    @property
+    def config(self) -> str:
+        return f"{self.name}-config"
+
+    def owner_reference(self) -> dict:
+        return {
+            "apiVersion": "laps.io/v1alpha1",
+            "kind": "LAPSCluster",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def cluster_labels(cluster: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "laps",
+        "app.kubernetes.io/instance": cluster,
+        "app.kubernetes.io/managed-by": MANAGER,
+        CLUSTER_LABEL: cluster,
+    }
+
+
+def component_labels(cluster: str, component: str) -> dict[str, str]:
+    """Labels of an object of one component; workloads' components double as their role."""
+    labels = {**cluster_labels(cluster), "app.kubernetes.io/component": component}
+    if component in ("prefill", "decode", "gateway"):
+        labels[ROLE_LABEL] = component
+    return labels
+
+
+def role_selector(cluster: str, role: str) -> dict[str, str]:
+    """The smallest selector of a role's pods: StatefulSet/Deployment selectors are immutable,
+    so they hold only labels that never change."""
+    return {CLUSTER_LABEL: cluster, ROLE_LABEL: role}
+
+
+def pod_ordinal(pod_name: str, statefulset: str) -> int | None:
+    """Ordinal of a StatefulSet pod (`<sts>-<n>`), None for a pod of another set."""
+    prefix = f"{statefulset}-"
+    if not pod_name.startswith(prefix):
+        return None
+    tail = pod_name[len(prefix):]
+    return int(tail) if tail.isdigit() else None

@@ -1,0 +1,165 @@
+"""What one reconcile does, free of kopf: read, plan (pure modules), write.
+
+kopf handlers in `main` call these and turn the outcome into Events and retries.
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import metrics
+from .apply import Applied, apply_all, contains, delete_if_owned
+from .builders import build_children, optional_children
+from .groups import GroupPlan, PodView, plan_groups
+from .kube import Kube, Ref
+from .naming import GROUP_LABEL, ClusterRef, role_selector
+from .spec import GROUP, VERSION, ClusterSpec, InvalidSpecError, parse_spec
+from .status import groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
+
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Pod events and cluster reconciles run in kopf's worker threads; one cluster's group plan must
+# be read, decided and written by one of them at a time or two could hand out the same slot.
+_cluster_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+
+@dataclass
+class Outcome:
+    applied: list[Applied] = field(default_factory=list)
+    plan: GroupPlan | None = None
+    phase: str = ""
+    previous_phase: str = ""
+    invalid: str | None = None
+
+
+def cluster_ref(body: dict[str, Any]) -> ClusterRef:
+    meta = body["metadata"]
+    return ClusterRef(meta["name"], meta.get("namespace") or "default", meta.get("uid") or "")
+
+
+def cr_ref(namespace: str, name: str) -> Ref:
+    return Ref(API_VERSION, "LAPSCluster", namespace, name)
+
+
+def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any]) -> None:
+    kube.patch(cr_ref(ref.namespace, ref.name), {"status": status}, subresource="status")
+
+
+def reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
+    """Bring the children of one LAPSCluster in line with its spec and write its status."""
+    ref = cluster_ref(body)
+    generation = body["metadata"].get("generation")
+    old_status = body.get("status") or {}
+    outcome = Outcome(previous_phase=old_status.get("phase") or "")
+    try:
+        spec = parse_spec(body.get("spec"))
+    except InvalidSpecError as exc:
+        # Nothing is created or changed for a spec we cannot fully honour.
+        status = invalid_status(old_status, generation=generation, message=str(exc), now=now_rfc3339())
+        if not contains(old_status, _without_times(status)):
+            patch_status(kube, ref, status)
+        outcome.invalid, outcome.phase = str(exc), "Invalid"
+        return outcome
+
+    outcome.applied = apply_all(kube, build_children(ref, spec), optional_kinds=frozenset({"PodMonitor"}))
+    for api_version, kind, name in optional_children(ref, spec):
+        removed = delete_if_owned(kube, Ref(api_version, kind, ref.namespace, name), ref.uid)
+        if removed:
+            outcome.applied.append(removed)
+    outcome.plan = sync_groups(kube, ref, spec)
+    outcome.phase = refresh_status(kube, ref, spec, generation=generation)
+    return outcome
+
+
+def sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | None:
+    """Plan group membership, record it in status, then label the pods that differ.
+
+    Status is written before labels: if the operator dies in between, the next run finds the
+    plan recorded and finishes the labelling instead of planning anew.
+    """
+    with _cluster_locks[(ref.namespace, ref.name)]:
+        live = kube.get(cr_ref(ref.namespace, ref.name))
+        if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        recorded = ((live.get("status") or {}).get("groups")) or {}
+        pods = kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "prefill"))
+        views = [
+            PodView(
+                name=p["metadata"]["name"],
+                group_label=(p["metadata"].get("labels") or {}).get(GROUP_LABEL),
+                terminating=bool(p["metadata"].get("deletionTimestamp")),
+            )
+            for p in pods
+        ]
+        plan = plan_groups(ref.prefill, spec.prefill.replicas, views, recorded)
+        wanted = groups_status(plan.groups)
+        if not contains(live.get("status") or {}, wanted):
+            patch_status(kube, ref, wanted)
+        for pod, group in sorted(plan.label_changes.items()):
+            kube.patch(Ref("v1", "Pod", ref.namespace, pod), {"metadata": {"labels": {GROUP_LABEL: group}}})
+        metrics.record_groups(ref.namespace, ref.name, plan.sizes)
+        return plan
+
+
+def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation: int | None) -> str:
+    """Recompute readiness from the workloads and write status if it changed; returns the phase."""
+    ns = ref.namespace
+    with _cluster_locks[(ns, ref.name)]:
+        prefill = kube.get(Ref("apps/v1", "StatefulSet", ns, ref.prefill))
+        decode = kube.get(Ref("apps/v1", "Deployment", ns, ref.decode))
+        gateway = kube.get(Ref("apps/v1", "Deployment", ns, ref.gateway))
+        readiness = workload_readiness(spec, prefill, decode, gateway)
+        live = kube.get(cr_ref(ns, ref.name)) or {}
+        old_status = live.get("status") or {}
+        status = reconciled_status(old_status, generation=generation, readiness=readiness, now=now_rfc3339())
+        if not contains(old_status, _without_times(status)):
+            patch_status(kube, ref, status)
+        return status["phase"]
+
+
+def refresh_cluster(kube: Kube, namespace: str, name: str) -> tuple[str, str] | None:
+    """(old phase, new phase) after re-reading a cluster's workloads; None if it is gone/invalid."""
+    live = kube.get(cr_ref(namespace, name))
+    if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    try:
+        spec = parse_spec(live.get("spec"))
+    except InvalidSpecError:
+        return None
+    ref = cluster_ref(live)
+    old_phase = (live.get("status") or {}).get("phase") or ""
+    generation = (live.get("status") or {}).get("observedGeneration")
+    return old_phase, refresh_status(kube, ref, spec, generation=generation)
+
+
+def delete_children(kube: Kube, ref: ClusterRef) -> list[Applied]:
+    """Remove what the cluster owns. With a garbage collector the owner references would do it;
+    doing it here as well makes deletion independent of one."""
+    names = [
+        ("apps/v1", "Deployment", ref.gateway), ("apps/v1", "Deployment", ref.decode),
+        ("apps/v1", "StatefulSet", ref.prefill),
+        ("v1", "Service", ref.gateway), ("v1", "Service", ref.decode),
+        ("v1", "Service", ref.prefill_group_service("long")), ("v1", "Service", ref.prefill_group_service("short")),
+        ("v1", "Service", ref.prefill),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", ref.gateway),
+        ("rbac.authorization.k8s.io/v1", "Role", ref.gateway), ("v1", "ServiceAccount", ref.gateway),
+        ("v1", "ConfigMap", ref.config), ("monitoring.coreos.com/v1", "PodMonitor", ref.name),
+    ]
+    removed = []
+    for api_version, kind, name in names:
+        done = delete_if_owned(kube, Ref(api_version, kind, ref.namespace, name), ref.uid)
+        if done:
+            removed.append(done)
+    metrics.forget_cluster(ref.namespace, ref.name)
+    _cluster_locks.pop((ref.namespace, ref.name), None)
+    return removed
+
+
+def _without_times(status: dict[str, Any]) -> dict[str, Any]:
+    """Status minus timestamps, to tell a real change from a re-computation."""
+    out = dict(status)
+    if "conditions" in out:
+        out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in out["conditions"]]
+    return out

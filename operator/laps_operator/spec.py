@@ -1,0 +1,188 @@
+"""Typed, defaulted view of a LAPSCluster's `spec`.
+
+The CRD's schema already defaults and validates on a real API server; this model repeats the
+same defaults and rules so the operator behaves the same where nothing validated the object
+(an emulator, a server that lost the CEL rules, an old CRD). A failure here becomes the
+InvalidSpec condition's message, so messages name the field the user has to fix.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "laps.io"
+VERSION = "v1alpha1"
+KIND = "LAPSCluster"
+PLURAL = "lapsclusters"
+
+Quantity = int | str  # as the CRD: x-kubernetes-int-or-string
+
+
+class _Model(BaseModel):
+    # camelCase in the CR, snake_case in Python; unknown keys are typos worth reporting.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class ModelSpec(_Model):
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    served_name: str | None = None
+    volume: dict[str, Any] | None = None
+    mount_path: str = "/models"
+
+    @property
+    def served(self) -> str:
+        return self.served_name or self.name
+
+
+class EngineSpec(_Model):
+    backend: Literal["builtin", "sglang"] = "builtin"
+    image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    extra_args: tuple[str, ...] = ()
+    env: tuple[dict[str, Any], ...] = ()
+
+    @field_validator("env")
+    @classmethod
+    def _env_has_names(cls, env: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        for item in env:
+            if not isinstance(item.get("name"), str) or not item["name"]:
+                raise ValueError("every env entry needs a non-empty 'name'")
+        return env
+
+
+class ResourcesSpec(_Model):
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class PoolSpec(_Model):
+    replicas: int = Field(default=1, ge=1, le=256)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    resources: ResourcesSpec = ResourcesSpec()
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+
+
+class SchedulerSpec(_Model):
+    enabled: bool = True
+    wait_window_ms: float = Field(default=5.0, ge=0, le=10000)
+    wait_max_batch: int = Field(default=8, ge=1, le=1024)
+    adaptive_window: bool = False
+    max_long_wait_ms: float = Field(default=2000.0, ge=0)
+
+
+class BatchPrefillGraphsSpec(_Model):
+    enabled: bool = True
+    batch_sizes: tuple[int, ...] = Field(default=(1, 2, 4, 8), min_length=1, max_length=32)
+    seq_lengths: tuple[int, ...] = Field(default=(16, 32, 64, 128, 256), min_length=1, max_length=64)
+
+    @field_validator("batch_sizes", "seq_lengths")
+    @classmethod
+    def _positive_unique(cls, values: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+        if any(v < 1 for v in values):
+            raise ValueError("must be positive integers")
+        limit = 4096 if info.field_name == "batch_sizes" else 1048576  # the CRD's item maximum
+        if max(values) > limit:
+            raise ValueError(f"values must be <= {limit}")
+        if len(set(values)) != len(values):
+            raise ValueError("must not repeat a value")
+        # Engines expect ascending grids; order in the CR is not meaningful.
+        return tuple(sorted(values))
+
+
+class AllocationSpec(_Model):
+    enabled: bool = False
+    interval_seconds: float = Field(default=5.0, ge=1)
+    ratio: float = Field(default=2.0, ge=1)
+    min_per_group: int = Field(default=1, ge=1)
+
+
+class LapsSpec(_Model):
+    length_threshold: int = Field(default=256, ge=1)
+    scheduler: SchedulerSpec = SchedulerSpec()
+    batch_prefill_graphs: BatchPrefillGraphsSpec = BatchPrefillGraphsSpec()
+    allocation: AllocationSpec = AllocationSpec()
+
+
+class GatewaySpec(_Model):
+    replicas: int = Field(default=1, ge=0, le=64)
+    image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(default=8000, ge=1, le=65535)
+    resources: ResourcesSpec = ResourcesSpec()
+
+
+class MonitoringSpec(_Model):
+    prometheus_url: str = Field(default="", alias="prometheusURL")
+    pod_monitor: bool = False
+    pressure_query: str | None = None
+
+
+class ClusterSpec(_Model):
+    model: ModelSpec
+    engine: EngineSpec = EngineSpec()
+    prefill: PoolSpec = PoolSpec(replicas=2)
+    decode: PoolSpec = PoolSpec(replicas=1)
+    laps: LapsSpec = LapsSpec()
+    gateway: GatewaySpec = GatewaySpec()
+    monitoring: MonitoringSpec = MonitoringSpec()
+
+    @field_validator("prefill", mode="before")
+    @classmethod
+    def _prefill_defaults_to_two(cls, value: Any) -> Any:
+        # PoolSpec's own default is 1 (decode); the prefill pool defaults to one pod per group.
+        if isinstance(value, dict) and "replicas" not in value:
+            return {**value, "replicas": 2}
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> ClusterSpec:
+        # The same rules as the CRD's x-kubernetes-validations.
+        alloc = self.laps.allocation
+        if alloc.enabled and self.prefill.replicas < 2:
+            raise ValueError("laps.allocation.enabled needs prefill.replicas >= 2 (one pod per group at least)")
+        if alloc.enabled and self.prefill.replicas < 2 * alloc.min_per_group:
+            raise ValueError("prefill.replicas must be at least 2 * laps.allocation.minPerGroup")
+        if self.engine.backend != "sglang" and (
+            self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1
+        ):
+            raise ValueError(
+                "tensorParallelSize > 1 needs engine.backend sglang (the builtin engine runs one device per pod)"
+            )
+        return self
+
+
+class InvalidSpecError(ValueError):
+    """The CR cannot be reconciled; `str()` is the message for the InvalidSpec condition."""
+
+
+def parse_spec(raw: dict[str, Any] | None) -> ClusterSpec:
+    """Validate and default a CR's `spec`; raise InvalidSpecError with a readable message."""
+    if not isinstance(raw, dict):
+        raise InvalidSpecError("spec: must be an object")
+    try:
+        return ClusterSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidSpecError(format_errors(exc)) from None
+
+
+def format_errors(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"spec.{where}: {msg}" if where else f"spec: {msg}")
+    return "; ".join(parts)

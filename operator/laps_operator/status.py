@@ -1,0 +1,92 @@
+"""The LAPSCluster's status (pure): phase, conditions, readiness of the children, groups."""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import ClusterSpec
+
+READY, PROGRESSING, INVALID_SPEC = "Ready", "Progressing", "InvalidSpec"
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def set_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str, status: bool, reason: str,
+                  message: str, *, generation: int | None, now: str) -> list[dict[str, Any]]:
+    """Conditions with `type_` set; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    out = [dict(c) for c in conditions or () if c.get("type") != type_]
+    old = next((c for c in conditions or () if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == value else now
+    new = {"type": type_, "status": value, "reason": reason, "message": message, "lastTransitionTime": since}
+    if generation is not None:
+        new["observedGeneration"] = generation
+    out.append(new)
+    order = {READY: 0, PROGRESSING: 1, INVALID_SPEC: 2}
+    return sorted(out, key=lambda c: (order.get(c["type"], 9), c["type"]))
+
+
+def condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions or () if c.get("type") == type_), None)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    message: str
+
+
+def _count(obj: Mapping[str, Any] | None, field: str) -> int:
+    return int(((obj or {}).get("status") or {}).get(field) or 0)
+
+
+def workload_readiness(spec: ClusterSpec, prefill: Mapping | None, decode: Mapping | None,
+                       gateway: Mapping | None) -> Readiness:
+    """Ready when every workload has as many ready replicas as the spec asks for."""
+    wanted = [("prefill", prefill, spec.prefill.replicas), ("decode", decode, spec.decode.replicas),
+              ("gateway", gateway, spec.gateway.replicas)]
+    waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}" for name, obj, want in wanted
+               if obj is None or _count(obj, "readyReplicas") < want]
+    if waiting:
+        return Readiness(False, "waiting for ready replicas: " + ", ".join(waiting))
+    return Readiness(True, "all prefill, decode and gateway replicas are ready")
+
+
+def reconciled_status(old: Mapping[str, Any] | None, *, generation: int | None, readiness: Readiness,
+                      now: str) -> dict[str, Any]:
+    """Phase and conditions after a successful reconcile of a valid spec. Group membership is
+    not part of it: only the group sync writes that, so a concurrent readiness update can never
+    put back a stale membership."""
+    conditions = (old or {}).get("conditions")
+    conditions = set_condition(conditions, INVALID_SPEC, False, "Valid", "spec is valid", generation=generation, now=now)
+    conditions = set_condition(conditions, READY, readiness.ready, "AllReplicasReady" if readiness.ready else "NotReady",
+                               readiness.message, generation=generation, now=now)
+    conditions = set_condition(conditions, PROGRESSING, not readiness.ready,
+                               "RollingOut" if not readiness.ready else "Complete",
+                               readiness.message if not readiness.ready else "children are up to date",
+                               generation=generation, now=now)
+    status: dict[str, Any] = {"phase": "Ready" if readiness.ready else "Progressing", "conditions": conditions}
+    if generation is not None:  # a readiness-only refresh does not know which spec it reflects
+        status["observedGeneration"] = generation
+    return status
+
+
+def groups_status(groups: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    return {
+        "groups": {g: list(groups.get(g, ())) for g in ("short", "long")},
+        "groupSizes": {g: len(groups.get(g, ())) for g in ("short", "long")},
+    }
+
+
+def invalid_status(old: Mapping[str, Any] | None, *, generation: int | None, message: str, now: str
+                   ) -> dict[str, Any]:
+    conditions = (old or {}).get("conditions")
+    conditions = set_condition(conditions, INVALID_SPEC, True, "InvalidSpec", message, generation=generation, now=now)
+    conditions = set_condition(conditions, READY, False, "InvalidSpec", message, generation=generation, now=now)
+    conditions = set_condition(conditions, PROGRESSING, False, "InvalidSpec", "fix the spec to continue",
+                               generation=generation, now=now)
+    return {"phase": "Invalid", "observedGeneration": generation, "conditions": conditions}

@@ -1,0 +1,111 @@
+"""The real operator (`laps operator`, i.e. kopf) as a subprocess against the `kube_api` emulator."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+CRD = REPO / "crds" / "lapscluster.yaml"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.1) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except Exception as exc:  # the object may not exist yet
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last saw: {last!r}")
+
+
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen
+    log_path: pathlib.Path
+    metrics_url: str
+    liveness_url: str
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        text = httpx.get(self.metrics_url, timeout=5).text
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            if series == (f"{name}{{{want}}}" if want else name):
+                return float(value)
+        return None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # kopf's graceful shutdown
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def start_operator(kube_api, tmp_path) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start `laps operator` (as many times as a test needs, one at a time; keyword arguments
+    are extra environment variables); all are stopped at the end, and their logs printed (pytest
+    shows them when the test failed)."""
+    kube_api.apply_crd(CRD)
+    started: list[OperatorProcess] = []
+
+    def start(**env_overrides: str) -> OperatorProcess:
+        metrics_port, liveness_port = free_port(), free_port()
+        log_path = tmp_path / f"operator-{len(started)}.log"
+        env = {**os.environ, "KUBECONFIG": str(kube_api.kubeconfig), "PYTHONUNBUFFERED": "1", **env_overrides}
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "laps_agent.cli", "operator", "--kubeconfig", str(kube_api.kubeconfig),
+                 "--namespace", "default", "--bind", "127.0.0.1", "--metrics-port", str(metrics_port),
+                 "--liveness-port", str(liveness_port)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+            )
+        op = OperatorProcess(process, log_path, f"http://127.0.0.1:{metrics_port}/metrics",
+                             f"http://127.0.0.1:{liveness_port}/healthz")
+        started.append(op)
+
+        def alive() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"operator exited with {process.returncode}:\n{op.log()[-3000:]}")
+            return httpx.get(op.liveness_url, timeout=2).status_code == 200
+
+        wait_for(alive, "the operator's liveness endpoint", timeout=60)
+        return op
+
+    try:
+        yield start
+    finally:
+        for op in started:
+            op.stop()
+        for op in started:
+            print(f"--- {op.log_path.name} ---\n{op.log()[-6000:]}")

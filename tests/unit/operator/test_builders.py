@@ -1,0 +1,276 @@
+"""Builders: every child carries the contract's labels and an owner reference; selectors pick
+the right pods; command lines come from the LAPS knobs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from laps_operator.builders import (
+    build_children,
+    build_config_map,
+    build_decode_deployment,
+    build_gateway_deployment,
+    build_gateway_rbac,
+    build_pod_monitor,
+    build_prefill_statefulset,
+    build_services,
+    optional_children,
+)
+from laps_operator.naming import ClusterRef
+from laps_operator.spec import parse_spec
+
+CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")
+BASE = {"model": {"name": "SmolLM2", "path": "/models/smol.gguf", "servedName": "smol"}}
+
+
+def spec_of(**overrides):
+    return parse_spec({**BASE, **overrides})
+
+
+def container(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]["containers"][0]
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_every_child_has_the_contract_labels_and_an_owner_reference():
+    children = build_children(CLUSTER, spec_of(monitoring={"podMonitor": True}))
+    kinds = sorted(c["kind"] for c in children)
+    assert kinds == sorted(["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "Service", "Service",
+                            "Service", "Service", "StatefulSet", "Deployment", "Deployment", "PodMonitor"])
+    for child in children:
+        meta = child["metadata"]
+        assert meta["namespace"] == "serving"
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/name"] == "laps"
+        assert labels["app.kubernetes.io/instance"] == "demo"
+        assert labels["app.kubernetes.io/managed-by"] == "laps-operator"
+        assert labels["laps.io/cluster"] == "demo"
+        assert labels["app.kubernetes.io/component"] in {"prefill", "decode", "gateway", "config"}
+        assert "laps.io/prefill-group" not in labels
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "laps.io/v1alpha1", "kind": "LAPSCluster", "name": "demo", "uid": "0b7c-uid",
+            "controller": True, "blockOwnerDeletion": True,
+        }]
+
+
+def test_children_names_follow_the_contract():
+    names = {(c["kind"], c["metadata"]["name"]) for c in build_children(CLUSTER, spec_of())}
+    assert {("Service", n) for n in ("demo-prefill", "demo-prefill-short", "demo-prefill-long",
+                                     "demo-decode", "demo-gateway")} <= names
+    assert ("StatefulSet", "demo-prefill") in names
+    assert ("Deployment", "demo-decode") in names and ("Deployment", "demo-gateway") in names
+    assert ("ConfigMap", "demo-config") in names
+    assert not any(kind == "PodMonitor" for kind, _ in names)  # off by default
+    assert optional_children(CLUSTER, spec_of()) == [("monitoring.coreos.com/v1", "PodMonitor", "demo")]
+
+
+def test_prefill_statefulset_template_never_holds_the_group_label():
+    sts = build_prefill_statefulset(CLUSTER, spec_of(prefill={"replicas": 5}))
+    assert sts["spec"]["replicas"] == 5
+    assert sts["spec"]["serviceName"] == "demo-prefill"
+    assert sts["spec"]["selector"] == {"matchLabels": {"laps.io/cluster": "demo", "laps.io/role": "prefill"}}
+    template_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert template_labels["laps.io/role"] == "prefill"
+    assert "laps.io/prefill-group" not in template_labels
+    # The selector must select the template's pods, or the API server rejects the StatefulSet.
+    assert sts["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+
+
+def test_prefill_pods_get_podinfo_labels_file_and_downward_env():
+    sts = build_prefill_statefulset(CLUSTER, spec_of())
+    pod = sts["spec"]["template"]["spec"]
+    podinfo = next(v for v in pod["volumes"] if v["name"] == "podinfo")
+    assert podinfo["downwardAPI"]["items"] == [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+    mount = next(m for m in container(sts)["volumeMounts"] if m["name"] == "podinfo")
+    assert mount["mountPath"] + "/labels" == flag(container(sts)["args"], "--labels-file") == "/etc/podinfo/labels"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container(sts)["env"] if "valueFrom" in e}
+    assert env == {"POD_IP": "status.podIP", "POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    ports = {p["name"]: p["containerPort"] for p in container(sts)["ports"]}
+    assert ports == {"http": 30000, "bootstrap": 8998}
+
+
+def test_builtin_prefill_args_render_every_laps_knob():
+    spec = spec_of(laps={
+        "lengthThreshold": 512,
+        "scheduler": {"enabled": False, "waitWindowMs": 12.5, "waitMaxBatch": 3, "adaptiveWindow": True,
+                      "maxLongWaitMs": 900},
+        "batchPrefillGraphs": {"enabled": True, "batchSizes": [8, 1, 4], "seqLengths": [64, 32]},
+    }, engine={"device": "cpu", "extraArgs": ["--kv-pages", "512"]})
+    c = container(build_prefill_statefulset(CLUSTER, spec))
+    args = c["args"]
+    assert c["command"] == ["laps"] and args[0] == "engine"
+    assert flag(args, "--model") == "/models/smol.gguf"
+    assert flag(args, "--served-model-name") == "smol"
+    assert flag(args, "--role") == "prefill"
+    assert flag(args, "--port") == "30000" and flag(args, "--bootstrap-port") == "8998"
+    assert flag(args, "--device") == "cpu"
+    assert flag(args, "--length-threshold") == "512"
+    assert "--no-laps-scheduler" in args and "--laps-scheduler" not in args
+    assert float(flag(args, "--wait-window-ms")) == 12.5
+    assert flag(args, "--wait-max-batch") == "3"
+    assert "--adaptive-window" in args
+    assert float(flag(args, "--max-long-wait-ms")) == 900
+    assert "--batch-prefill-graphs" in args
+    assert flag(args, "--batch-prefill-batch-sizes") == "1,4,8"  # sorted for the engine
+    assert flag(args, "--batch-prefill-seq-lengths") == "32,64"
+    assert args[-2:] == ["--kv-pages", "512"]
+
+
+def test_decode_deployment_renders_decode_role_without_prefill_only_parts():
+    dep = build_decode_deployment(CLUSTER, spec_of(decode={"replicas": 3}))
+    assert dep["spec"]["replicas"] == 3
+    assert dep["spec"]["selector"]["matchLabels"] == {"laps.io/cluster": "demo", "laps.io/role": "decode"}
+    args = container(dep)["args"]
+    assert flag(args, "--role") == "decode"
+    assert "--bootstrap-port" not in args and "--labels-file" not in args
+    assert {p["name"] for p in container(dep)["ports"]} == {"http"}
+    assert not any(v["name"] == "podinfo" for v in dep["spec"]["template"]["spec"]["volumes"])
+
+
+def test_sglang_backend_renders_launch_server_with_the_reference_flags():
+    spec = spec_of(engine={"backend": "sglang", "image": "sglang:laps"},
+                   prefill={"replicas": 4, "tensorParallelSize": 2},
+                   laps={"lengthThreshold": 300, "scheduler": {"waitWindowMs": 10, "waitMaxBatch": 4},
+                         "batchPrefillGraphs": {"batchSizes": [1, 2], "seqLengths": [128, 256]}})
+    c = container(build_prefill_statefulset(CLUSTER, spec))
+    args = c["args"]
+    assert c["command"] == ["python", "-m", "sglang.launch_server"]
+    assert flag(args, "--model-path") == "/models/smol.gguf"
+    assert flag(args, "--disaggregation-mode") == "prefill"
+    assert flag(args, "--tp-size") == "2"
+    assert "--enable-laps-scheduler" in args
+    assert flag(args, "--laps-length-threshold") == "300"
+    assert float(flag(args, "--laps-wait-window-ms")) == 10.0
+    assert flag(args, "--laps-wait-max-batch") == "4"
+    assert "--enable-batch-prefill-cuda-graph" in args
+    i = args.index("--batch-prefill-batch-sizes")
+    assert args[i + 1:i + 3] == ["1", "2"]
+    i = args.index("--batch-prefill-seq-lengths")
+    assert args[i + 1:i + 3] == ["128", "256"]
+    # A TP-2 engine without an explicit GPU limit asks for two GPUs.
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    decode_args = container(build_decode_deployment(CLUSTER, spec))["args"]
+    assert flag(decode_args, "--disaggregation-mode") == "decode"
+    assert "--enable-laps-scheduler" not in decode_args
+
+
+def test_pool_scheduling_fields_and_resources_pass_through():
+    pool = {"replicas": 2, "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "8Gi"}, "requests": {"cpu": "2"}},
+            "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "affinity": {"nodeAffinity": {}}}
+    sts = build_prefill_statefulset(CLUSTER, spec_of(prefill=pool, engine={"device": "cuda"}))
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert pod["affinity"] == {"nodeAffinity": {}}
+    # Quantities come out as strings, the API's own form.
+    assert container(sts)["resources"] == {"limits": {"nvidia.com/gpu": "1", "memory": "8Gi"}, "requests": {"cpu": "2"}}
+
+
+def test_group_services_select_prefill_pods_by_group_label():
+    services = {s["metadata"]["name"]: s for s in build_services(CLUSTER, spec_of(gateway={"port": 9000,
+                                                                                     "serviceType": "NodePort"}))}
+    for group in ("short", "long"):
+        svc = services[f"demo-prefill-{group}"]
+        assert svc["spec"]["selector"] == {"laps.io/cluster": "demo", "laps.io/role": "prefill",
+                                           "laps.io/prefill-group": group}
+        assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"http": 30000, "bootstrap": 8998}
+    headless = services["demo-prefill"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert "laps.io/prefill-group" not in headless["spec"]["selector"]
+    assert services["demo-decode"]["spec"]["selector"] == {"laps.io/cluster": "demo", "laps.io/role": "decode"}
+    gateway = services["demo-gateway"]["spec"]
+    assert gateway["type"] == "NodePort" and gateway["ports"][0]["port"] == 9000
+
+
+def test_gateway_discovers_the_group_services_with_its_own_service_account():
+    spec = spec_of(laps={"lengthThreshold": 128}, gateway={"replicas": 2, "port": 9000})
+    dep = build_gateway_deployment(CLUSTER, spec)
+    args = container(dep)["args"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "demo-gateway"
+    assert args[0] == "gateway"
+    assert flag(args, "--discovery") == "kubernetes"
+    assert flag(args, "--namespace") == "serving"
+    assert flag(args, "--prefill-short-service") == "demo-prefill-short"
+    assert flag(args, "--prefill-long-service") == "demo-prefill-long"
+    assert flag(args, "--decode-service") == "demo-decode"
+    assert flag(args, "--length-threshold") == "128"
+    assert flag(args, "--served-model-name") == "smol"
+    assert flag(args, "--port") == "9000" == str(container(dep)["ports"][0]["containerPort"])
+    assert flag(args, "--tokenizer") == "/models/smol.gguf"  # same image as the builtin engines
+
+
+def test_gateway_without_access_to_the_model_falls_back_to_the_heuristic():
+    spec = spec_of(engine={"backend": "sglang", "image": "sglang:laps"})
+    assert "--tokenizer" not in container(build_gateway_deployment(CLUSTER, spec))["args"]
+    with_volume = spec_of(engine={"backend": "sglang", "image": "sglang:laps"},
+                          model={**BASE["model"], "volume": {"persistentVolumeClaim": {"claimName": "w"}}})
+    dep = build_gateway_deployment(CLUSTER, with_volume)
+    assert flag(container(dep)["args"], "--tokenizer") == "/models/smol.gguf"
+    assert dep["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "model", "persistentVolumeClaim": {"claimName": "w"}}]
+
+
+def test_gateway_role_may_read_endpointslices_only():
+    sa, role, binding = build_gateway_rbac(CLUSTER, spec_of())
+    assert sa["kind"] == "ServiceAccount" and sa["metadata"]["name"] == "demo-gateway"
+    slices = next(r for r in role["rules"] if r["apiGroups"] == ["discovery.k8s.io"])
+    assert slices["resources"] == ["endpointslices"] and set(slices["verbs"]) == {"get", "list", "watch"}
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in role["rules"])
+    assert binding["roleRef"]["name"] == "demo-gateway"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-gateway", "namespace": "serving"}]
+
+
+def test_config_map_holds_the_effective_laps_config():
+    cm = build_config_map(CLUSTER, spec_of(laps={"allocation": {"enabled": True, "ratio": 3}}))
+    config = json.loads(cm["data"]["laps.json"])
+    assert config["laps"]["lengthThreshold"] == 256
+    assert config["laps"]["allocation"] == {"enabled": True, "intervalSeconds": 5.0, "ratio": 3.0, "minPerGroup": 1}
+    assert config["services"]["prefillShort"] == "demo-prefill-short"
+    assert config["monitoring"]["prometheusURL"] == ""
+
+
+def test_pod_monitor_scrapes_every_pod_of_the_cluster():
+    pm = build_pod_monitor(CLUSTER, spec_of(monitoring={"podMonitor": True}))
+    assert pm["spec"]["selector"] == {"matchLabels": {"laps.io/cluster": "demo"}}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+    assert "laps.io/prefill-group" in pm["spec"]["podTargetLabels"]
+
+
+@pytest.mark.parametrize("env", [[{"name": "A", "value": "1"}],
+                                 [{"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]])
+def test_user_env_is_appended_after_the_downward_env(env):
+    c = container(build_prefill_statefulset(CLUSTER, spec_of(engine={"env": env})))
+    assert c["env"][-1] == env[0]
+
+
+def test_rendered_builtin_engine_args_are_what_laps_engine_accepts():
+    # The contract check against the real command-line parsers of the data plane.
+    from laps_agent.engine.cli import build_parser as engine_parser
+
+    spec = spec_of(laps={"lengthThreshold": 384, "scheduler": {"enabled": False, "waitWindowMs": 7.5,
+                                                                "adaptiveWindow": True},
+                         "batchPrefillGraphs": {"batchSizes": [1, 2], "seqLengths": [32, 64]}},
+                   engine={"device": "cpu"})
+    prefill = engine_parser().parse_args(container(build_prefill_statefulset(CLUSTER, spec))["args"][1:])
+    assert (prefill.role, prefill.model, prefill.served_model_name) == ("prefill", "/models/smol.gguf", "smol")
+    assert (prefill.length_threshold, prefill.laps_scheduler, prefill.wait_window_ms) == (384, False, 7.5)
+    assert prefill.adaptive_window is True and prefill.batch_prefill_graphs is True
+    assert prefill.batch_prefill_batch_sizes == [1, 2] and prefill.batch_prefill_seq_lengths == [32, 64]
+    assert prefill.labels_file == "/etc/podinfo/labels" and prefill.bootstrap_port == 8998
+    decode = engine_parser().parse_args(container(build_decode_deployment(CLUSTER, spec))["args"][1:])
+    assert decode.role == "decode" and decode.device == "cpu"
+
+
+def test_rendered_gateway_args_are_what_laps_gateway_accepts():
+    from laps_agent.gateway.cli import build_parser as gateway_parser
+
+    args = gateway_parser().parse_args(container(build_gateway_deployment(CLUSTER, spec_of()))["args"][1:])
+    assert args.discovery == "kubernetes" and args.namespace == "serving"
+    assert (args.prefill_short_service, args.prefill_long_service, args.decode_service) == (
+        "demo-prefill-short", "demo-prefill-long", "demo-decode")
+    assert args.served_model_name == "smol" and args.length_threshold == 256 and args.port == 8000

@@ -1,0 +1,174 @@
+"""The LAPSCluster CRD: structure, examples, invalid CRs, defaults agreeing with the operator."""
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+import yaml
+from laps_operator.builders import build_children
+from laps_operator.naming import ClusterRef
+from laps_operator.spec import InvalidSpecError, parse_spec
+
+from tests.unit.operator.crd_jsonschema import (
+    EXAMPLES,
+    apply_defaults,
+    errors,
+    load_crd,
+    openapi_schema,
+)
+
+CRD = load_crd()
+SCHEMA = openapi_schema(CRD)
+MINIMAL = {
+    "apiVersion": "laps.io/v1alpha1",
+    "kind": "LAPSCluster",
+    "metadata": {"name": "c"},
+    "spec": {"model": {"name": "m", "path": "/models/m.gguf"}},
+}
+
+
+def with_spec(**changes: object) -> dict:
+    """MINIMAL with dotted-path changes, e.g. with_spec(**{"prefill.replicas": 0})."""
+    doc = copy.deepcopy(MINIMAL)
+    for dotted, value in changes.items():
+        node = doc["spec"]
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return doc
+
+
+def test_crd_names_scope_and_status_subresource():
+    spec = CRD["spec"]
+    assert (spec["group"], spec["scope"]) == ("laps.io", "Namespaced")
+    assert spec["names"]["kind"] == "LAPSCluster"
+    assert spec["names"]["plural"] == "lapsclusters"
+    assert spec["names"]["shortNames"] == ["laps"]
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase"
+    assert columns["Short"] == ".status.groupSizes.short"
+    assert columns["Long"] == ".status.groupSizes.long"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_crd_is_a_valid_apiextensions_object():
+    kubernetes_validate.validate(CRD, "1.37", strict=True)
+
+
+def test_schema_is_structural_every_node_has_a_type():
+    # A structural schema gives every node a type, except int-or-string and preserve-unknown nodes.
+    def walk(node: dict, path: str) -> list[str]:
+        missing = []
+        if "type" not in node and not node.get("x-kubernetes-int-or-string") \
+                and not node.get("x-kubernetes-preserve-unknown-fields"):
+            missing.append(path)
+        for name, sub in (node.get("properties") or {}).items():
+            missing += walk(sub, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                missing += walk(node[key], f"{path}[{key}]")
+        return missing
+
+    assert walk(SCHEMA, "") == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates_and_parses(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs, f"{path} holds no document"
+    for doc in docs:
+        assert errors(doc) == []
+        parse_spec(apply_defaults(doc, SCHEMA)["spec"])
+
+
+def test_examples_cover_minimal_full_and_gpu():
+    names = {p.name for p in EXAMPLES}
+    assert {"lapscluster.yaml", "lapscluster-minimal.yaml", "lapscluster-gpu.yaml"} <= names
+    gpu = yaml.safe_load((EXAMPLES[0].parent / "lapscluster-gpu.yaml").read_text())
+    assert gpu["spec"]["engine"]["backend"] == "sglang"
+    assert gpu["spec"]["prefill"]["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+INVALID = [
+    (with_spec(**{"engine.backend": "vllm"}), "spec.engine.backend", "vllm"),
+    (with_spec(**{"prefill.replicas": 0}), "spec.prefill.replicas", "minimum"),
+    (with_spec(**{"decode.replicas": "two"}), "spec.decode.replicas", "not of type 'integer'"),
+    (with_spec(**{"laps.lengthThreshold": 0}), "spec.laps.lengthThreshold", "minimum"),
+    (with_spec(**{"laps.scheduler.waitWindowMs": -1}), "spec.laps.scheduler.waitWindowMs", "minimum"),
+    (with_spec(**{"laps.batchPrefillGraphs.batchSizes": [1, 2, 2]}), "spec.laps.batchPrefillGraphs.batchSizes",
+     "non-unique"),
+    (with_spec(**{"laps.batchPrefillGraphs.batchSizes": [1, 8192]}), "spec.laps.batchPrefillGraphs.batchSizes.1",
+     "maximum"),
+    (with_spec(**{"laps.batchPrefillGraphs.seqLengths": []}), "spec.laps.batchPrefillGraphs.seqLengths", "non-empty"),
+    (with_spec(**{"gateway.serviceType": "Ingress"}), "spec.gateway.serviceType", "Ingress"),
+    (with_spec(**{"gateway.port": 70000}), "spec.gateway.port", "maximum"),
+    (with_spec(**{"prefill.resources.limits": {"nvidia.com/gpu": 1.5}}), "spec.prefill.resources.limits.nvidia.com/gpu",
+     "is not valid"),
+    (with_spec(**{"laps.lenghtThreshold": 512}), "spec.laps", "lenghtThreshold"),
+    (with_spec(**{"model": {"name": "m"}}), "spec.model", "'path' is a required property"),
+    ({**MINIMAL, "spec": {}}, "spec", "'model' is a required property"),
+]
+
+
+@pytest.mark.parametrize(("doc", "where", "says"), INVALID, ids=[w + ":" + s for _, w, s in INVALID])
+def test_invalid_crs_are_rejected_with_the_field_and_reason(doc, where, says):
+    found = errors(doc)
+    assert any(e.startswith(where + ":") and says in e for e in found), found
+    # The operator's own check agrees (it is what guards servers without schema validation).
+    with pytest.raises(InvalidSpecError):
+        parse_spec(apply_defaults(doc, SCHEMA)["spec"])
+
+
+CROSS_FIELD = [
+    ({"laps": {"allocation": {"enabled": True}}, "prefill": {"replicas": 1}}, "needs prefill.replicas >= 2"),
+    ({"laps": {"allocation": {"enabled": True, "minPerGroup": 2}}, "prefill": {"replicas": 3}},
+     "at least 2 * laps.allocation.minPerGroup"),
+    ({"prefill": {"tensorParallelSize": 2}}, "needs engine.backend sglang"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), CROSS_FIELD, ids=[m for _, m in CROSS_FIELD])
+def test_cross_field_rules_exist_in_the_crd_and_the_operator(changes, message):
+    rules = {r["message"] for r in SCHEMA["properties"]["spec"]["x-kubernetes-validations"]}
+    assert any(message in r for r in rules), rules
+    spec = {**MINIMAL["spec"], **changes}
+    assert errors({**MINIMAL, "spec": spec}) == []  # per-field fine: only the rule spans fields
+    with pytest.raises(InvalidSpecError, match=message.replace("*", r"\*").replace(".", r"\.")):
+        parse_spec(apply_defaults({**MINIMAL, "spec": spec}, SCHEMA)["spec"])
+
+
+def test_crd_defaults_equal_the_operators_defaults():
+    from_server = parse_spec(apply_defaults(MINIMAL, SCHEMA)["spec"])
+    from_operator = parse_spec(MINIMAL["spec"])
+    assert from_server == from_operator
+    assert from_operator.prefill.replicas == 2 and from_operator.decode.replicas == 1
+    assert from_operator.laps.length_threshold == 256
+
+
+def test_status_with_groups_and_pressure_validates():
+    doc = {**MINIMAL, "status": {
+        "phase": "Ready", "observedGeneration": 3,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": "ok",
+                        "lastTransitionTime": "2026-11-21T22:00:00Z"}],
+        "groups": {"short": ["c-prefill-0"], "long": ["c-prefill-1"]},
+        "groupSizes": {"short": 1, "long": 1},
+        "pressure": {"short": 1.5, "long": None},
+        "lastRebalanceTime": None,
+    }}
+    assert errors(doc) == []
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_rendered_manifests_of_every_example_validate_against_kubernetes_1_37(path):
+    doc = apply_defaults(yaml.safe_load(path.read_text()), SCHEMA)
+    children = build_children(ClusterRef(doc["metadata"]["name"], "serving", "uid-1"), parse_spec(doc["spec"]))
+    for child in children:
+        if child["kind"] == "PodMonitor":  # Prometheus Operator's CRD, not a built-in kind
+            assert child["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        kubernetes_validate.validate(child, "1.37", strict=True)

@@ -1,0 +1,109 @@
+"""Status conditions and the create-or-patch decisions, without a server."""
+from __future__ import annotations
+
+from laps_operator.apply import contains, merge_patch_for
+from laps_operator.spec import InvalidSpecError, parse_spec
+from laps_operator.status import (
+    condition,
+    groups_status,
+    invalid_status,
+    reconciled_status,
+    set_condition,
+    workload_readiness,
+)
+
+SPEC = parse_spec({"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 2}})
+
+
+def ready(n):
+    return {"status": {"readyReplicas": n}}
+
+
+def test_ready_only_when_every_workload_has_its_replicas():
+    assert workload_readiness(SPEC, ready(2), ready(1), ready(1)).ready
+    waiting = workload_readiness(SPEC, ready(1), ready(1), None)
+    assert not waiting.ready
+    assert "prefill 1/2" in waiting.message and "gateway 0/1" in waiting.message
+
+
+def test_reconciled_status_sets_phase_and_conditions():
+    status = reconciled_status(None, generation=4, readiness=workload_readiness(SPEC, ready(2), ready(1), ready(1)),
+                               now="2026-01-01T00:00:00Z")
+    assert status["phase"] == "Ready" and status["observedGeneration"] == 4
+    assert condition(status["conditions"], "Ready")["status"] == "True"
+    assert condition(status["conditions"], "Progressing")["status"] == "False"
+    assert condition(status["conditions"], "InvalidSpec")["status"] == "False"
+    assert "groups" not in status  # written only by the group sync
+
+
+def test_groups_status_lists_members_and_sizes():
+    assert groups_status({"short": ["p-0"], "long": ["p-1", "p-2"]}) == {
+        "groups": {"short": ["p-0"], "long": ["p-1", "p-2"]}, "groupSizes": {"short": 1, "long": 2}}
+
+
+def test_transition_time_moves_only_when_status_flips():
+    first = set_condition(None, "Ready", False, "NotReady", "x", generation=1, now="t1")
+    same = set_condition(first, "Ready", False, "NotReady", "y", generation=2, now="t2")
+    flipped = set_condition(same, "Ready", True, "AllReplicasReady", "z", generation=2, now="t3")
+    assert condition(same, "Ready")["lastTransitionTime"] == "t1"
+    assert condition(same, "Ready")["message"] == "y"
+    assert condition(flipped, "Ready")["lastTransitionTime"] == "t3"
+
+
+def test_invalid_status_names_the_reason():
+    try:
+        parse_spec({"model": {"name": "m", "path": "/m"}, "engine": {"backend": "vllm"}})
+    except InvalidSpecError as exc:
+        message = str(exc)
+    assert message.startswith("spec.engine.backend:") and "builtin" in message
+    status = invalid_status(None, generation=2, message=message, now="t")
+    assert status["phase"] == "Invalid"
+    invalid = condition(status["conditions"], "InvalidSpec")
+    assert (invalid["status"], invalid["reason"], invalid["message"]) == ("True", "InvalidSpec", message)
+    assert condition(status["conditions"], "Ready")["status"] == "False"
+
+
+def test_spec_error_lists_every_bad_field():
+    try:
+        parse_spec({"model": {"name": ""}, "prefill": {"replicas": 0}, "bogus": 1})
+    except InvalidSpecError as exc:
+        message = str(exc)
+    for where in ("spec.model.name", "spec.model.path", "spec.prefill.replicas", "spec.bogus"):
+        assert where in message
+
+
+def test_unchanged_live_object_needs_no_patch_despite_server_fields():
+    desired = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {"a": "1"}},
+               "spec": {"ports": [{"name": "http", "port": 80}], "selector": {"x": "y"}}}
+    live = {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "labels": {"a": "1", "extra": "kept"}, "uid": "u", "resourceVersion": "7"},
+            "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}], "selector": {"x": "y"},
+                     "clusterIP": "10.0.0.1"},
+            "status": {}}
+    assert contains(live, desired)
+    assert merge_patch_for(live, desired) == {}
+
+
+def test_changed_spec_is_patched_in_place_only_where_it_differs():
+    desired = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s", "labels": {"a": "1"}},
+               "spec": {"replicas": 6, "template": {"spec": {"containers": [{"name": "e", "args": ["--x", "2"]}]}}}}
+    live = {"metadata": {"name": "s", "labels": {"a": "1"}, "uid": "u"},
+            "spec": {"replicas": 4, "template": {"spec": {"containers": [{"name": "e", "args": ["--x", "1"]}]}}}}
+    assert merge_patch_for(live, desired) == {"spec": desired["spec"]}
+
+
+def test_quantities_stored_as_strings_count_as_equal():
+    assert contains({"limits": {"nvidia.com/gpu": "2", "memory": "8Gi"}}, {"limits": {"nvidia.com/gpu": 2}})
+    assert not contains({"replicas": 3}, {"replicas": 4})
+    assert contains({"ratio": 2}, {"ratio": 2.0})
+    assert not contains({"enabled": "True"}, {"enabled": True})
+
+
+def test_api_paths_of_core_grouped_and_custom_kinds():
+    from laps_operator.kube import Ref
+
+    assert Ref("v1", "Pod", "ns", "p-0").path() == "/api/v1/namespaces/ns/pods/p-0"
+    assert Ref("apps/v1", "StatefulSet", "ns").path() == "/apis/apps/v1/namespaces/ns/statefulsets"
+    cr = Ref.of({"apiVersion": "laps.io/v1alpha1", "kind": "LAPSCluster", "metadata": {"name": "c", "namespace": "ns"}})
+    assert cr.path() == "/apis/laps.io/v1alpha1/namespaces/ns/lapsclusters/c"
+    assert cr.collection().path() == "/apis/laps.io/v1alpha1/namespaces/ns/lapsclusters"
