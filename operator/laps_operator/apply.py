@@ -1,18 +1,29 @@
-"""Idempotent create-or-patch of the manifests the builders produce.
+"""Idempotent create-or-patch of the manifests the builders produce, with `kubectl apply`-like
+three-way merges.
 
-An object that already holds every field of its manifest is left alone (no write, so a
-restarted operator changes nothing); one that differs is merge-patched in place (a rolling
-update for workloads), never deleted and recreated.
+Every child carries the manifest the operator last applied to it (annotation
+`laps.io/last-applied`, compact JSON). A patch is computed from (last applied, desired, live):
+what the operator set before and no longer wants is removed (null in the merge patch), what
+differs from the live object is set, and everything else on the live object (fields written by
+controllers, defaulting, HPA, `kubectl label` users) is left alone. An object that already
+holds every desired field gets no write at all, so a restarted operator changes nothing; one
+that differs is merge-patched in place (a rolling update for workloads), never recreated.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .kube import Kube, KubeError, Ref
 
-
 Action = Literal["created", "patched", "unchanged", "deleted", "skipped"]
+LAST_APPLIED = "laps.io/last-applied"
+
+# Identity and server-owned parts of an object: never part of a patch.
+_IDENTITY = ("apiVersion", "kind")
+_SERVER_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+                "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink")
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,7 @@ class Applied:
 def contains(live: Any, desired: Any) -> bool:
     """True when `live` already holds everything in `desired` (extra server-set fields ignored)."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and contains(live[k], v) for k, v in desired.items())
+        return isinstance(live, dict) and all(_holds(live, k, v) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
                 and all(contains(a, b) for a, b in zip(live, desired)))
@@ -37,6 +48,14 @@ def contains(live: Any, desired: Any) -> bool:
     return live == desired
 
 
+def _holds(live: dict[str, Any], key: str, desired: Any) -> bool:
+    if key not in live:
+        # A real API server omits empty lists and maps (`volumes: []`) when it serialises an
+        # object; counting that as a difference would patch on every reconcile.
+        return desired == [] or desired == {}
+    return contains(live[key], desired)
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -45,36 +64,128 @@ def _scalar(value: Any) -> bool:
     return isinstance(value, (int, float, str)) and not isinstance(value, bool)
 
 
+def last_applied_json(manifest: dict[str, Any]) -> str:
+    """The annotation's value for `manifest`: compact, key-sorted JSON (stable across runs, so
+    an unchanged spec never rewrites it), without the annotation itself."""
+    return json.dumps(_without_last_applied(manifest), sort_keys=True, separators=(",", ":"))
+
+
+def with_last_applied(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` with its own last-applied annotation: what is created or patched."""
+    meta = dict(manifest.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), LAST_APPLIED: last_applied_json(manifest)}
+    return {**manifest, "metadata": meta}
+
+
+def last_applied_of(live: dict[str, Any] | None) -> dict[str, Any]:
+    """What the operator last applied to `live`; {} for an object it never annotated (created by
+    an older operator or by hand) or one whose annotation was mangled, so nothing is removed."""
+    raw = (((live or {}).get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    if not isinstance(raw, str):
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def three_way_patch(last_applied: dict[str, Any] | None, desired: dict[str, Any],
+                    live: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that brings `live` to `desired`, removing what
+    `last_applied` had and `desired` no longer has. Lists are replaced whole. {} when nothing
+    needs changing. Pure: no server involved."""
+    last = _patchable(last_applied or {})
+    want = _patchable(desired)
+    current = _patchable(live)
+    return _merge(_removals(last, want, current), _changes(current, want))
+
+
 def merge_patch_for(live: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """The merge patch turning `live` into something that contains `desired`: only the top-level
-    sections that differ, so fields the server owns (status, resourceVersion...) stay out."""
-    patch: dict[str, Any] = {}
-    for key, value in desired.items():
-        if key in ("apiVersion", "kind"):
+    """The two-way patch (nothing known about earlier applies): sets, never removes."""
+    return three_way_patch(None, desired, live)
+
+
+def _patchable(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` minus identity, status and server-owned metadata."""
+    out = {k: v for k, v in obj.items() if k not in (*_IDENTITY, "status")}
+    if isinstance(out.get("metadata"), dict):
+        out["metadata"] = {k: v for k, v in out["metadata"].items() if k not in _SERVER_META}
+    return out
+
+
+def _removals(last: dict[str, Any], desired: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """Nulls for keys the operator set before and dropped since. Only keys still present live:
+    a null for an absent key would be a write that changes nothing."""
+    out: dict[str, Any] = {}
+    for key, before in last.items():
+        if key not in live:
             continue
-        if key == "metadata":
-            meta = {k: v for k, v in value.items() if k in ("labels", "annotations", "ownerReferences")
-                    and not contains(live.get("metadata", {}).get(k), v)}
-            if meta:
-                patch["metadata"] = meta
-        elif not contains(live.get(key), value):
-            patch[key] = value
-    return patch
+        if key not in desired:
+            if isinstance(before, dict) and isinstance(live[key], dict) and set(live[key]) - set(before):
+                # Others added keys to a map we no longer want (a label, an annotation): take
+                # back only ours instead of dropping the whole map with theirs.
+                nested = _removals(before, {}, live[key])
+                if nested:
+                    out[key] = nested
+            else:
+                out[key] = None
+        elif isinstance(before, dict) and isinstance(desired[key], dict) and isinstance(live[key], dict):
+            nested = _removals(before, desired[key], live[key])
+            if nested:
+                out[key] = nested
+    return out
+
+
+def _changes(live: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """Desired values that `live` does not hold yet, as narrowly as maps allow."""
+    out: dict[str, Any] = {}
+    for key, want in desired.items():
+        if _holds(live, key, want):
+            continue
+        have = live.get(key)
+        if isinstance(want, dict) and isinstance(have, dict):
+            out[key] = _changes(have, want)
+        else:
+            out[key] = want
+    return out
+
+
+def _merge(removals: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(removals)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _without_last_applied(manifest: dict[str, Any]) -> dict[str, Any]:
+    meta = manifest.get("metadata")
+    if not isinstance(meta, dict) or LAST_APPLIED not in (meta.get("annotations") or {}):
+        return manifest
+    annotations = {k: v for k, v in meta["annotations"].items() if k != LAST_APPLIED}
+    meta = {k: v for k, v in meta.items() if k != "annotations"}
+    if annotations:
+        meta["annotations"] = annotations
+    return {**manifest, "metadata": meta}
 
 
 def apply(kube: Kube, manifest: dict[str, Any]) -> Applied:
     ref = Ref.of(manifest)
+    desired = with_last_applied(manifest)
     live = kube.get(ref)
     if live is None:
         try:
-            kube.create(manifest)
+            kube.create(desired)
             return Applied(ref, "created")
         except KubeError as exc:
             if exc.status != 409:
                 raise
             # Someone (a previous run of ours) created it between our read and write.
             live = kube.get(ref) or {}
-    patch = merge_patch_for(live, manifest)
+    patch = three_way_patch(last_applied_of(live), desired, live)
     if not patch:
         return Applied(ref, "unchanged")
     kube.patch(ref, patch)

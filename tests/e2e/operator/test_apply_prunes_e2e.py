@@ -1,0 +1,58 @@
+"""Updates remove what the spec no longer asks for (`kubectl apply` semantics): the real
+operator against the API emulator, driven through the official client as a user would."""
+from __future__ import annotations
+
+import json
+
+from tests.e2e.operator.conftest import wait_for
+from tests.e2e.operator.test_operator_e2e import NS, Cluster, example
+
+LAST_APPLIED = "laps.io/last-applied"
+OMP = {"name": "OMP_NUM_THREADS", "value": "2"}
+DEBUG = {"name": "LAPS_DEBUG", "value": "1"}
+TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "prefill", "effect": "NoSchedule"}
+
+
+def test_fields_removed_from_the_spec_leave_the_statefulset_and_others_labels_stay(kube_api, start_operator):
+    start_operator()
+    cluster = Cluster(kube_api, "prune")
+    body = example("prune")
+    body["spec"]["engine"].update(env=[OMP, DEBUG], extraArgs=["--log-level", "debug"])
+    body["spec"]["prefill"].update(nodeSelector={"pool": "prefill"}, tolerations=[TOLERATION])
+    cluster.create(body)
+
+    sts = wait_for(cluster.statefulset, "the prefill StatefulSet")
+    pod = sts.spec.template.spec
+    assert pod.node_selector == {"pool": "prefill"} and pod.tolerations[0].key == "dedicated"
+    assert {"OMP_NUM_THREADS", "LAPS_DEBUG"} <= {e.name for e in pod.containers[0].env}
+    assert pod.containers[0].args[-2:] == ["--log-level", "debug"]
+    recorded = json.loads(sts.metadata.annotations[LAST_APPLIED])
+    assert recorded["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "prefill"}
+
+    # Someone else labels the StatefulSet (a cost-allocation tool, `kubectl label`...).
+    cluster.apps.patch_namespaced_stateful_set("prune-prefill", NS, {"metadata": {"labels": {"team": "ml"}}})
+    sts_uid = sts.metadata.uid
+
+    # The user drops the node selector, the tolerations, an env var and the extra args.
+    cluster.patch_spec({"engine": {"env": [OMP], "extraArgs": []},
+                        "prefill": {"nodeSelector": None, "tolerations": None}})
+
+    def pruned():
+        pod = cluster.statefulset().spec.template.spec
+        names = {e.name for e in pod.containers[0].env}
+        return (pod.node_selector is None and pod.tolerations is None and "LAPS_DEBUG" not in names
+                and "--log-level" not in pod.containers[0].args)
+
+    wait_for(pruned, "nodeSelector, tolerations, LAPS_DEBUG and --log-level gone from the StatefulSet")
+    sts = cluster.statefulset()
+    assert sts.metadata.uid == sts_uid  # updated in place, not recreated
+    assert sts.metadata.labels["team"] == "ml"
+    assert sts.metadata.labels["laps.io/role"] == "prefill"
+    assert "OMP_NUM_THREADS" in {e.name for e in sts.spec.template.spec.containers[0].env}
+    assert "nodeSelector" not in json.loads(sts.metadata.annotations[LAST_APPLIED])["spec"]["template"]["spec"]
+
+    # Adding the selector back restores it.
+    cluster.patch_spec({"prefill": {"nodeSelector": {"pool": "big"}}})
+    wait_for(lambda: cluster.statefulset().spec.template.spec.node_selector == {"pool": "big"},
+             "the new nodeSelector on the StatefulSet")
+    assert cluster.statefulset().metadata.labels["team"] == "ml"

@@ -1,0 +1,166 @@
+"""The Grafana dashboard's queries against a REAL Prometheus scraping a real PD stack.
+
+Real `laps engine` processes (tiny model, one prefill and one decode) and a real gateway run on
+loopback; Prometheus (the binary, started by the test) scrapes all three every second, with
+`namespace`/`pod` labels added the way the chart's ServiceMonitor relabelling would. After a few
+real requests (short and long class, streamed and not) every dashboard panel query must be
+valid PromQL, and each gateway/engine panel must show data. No operator runs here, so the
+operator panels are only checked for validity. tests/unit/chart/test_dashboard_metrics.py
+checks the names statically; this checks what a user of the dashboard would actually see."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.fixtures_prometheus import PrometheusQueryError, PrometheusServer, ScrapeTarget
+
+ROOT = Path(__file__).resolve().parents[3]
+DASHBOARD = ROOT / "charts" / "laps" / "dashboards" / "laps-overview.json"
+NAMESPACE = "local"
+# What Grafana substitutes; `.*` is the dashboard's "All" value of $namespace.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "${namespace}": ".*", "$namespace": ".*"}
+THRESHOLD = 32          # gateway length threshold, in (heuristic) tokens
+SHORT_PROMPT = "Once upon a time"
+# ~540 characters: well over the threshold by any tokenizer or heuristic.
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
+
+
+def panel_queries(path: Path = DASHBOARD) -> list[tuple[str, str]]:
+    """(panel title, PromQL with Grafana variables substituted) for every panel, rows included."""
+    def walk(panels):
+        for panel in panels:
+            yield panel
+            yield from walk(panel.get("panels", []))
+
+    queries = []
+    for panel in walk(json.loads(path.read_text())["panels"]):
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, f"unsubstituted Grafana variable in {panel['title']}: {expr}"
+            queries.append((panel["title"], expr))
+    return queries
+
+
+def by_label(result: list[dict], label: str) -> dict[str, float]:
+    return {series["metric"].get(label, ""): float(series["value"][1]) for series in result}
+
+
+@pytest.fixture
+def pd_stack(tiny_pd_engines, gateway_server):
+    """Gateway over one prefill engine (serving both groups, so each class routes to its own
+    group) and one decode engine."""
+    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+
+    prefill, decode = tiny_pd_engines.prefill, tiny_pd_engines.decode
+    spec = StaticSpec((prefill.url,), (prefill.url,), (decode.url,))
+    gateway = gateway_server(StaticDiscovery(spec, poll_s=0.05), served_model_name="test-model",
+                             length_threshold=THRESHOLD)
+    return gateway, prefill, decode
+
+
+@pytest.fixture
+def scraped_stack(pd_stack, prometheus_server) -> tuple[PrometheusServer, httpx.Client]:
+    gateway, prefill, decode = pd_stack
+    prom = prometheus_server([
+        ScrapeTarget(prefill.url, pod="laps-prefill-0"),
+        ScrapeTarget(decode.url, pod="laps-decode-0"),
+        ScrapeTarget(gateway.url, pod="laps-gateway-0"),
+    ])
+    prom.wait_targets_up(timeout=20)
+    with httpx.Client(base_url=gateway.url, timeout=120, trust_env=False) as client:
+        yield prom, client
+
+
+def send_traffic(client: httpx.Client) -> dict[str, int]:
+    """Requests of both classes, streamed and not, plus one bad request; returns sent per class."""
+    def completion(prompt: str, stream: bool) -> None:
+        body = {"model": "test-model", "prompt": prompt, "max_tokens": 3, "temperature": 0,
+                "stream": stream}
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        if stream:
+            assert response.text.rstrip().endswith("data: [DONE]")
+        else:
+            assert response.json()["choices"][0]["text"]
+
+    def chat(prompt: str, stream: bool) -> None:
+        body = {"model": "test-model", "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 3, "temperature": 0, "stream": stream}
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+
+    completion(SHORT_PROMPT, stream=False)
+    chat(SHORT_PROMPT, stream=True)
+    completion(LONG_PROMPT, stream=True)
+    chat(LONG_PROMPT, stream=False)
+    completion(LONG_PROMPT, stream=False)
+    # The errors panel groups by reason; give it one real error to show.
+    wrong = client.post("/v1/completions", json={"model": "no-such-model", "prompt": "x"})
+    assert wrong.status_code == 404, wrong.text
+    return {"short": 2, "long": 3}
+
+
+def test_dashboard_queries_show_a_real_pd_stack(scraped_stack):
+    prom, client = scraped_stack
+    sent = send_traffic(client)
+    local = f'namespace="{NAMESPACE}"'
+
+    # The gateway's counters count what was sent, by class, each class in its own group.
+    per_class_group = prom.wait_for(
+        f"sum by (class, group) (laps_gateway_requests_total{{{local}}}) > 0",
+        lambda r: sum(float(s["value"][1]) for s in r) == sum(sent.values()))
+    assert {(s["metric"]["class"], s["metric"]["group"]): float(s["value"][1])
+            for s in per_class_group} == {("short", "short"): 2, ("long", "long"): 3}
+    # Every routed request finished, so each one has a latency sample.
+    finished = prom.wait_for(
+        f"sum by (class) (laps_gateway_request_seconds_count{{{local}}})",
+        lambda r: by_label(r, "class") == {"short": 2, "long": 3})
+    assert by_label(finished, "class") == sent
+    errors = prom.wait_for(f"sum by (reason) (laps_gateway_errors_total{{{local}}})",
+                           lambda r: by_label(r, "reason") == {"unknown_model": 1})
+    assert by_label(errors, "reason") == {"unknown_model": 1}
+
+    # Engine identity: one prefill and one decode engine, each in its pod, with the model name.
+    info = prom.query(f"laps_engine_info{{{local}}}")
+    assert {(s["metric"]["role"], s["metric"]["pod"]) for s in info} == {
+        ("prefill", "laps-prefill-0"), ("decode", "laps-decode-0")}
+    assert all(s["metric"]["model"] == "test-model" for s in info)
+    # The dashboard's $namespace variable is `label_values(laps_engine_info, namespace)`.
+    namespaces = prom.api("label/namespace/values", **{"match[]": "laps_engine_info"})
+    assert namespaces == [NAMESPACE]
+
+    # Every panel: valid PromQL; gateway and engine panels show data. rate() needs two samples
+    # after the traffic, hence polling each until it is non-empty.
+    checked_with_data, checked_valid_only = [], []
+    for title, expr in panel_queries():
+        prom.query(expr)  # raises PrometheusQueryError (with Prometheus's message) if invalid
+        if "laps_operator_" in expr:
+            checked_valid_only.append(title)  # no operator runs in this test
+            continue
+        result = prom.wait_for(expr, bool, timeout=20)
+        assert all(len(s["value"]) == 2 for s in result), (title, result)
+        checked_with_data.append(title)
+    assert checked_with_data and checked_valid_only
+
+    # The request-rate panel shows traffic in both classes, not just zero-valued series.
+    rate_panel = next(e for t, e in panel_queries() if "laps_gateway_requests_total" in e)
+    rates = prom.wait_for(rate_panel, lambda r: {s["metric"]["class"] for s in r
+                                                 if float(s["value"][1]) > 0} == {"short", "long"})
+    assert all(not math.isnan(float(s["value"][1])) for s in rates)
+    # Per-pod panels name the engine pods.
+    kv_panel = next(e for t, e in panel_queries() if "laps_engine_kv_usage_ratio" in e)
+    assert {s["metric"]["pod"] for s in prom.query(kv_panel)} == {"laps-prefill-0", "laps-decode-0"}
+
+
+def test_invalid_promql_is_reported_with_prometheus_message(prometheus_server):
+    """The validity check above is real: Prometheus rejects a broken query with its reason."""
+    prom = prometheus_server([])
+    with pytest.raises(PrometheusQueryError, match="bad_data"):
+        prom.query("sum by (class (laps_gateway_requests_total)")
+    assert prom.query("vector(1)")[0]["value"][1] == "1"

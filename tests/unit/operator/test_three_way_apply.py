@@ -1,0 +1,206 @@
+"""Three-way merge patches: removing a field from the spec removes it from the live child, and
+nothing anyone else wrote is touched. Pure functions, no server."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laps_operator.apply import (
+    LAST_APPLIED,
+    contains,
+    last_applied_json,
+    last_applied_of,
+    three_way_patch,
+    with_last_applied,
+)
+from laps_operator.builders import build_prefill_statefulset
+from laps_operator.naming import ClusterRef
+from laps_operator.spec import parse_spec
+
+CLUSTER = ClusterRef("c", "ns", "uid-1")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as an API server applies `application/merge-patch+json`."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def statefulset(**spec_changes: Any) -> dict[str, Any]:
+    spec = {"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 2}, **spec_changes}
+    return with_last_applied(build_prefill_statefulset(CLUSTER, parse_spec(spec)))
+
+
+def as_stored(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a server returns after creating `manifest`: server metadata, defaults and status."""
+    live = copy.deepcopy(manifest)
+    live["metadata"].update(uid="sts-uid", resourceVersion="11", generation=1, creationTimestamp="t")
+    live["spec"]["revisionHistoryLimit"] = 10
+    live["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
+    live["status"] = {"replicas": 2, "readyReplicas": 2}
+    return live
+
+
+def apply_to(live: dict[str, Any], desired: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    patch = three_way_patch(last_applied_of(live), desired, live)
+    return patch, merge_patch(live, patch)
+
+
+RICH = {
+    "engine": {"env": [{"name": "OMP_NUM_THREADS", "value": "2"}, {"name": "DEBUG", "value": "1"}],
+               "extraArgs": ["--log-level", "debug"]},
+    "prefill": {"replicas": 2, "nodeSelector": {"pool": "prefill"},
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+}
+PLAIN = {"engine": {"env": [{"name": "OMP_NUM_THREADS", "value": "2"}]}, "prefill": {"replicas": 2}}
+
+
+def test_fields_dropped_from_the_spec_leave_the_statefulset():
+    live = as_stored(statefulset(**RICH))
+    live["metadata"]["labels"]["team"] = "ml"  # someone else's label
+    patch, after = apply_to(live, statefulset(**PLAIN))
+
+    pod = after["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    engine = pod["containers"][0]
+    assert [e["name"] for e in engine["env"] if e["name"] in ("OMP_NUM_THREADS", "DEBUG")] == ["OMP_NUM_THREADS"]
+    assert "--log-level" not in engine["args"]
+    assert after["metadata"]["labels"]["team"] == "ml"
+    assert after["spec"]["revisionHistoryLimit"] == 10 and after["status"] == live["status"]
+    assert "labels" not in patch["metadata"]  # nobody's labels were rewritten
+    # The next reconcile finds nothing to do.
+    assert three_way_patch(last_applied_of(after), statefulset(**PLAIN), after) == {}
+
+
+def test_fields_added_back_return():
+    _, plain = apply_to(as_stored(statefulset(**PLAIN)), statefulset(**PLAIN))
+    _, rich = apply_to(plain, statefulset(**RICH))
+    assert rich["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "prefill"}
+    assert contains(rich, statefulset(**RICH))
+
+
+def test_an_unchanged_spec_needs_no_write():
+    live = as_stored(statefulset(**RICH))
+    assert three_way_patch(last_applied_of(live), statefulset(**RICH), live) == {}
+
+
+def test_a_label_the_operator_dropped_is_removed_and_others_stay():
+    last = {"metadata": {"name": "s", "labels": {"a": "1", "old": "x"}}, "spec": {"x": 1}}
+    desired = with_last_applied({"metadata": {"name": "s", "labels": {"a": "1"}}, "spec": {"x": 1}})
+    live = {"metadata": {"name": "s", "labels": {"a": "1", "old": "x", "team": "ml"},
+                         "annotations": {LAST_APPLIED: last_applied_json(last), "note": "hi"}},
+            "spec": {"x": 1}}
+    patch = three_way_patch(last_applied_of(live), desired, live)
+    assert patch["metadata"]["labels"] == {"old": None}
+    assert patch["metadata"]["annotations"] == {LAST_APPLIED: last_applied_json(desired)}
+    assert "spec" not in patch
+
+
+def test_a_dropped_map_keeps_what_others_added_to_it():
+    last = {"metadata": {"name": "s", "annotations": {"ours": "1"}}}
+    live = {"metadata": {"name": "s", "annotations": {"ours": "1", "deployment.kubernetes.io/revision": "3"}}}
+    patch = three_way_patch(last, {"metadata": {"name": "s"}}, live)
+    assert patch == {"metadata": {"annotations": {"ours": None}}}
+    alone = {"metadata": {"name": "s", "annotations": {"ours": "1"}}}
+    assert three_way_patch(last, {"metadata": {"name": "s"}}, alone) == {"metadata": {"annotations": None}}
+
+
+def test_objects_without_a_record_only_gain_fields():
+    # Created by an older operator, or by hand: nothing is known to be ours, nothing is removed.
+    live = {"metadata": {"name": "s"}, "spec": {"nodeSelector": {"pool": "a"}, "replicas": 1}}
+    desired = {"metadata": {"name": "s"}, "spec": {"replicas": 2}}
+    assert three_way_patch(None, desired, live) == {"spec": {"replicas": 2}}
+    live["metadata"]["annotations"] = {LAST_APPLIED: "{not json"}
+    assert last_applied_of(live) == {}
+
+
+def test_a_field_already_gone_live_causes_no_write():
+    last = {"spec": {"nodeSelector": {"pool": "a"}, "replicas": 1}}
+    assert three_way_patch(last, {"spec": {"replicas": 1}}, {"spec": {"replicas": 1}}) == {}
+
+
+def test_empty_lists_the_server_omits_are_not_a_difference():
+    desired = {"spec": {"volumes": [], "containers": [{"name": "g", "volumeMounts": []}]}}
+    live = {"spec": {"containers": [{"name": "g", "image": "x"}]}}
+    assert three_way_patch(desired, desired, live) == {}
+
+
+def test_identity_and_server_fields_are_never_patched():
+    desired = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"},
+               "data": {"k": "v"}}
+    live = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u", "resourceVersion": "3"},
+            "data": {"k": "old"}, "status": {"x": 1}}
+    assert three_way_patch({**desired, "status": {"y": 1}}, desired, live) == {"data": {"k": "v"}}
+
+
+def test_the_record_is_stable_and_excludes_itself():
+    manifest = {"kind": "ConfigMap", "metadata": {"name": "c", "annotations": {"note": "hi"}},
+                "data": {"b": "2", "a": "1"}}
+    reordered = {"data": {"a": "1", "b": "2"}, "metadata": {"annotations": {"note": "hi"}, "name": "c"},
+                 "kind": "ConfigMap"}
+    annotated = with_last_applied(manifest)
+    assert annotated["metadata"]["annotations"]["note"] == "hi"
+    assert last_applied_json(manifest) == last_applied_json(reordered) == last_applied_json(annotated)
+    assert last_applied_of(annotated) == manifest
+    assert " " not in annotated["metadata"]["annotations"][LAST_APPLIED]
+    assert "metadata" in manifest and "annotations" in manifest["metadata"]
+    assert LAST_APPLIED not in manifest["metadata"]["annotations"]  # the input is not modified
+
+
+# Random JSON documents over a few keys, so that last-applied, desired and live overlap.
+KEYS = st.sampled_from(["a", "b", "c", "d"])
+LEAVES = st.one_of(st.integers(-3, 3), st.sampled_from(["x", "y"]), st.booleans())
+VALUES = st.recursive(LEAVES, lambda inner: st.one_of(st.lists(inner, max_size=2),
+                                                      st.dictionaries(KEYS, inner, max_size=3)), max_leaves=8)
+DOCS = st.dictionaries(KEYS, VALUES, max_size=4)
+
+
+def removed_paths(last: Any, desired: Any, prefix: tuple = ()) -> list[tuple]:
+    if not (isinstance(last, dict) and isinstance(desired, dict)):
+        return []
+    out = []
+    for key, value in last.items():
+        if key not in desired:
+            out.append((*prefix, key))
+        else:
+            out += removed_paths(value, desired[key], (*prefix, key))
+    return out
+
+
+def at(doc: Any, path: tuple) -> tuple[bool, Any]:
+    for key in path:
+        if not isinstance(doc, dict) or key not in doc:
+            return False, None
+        doc = doc[key]
+    return True, doc
+
+
+@settings(max_examples=300, deadline=None)
+@given(last=DOCS, desired=DOCS, live=DOCS)
+def test_patched_object_is_desired_minus_dropped_fields_plus_others(last, desired, live):
+    patch = three_way_patch(last, desired, live)
+    after = merge_patch(live, patch)
+    assert contains(after, desired)
+    for path in removed_paths(last, desired):
+        present, value = at(after, path)
+        if present:  # kept only for keys someone else added to a map the operator dropped
+            ours, theirs = at(last, path)[1], at(live, path)[1]
+            assert isinstance(value, dict) and isinstance(ours, dict) and set(theirs) - set(ours), path
+            assert all(k not in ours or isinstance(ours[k], dict) for k in value), path
+    # Keys nobody asked about (neither in last-applied nor desired) keep their live values.
+    for key, value in live.items():
+        if key not in last and key not in desired:
+            assert after[key] == value
+    # Applying again changes nothing: no write on the next reconcile.
+    assert three_way_patch(desired, desired, after) == {}
