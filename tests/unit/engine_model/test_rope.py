@@ -1,0 +1,41 @@
+"""RoPE frequencies honour rope_theta and the linear / llama3 scaling configs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from laps_agent.engine.model import rope_inverse_frequencies
+from laps_agent.engine.model_config import ModelConfig, UnsupportedModelError
+
+BASE = dict(architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=64, num_layers=1,
+            num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=500000.0)
+
+
+def test_linear_scaling_divides_every_frequency():
+    plain = rope_inverse_frequencies(ModelConfig(**BASE))
+    scaled = rope_inverse_frequencies(ModelConfig(**BASE, rope_scaling={"type": "linear", "factor": 4.0}))
+    assert torch.allclose(scaled, plain / 4)
+
+
+def test_llama3_scaling_keeps_high_and_slows_low_frequencies():
+    scaling = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    plain = rope_inverse_frequencies(ModelConfig(**BASE))
+    scaled = rope_inverse_frequencies(ModelConfig(**BASE, rope_scaling=scaling))
+    wavelen = 2 * math.pi / plain
+    short, long = wavelen < 8192 / 4, wavelen > 8192 / 1
+    assert short.any() and long.any()
+    assert torch.allclose(scaled[short], plain[short])
+    assert torch.allclose(scaled[long], plain[long] / 8)
+
+
+def test_hf_config_rope_scaling_is_parsed_and_unknown_kinds_refused():
+    cfg = {"model_type": "llama", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+    assert ModelConfig.from_hf_dict({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+                                    ).rope_scaling["type"] == "llama3"
+    assert ModelConfig.from_hf_dict({**cfg, "rope_scaling": None}).rope_scaling is None
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        ModelConfig.from_hf_dict({**cfg, "rope_scaling": {"type": "yarn", "factor": 4.0}})

@@ -1,0 +1,90 @@
+"""Tokenizers from GGUF metadata and from an HF directory, and chat templates."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from laps_agent.engine.tokenizer import ChatTemplateError, TokenizerError, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+
+SAMPLES = ["Hello, world 123", "  two  spaces\n\nand lines", "héllo wörld 🤗 <tag>", ""]
+
+
+def test_gguf_tokenizer_known_ids_without_importing_torch(smollm2_path):
+    # A fresh interpreter: the gateway imports this module and must not pull in torch.
+    code = (
+        "import sys, json\n"
+        "from laps_agent.engine.tokenizer import load_tokenizer\n"
+        f"tok = load_tokenizer({str(smollm2_path)!r})\n"
+        "print(json.dumps({'ids': tok.encode('Hello, world 123', add_special_tokens=True),\n"
+        "                  'torch': 'torch' in sys.modules,\n"
+        "                  'eos': sorted(tok.eos_token_ids), 'bos': tok.bos_token_id, 'vocab': tok.vocab_size}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=REPO, env={"PYTHONPATH": str(REPO / "agent"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    # 'Hello' ',' 'Ġworld' 'Ġ' '1' '2' '3': digits split one by one, no BOS (SmolLM2's tokenizer).
+    assert got == {"ids": [19556, 28, 905, 216, 33, 34, 35], "torch": False,
+                   "eos": [2], "bos": 1, "vocab": 49152}
+
+
+@pytest.mark.slow
+def test_gguf_tokenizer_round_trips_and_renders_chat(smollm2_loaded):
+    tok = smollm2_loaded.tokenizer
+    for text in SAMPLES:
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.encode("What is the capital of France?") == [1780, 314, 260, 3575, 282, 4649, 47]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                      "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode(prompt)
+    assert ids[0] == tok.bos_token_id == 1 and ids.count(2) == 2  # specials are single tokens
+    assert tok.decode(ids) == "system\nYou are a helpful AI assistant named SmolLM, trained by " \
+                              "Hugging Face\nuser\nHi\nassistant\n"
+    assert tok.decode(ids, skip_special_tokens=False) == prompt
+
+
+def test_hf_dir_tokenizer(tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    for text in SAMPLES:
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.eos_token_ids == frozenset({2}) and tok.bos_token_id == 1
+    # Like SmolLM2, the tiny tokenizer adds no BOS of its own.
+    assert tok.encode("hi", add_special_tokens=True) == tok.encode("hi")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=False) \
+        == "<|im_start|>user\nhi<|im_end|>\n"
+    with pytest.raises(ChatTemplateError, match="role"):
+        tok.apply_chat_template([{"content": "no role"}])
+
+
+def test_template_raise_exception_and_sandbox(tmp_path, tiny_model_dir):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "tokenizer.json").write_text((tiny_model_dir / "tokenizer.json").read_text())
+    template = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}"
+                "{% endif %}{{ messages[0].__class__.__mro__ }}")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|im_end|>"}))
+    tok = load_tokenizer(model)
+    with pytest.raises(ChatTemplateError, match="first message must be user"):
+        tok.apply_chat_template([{"role": "system", "content": "x"}])
+    with pytest.raises(ChatTemplateError):  # the sandbox refuses attribute escapes
+        tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_missing_tokenizer_files_give_clear_errors(tmp_path):
+    with pytest.raises(TokenizerError, match="tokenizer.json"):
+        load_tokenizer(tmp_path)
+    with pytest.raises(TokenizerError, match="expected a .gguf"):
+        load_tokenizer(tmp_path / "nope.bin")
+    no_template = tmp_path / "m"
+    no_template.mkdir()
+    from tokenizers import Tokenizer, models
+    Tokenizer(models.BPE()).save(str(no_template / "tokenizer.json"))
+    with pytest.raises(ChatTemplateError, match="no chat template"):
+        load_tokenizer(no_template).apply_chat_template([{"role": "user", "content": "x"}])
