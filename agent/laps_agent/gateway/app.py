@@ -1,0 +1,190 @@
+"""The gateway's HTTP face: OpenAI-compatible + SGLang endpoints, status and metrics."""
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from laps_agent.gateway.config import GatewayConfig
+from laps_agent.gateway.discovery import Discovery
+from laps_agent.gateway.estimate import TokenEstimator
+from laps_agent.gateway.load import LoadTracker
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.proxy import (GatewayError, PDProxy, ProxyCall, Reply, StreamReply,
+                                      UpstreamStatus)
+from laps_agent.gateway.relay import HangupGuard, RelayResponse
+from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
+from laps_agent.gateway.status import laps_status
+
+log = logging.getLogger(__name__)
+_ERROR_STATUSES = (400, 404, 413, 422, 502, 503, 504)
+
+
+@dataclass
+class Gateway:
+    config: GatewayConfig
+    discovery: Discovery
+    estimator: TokenEstimator
+    metrics: GatewayMetrics
+    tracker: LoadTracker
+    proxy: PDProxy
+
+
+def error_response(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
+                        status_code=status, headers=headers)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    return "invalid request: " + "; ".join(parts)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
+    return bytes(body)
+
+
+def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator) -> FastAPI:
+    metrics = GatewayMetrics()
+    tracker = LoadTracker(metrics, config.proxy)
+    gateway = Gateway(config, discovery, estimator, metrics, tracker,
+                      PDProxy(config, discovery, tracker, metrics))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        await discovery.start()
+        await gateway.proxy.start()
+        try:
+            yield
+        finally:
+            await gateway.proxy.aclose()
+            await discovery.stop()
+
+    app = FastAPI(title="laps gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = gateway
+
+    async def serve(request: Request, model: type[BaseModel], kind: str) -> Response:
+        try:
+            return await _serve(gateway, request, model, kind)
+        except GatewayError as exc:
+            metrics.errors.labels(exc.reason).inc()
+            return error_response(exc.status, exc.message, retry_after=exc.retry_after)
+        except UpstreamStatus as exc:
+            metrics.errors.labels("upstream_status").inc()
+            return Response(exc.body, status_code=exc.status, media_type="application/json")
+
+    def post(path: str, model: type[BaseModel], kind: str) -> None:
+        async def endpoint(request: Request) -> Response:
+            return await serve(request, model, kind)
+
+        endpoint.__name__ = kind
+        app.post(path, openapi_extra=_body_schema(model, components),
+                 responses=_error_docs())(endpoint)
+
+    components: dict = {}
+    post("/v1/completions", CompletionRequest, "completion")
+    post("/v1/chat/completions", ChatCompletionRequest, "chat")
+    post("/generate", GenerateRequest, "generate")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": config.served_model_name, "object": "model",
+                                            "created": 0, "owned_by": "laps"}]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        m = discovery.membership()
+        ready = bool(m.decode) and any(m.groups.values())
+        return {"status": "ok", "ready": ready}
+
+    @app.get("/laps_status")
+    async def status() -> dict:
+        return laps_status(gateway)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    _install_openapi(app, components)
+    return app
+
+
+async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kind: str) -> Response:
+    config = gateway.config
+    raw = await _read_body(request, config.max_body_bytes)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayError(400, "bad_json", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise GatewayError(400, "bad_json", "request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "bad_json", "request body must be a JSON object")
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as exc:
+        raise GatewayError(422, "invalid_request", _validation_message(exc)) from None
+    requested = getattr(parsed, "model", None)
+    if requested is not None and requested != config.served_model_name:
+        raise GatewayError(404, "unknown_model", f"model {requested!r} is not served here; "
+                           f"this gateway serves {config.served_model_name!r}")
+    try:
+        tokens = gateway.estimator.estimate(body, kind)
+    except ValueError as exc:  # an estimate is advisory: never fail a valid request over it
+        log.warning("token estimate failed (%s); using the body size", exc)
+        tokens = len(raw) // 4
+    call = ProxyCall(path=request.url.path, body=body, stream=parsed.stream, tokens=tokens)
+    reply = None
+    async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls
+        reply = await gateway.proxy.forward(call)
+    if guard.gone:
+        if isinstance(reply, StreamReply):
+            await reply.close()
+        raise GatewayError(499, "client_disconnected", "client went away")
+    if isinstance(reply, Reply):
+        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+    return RelayResponse(reply)
+
+
+def _body_schema(model: type[BaseModel], components: dict) -> dict:
+    """The body is read by hand (for the size limit and raw pass-through), so its schema is
+    published here; nested models go to components, where OpenAPI `$ref`s point."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _install_openapi(app: FastAPI, components: dict) -> None:
+    original = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = original()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _error_docs() -> dict:
+    return {status: {"model": ErrorBody} for status in _ERROR_STATUSES}

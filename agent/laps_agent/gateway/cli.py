@@ -1,0 +1,105 @@
+"""`laps gateway`: flags (docs/contracts.md) -> a uvicorn-served gateway."""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from laps_agent.gateway.config import GatewayConfig, ProxyConfig
+from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laps gateway", description="length-aware PD gateway")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--served-model-name", default="default")
+    p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer counts "
+                   "prompt tokens; without it a characters-per-token heuristic is used")
+    p.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
+    static = p.add_argument_group("static discovery")
+    static.add_argument("--prefill-short", default="", help="URL[,URL...]")
+    static.add_argument("--prefill-long", default="", help="URL[,URL...]")
+    static.add_argument("--decode", default="", help="URL[,URL...]")
+    static.add_argument("--membership-file", type=Path, help="JSON/YAML file with keys "
+                        "prefill_short, prefill_long, decode (URL lists), re-read when it changes")
+    kube = p.add_argument_group("kubernetes discovery")
+    kube.add_argument("--namespace", default=None, help="default: the pod's own namespace")
+    kube.add_argument("--prefill-short-service")
+    kube.add_argument("--prefill-long-service")
+    kube.add_argument("--decode-service")
+    limits = p.add_argument_group("limits and resilience")
+    limits.add_argument("--max-body-bytes", type=int, default=GatewayConfig.max_body_bytes)
+    limits.add_argument("--connect-timeout", type=float, default=ProxyConfig.connect_timeout_s)
+    limits.add_argument("--read-timeout", type=float, default=ProxyConfig.read_timeout_s)
+    limits.add_argument("--max-retries", type=int, default=ProxyConfig.max_retries)
+    limits.add_argument("--eject-after-failures", type=int,
+                        default=ProxyConfig.eject_after_failures)
+    limits.add_argument("--eject-seconds", type=float, default=ProxyConfig.eject_seconds)
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    return GatewayConfig(
+        served_model_name=args.served_model_name, length_threshold=args.length_threshold,
+        max_body_bytes=args.max_body_bytes,
+        proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
+                          max_retries=args.max_retries,
+                          eject_after_failures=args.eject_after_failures,
+                          eject_seconds=args.eject_seconds))
+
+
+def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Discovery:
+    if args.discovery == "kubernetes":
+        missing = [f for f in ("prefill_short_service", "prefill_long_service", "decode_service")
+                   if not getattr(args, f)]
+        if missing:
+            parser.error("kubernetes discovery needs " + ", ".join(
+                "--" + m.replace("_", "-") for m in missing))
+        from laps_agent.gateway.discovery_k8s import KubernetesDiscovery, ServiceNames
+
+        return KubernetesDiscovery(
+            ServiceNames(args.prefill_short_service, args.prefill_long_service, args.decode_service),
+            namespace=args.namespace)
+    if args.membership_file is not None:
+        try:
+            return StaticDiscovery(file=args.membership_file)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--membership-file {args.membership_file}: {exc}")
+    try:
+        spec = StaticSpec(split_urls(args.prefill_short), split_urls(args.prefill_long),
+                          split_urls(args.decode))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not spec.decode or not (spec.prefill_short or spec.prefill_long):
+        parser.error("static discovery needs --decode and at least one of --prefill-short/--prefill-long")
+    return StaticDiscovery(spec)
+
+
+def build_estimator(tokenizer_path: str | None):
+    from laps_agent.gateway.estimate import TokenEstimator
+
+    if not tokenizer_path:
+        return TokenEstimator(None)
+    from laps_agent.engine.tokenizer import load_tokenizer
+
+    return TokenEstimator(load_tokenizer(tokenizer_path))
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from laps_agent.gateway.app import create_app
+    from laps_agent.gateway.serving import bind_listening_socket, run_forever
+
+    app = create_app(config_from_args(args), discovery_from_args(args, parser),
+                     build_estimator(args.tokenizer))
+    sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below
+    host, port = sock.getsockname()[:2]
+    print(f"laps gateway listening on http://{host}:{port}", flush=True)
+    run_forever(app, sock, log_level=args.log_level.lower())
+    return 0

@@ -1,0 +1,116 @@
+"""What the gateway itself knows about each pod's load and health.
+
+Pending work of a *prefill* pod (and its group) is counted from dispatch until the request's
+prefill phase completes, which the gateway observes as the first of: the prefill engine's
+response ending (SGLang's prefill server answers once the KV is handed off), the first byte of
+the decode engine's answer, or the attempt failing or being cancelled. A *decode* pod's pending
+requests count until the whole answer has been relayed.
+
+Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
+unhealthy for `eject_seconds`; one success resets its count."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from laps_agent.gateway.config import ProxyConfig
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.routing import EndpointLoad
+
+
+@dataclass
+class _GroupPending:
+    requests: int = 0
+    tokens: int = 0
+
+
+class PrefillTicket:
+    """One request's share of a prefill pod's pending work; `done()` is idempotent."""
+
+    __slots__ = ("_tracker", "group", "endpoint", "tokens", "_open")
+
+    def __init__(self, tracker: LoadTracker, group: str, endpoint: str, tokens: int) -> None:
+        self._tracker, self.group, self.endpoint, self.tokens = tracker, group, endpoint, tokens
+        self._open = True
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def done(self) -> bool:
+        """Returns True only for the call that actually closed the ticket."""
+        if not self._open:
+            return False
+        self._open = False
+        self._tracker._finish_prefill(self)
+        return True
+
+
+class LoadTracker:
+    def __init__(self, metrics: GatewayMetrics, config: ProxyConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._metrics, self._config, self._clock = metrics, config, clock
+        self._loads: dict[str, EndpointLoad] = {}
+        self._groups: dict[str, _GroupPending] = {}
+        self._failures: dict[str, int] = {}
+        self._ejected_until: dict[str, float] = {}
+
+    def _load(self, name: str) -> EndpointLoad:
+        load = self._loads.get(name)
+        if load is None:
+            load = self._loads[name] = EndpointLoad()
+        return load
+
+    def loads(self) -> dict[str, EndpointLoad]:
+        """Per-pod load for the routing policy, with ejections that ran out lifted."""
+        if self._ejected_until:
+            now = self._clock()
+            for name, until in list(self._ejected_until.items()):
+                if now >= until:
+                    del self._ejected_until[name]
+                    self._load(name).healthy = True
+        return self._loads
+
+    def group_pending(self, group: str) -> tuple[int, int]:
+        pending = self._groups.get(group)
+        return (pending.requests, pending.tokens) if pending else (0, 0)
+
+    def begin_prefill(self, group: str, endpoint: str, tokens: int) -> PrefillTicket:
+        load = self._load(endpoint)
+        load.pending_requests += 1
+        load.pending_tokens += tokens
+        pending = self._groups.setdefault(group, _GroupPending())
+        pending.requests += 1
+        pending.tokens += tokens
+        self._metrics.pending_requests_of[group].set(pending.requests)
+        self._metrics.pending_tokens_of[group].set(pending.tokens)
+        return PrefillTicket(self, group, endpoint, tokens)
+
+    def _finish_prefill(self, ticket: PrefillTicket) -> None:
+        load = self._load(ticket.endpoint)
+        load.pending_requests -= 1
+        load.pending_tokens -= ticket.tokens
+        pending = self._groups[ticket.group]
+        pending.requests -= 1
+        pending.tokens -= ticket.tokens
+        self._metrics.pending_requests_of[ticket.group].set(pending.requests)
+        self._metrics.pending_tokens_of[ticket.group].set(pending.tokens)
+
+    def begin_decode(self, endpoint: str) -> None:
+        self._load(endpoint).pending_requests += 1
+
+    def end_decode(self, endpoint: str) -> None:
+        self._load(endpoint).pending_requests -= 1
+
+    def record_success(self, endpoint: str) -> None:
+        if self._failures.get(endpoint):
+            self._failures[endpoint] = 0
+
+    def record_failure(self, endpoint: str) -> None:
+        count = self._failures.get(endpoint, 0) + 1
+        self._failures[endpoint] = count
+        if count >= self._config.eject_after_failures:
+            self._failures[endpoint] = 0
+            self._ejected_until[endpoint] = self._clock() + self._config.eject_seconds
+            self._load(endpoint).healthy = False

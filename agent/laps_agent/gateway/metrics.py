@@ -1,0 +1,54 @@
+"""Prometheus series of the gateway (`laps_gateway_*`, names fixed by docs/contracts.md).
+
+Each gateway owns its registry, so several gateways in one process (tests, benchmarks) never
+share counters."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+GROUPS = ("short", "long")
+CLASSES = ("short", "long")
+# Seconds; spans a sub-millisecond stub round trip up to multi-minute CPU generations.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.pending_requests = Gauge(
+            "laps_gateway_pending_requests", "Requests dispatched to a prefill group whose prefill "
+            "phase has not completed yet", ["group"], registry=r)
+        self.pending_tokens = Gauge(
+            "laps_gateway_pending_tokens", "Estimated prompt tokens of the pending requests",
+            ["group"], registry=r)
+        self.requests = Counter(
+            "laps_gateway_requests", "Requests routed, by length class and prefill group",
+            ["class", "group"], registry=r)
+        self.fallbacks = Counter(
+            "laps_gateway_fallbacks", "Requests sent to the other group because their own had "
+            "no healthy pod", ["class"], registry=r)
+        self.retries = Counter(
+            "laps_gateway_retries", "Attempts repeated on other pods after a connection failure",
+            registry=r)
+        self.errors = Counter(
+            "laps_gateway_errors", "Requests answered with an error, by reason", ["reason"],
+            registry=r)
+        self.ttft = Histogram(
+            "laps_gateway_ttft_seconds", "Arrival to end of the prefill phase (first token)",
+            ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.request_seconds = Histogram(
+            "laps_gateway_request_seconds", "Arrival to the last byte of the answer",
+            ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        # Children made once: labels() costs a lock and a dict lookup on every request. Making
+        # them also exports zeros from the start, so dashboards see every series.
+        self.pending_requests_of = {g: self.pending_requests.labels(g) for g in GROUPS}
+        self.pending_tokens_of = {g: self.pending_tokens.labels(g) for g in GROUPS}
+        self.requests_of = {(c, g): self.requests.labels(c, g) for c in CLASSES for g in GROUPS}
+        self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
+        self.ttft_of = {c: self.ttft.labels(c) for c in CLASSES}
+        self.request_seconds_of = {c: self.request_seconds.labels(c) for c in CLASSES}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

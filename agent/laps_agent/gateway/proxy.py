@@ -1,0 +1,270 @@
+"""The PD proxy: one request -> one prefill pod + one decode pod (SGLang's protocol).
+
+The same JSON body, plus `bootstrap_host`/`bootstrap_port`/`bootstrap_room`, goes to both pods
+concurrently; the decode pod's answer goes back to the client. Nothing is sent to the client
+before the decode pod's first byte (streaming) or whole answer (non-streaming), so until then a
+connection-level failure of either pod is retried on other pods. A failing prefill call cancels
+the decode call (which would otherwise wait for a KV hand-off that never comes) and vice versa."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import json
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from laps_agent.gateway.config import GatewayConfig
+from laps_agent.gateway.discovery import Discovery
+from laps_agent.gateway.load import LoadTracker, PrefillTicket
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
+from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
+                                         UpstreamResponse, UpstreamTimeout)
+
+# Statuses that say "this pod cannot take work now", so another pod may succeed.
+_RETRYABLE_STATUSES = frozenset({502, 503, 504})
+
+
+@functools.lru_cache(maxsize=4096)
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port or 80
+
+
+class GatewayError(Exception):
+    """A request the gateway answers itself with `status` and an OpenAI-style error body."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
+
+
+class _Retryable(Exception):
+    def __init__(self, endpoints: tuple[str, ...], error: GatewayError):
+        super().__init__(error.message)
+        self.endpoints, self.error = endpoints, error
+
+
+@dataclass
+class ProxyCall:
+    path: str                 # upstream path, the same as the client's
+    body: dict
+    stream: bool
+    tokens: int               # estimated prompt tokens
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Reply:
+    """A whole answer: the decode pod's (success or its own error), passed through."""
+    status: int
+    body: bytes
+    content_type: str
+
+
+@dataclass
+class StreamReply:
+    chunks: AsyncGenerator[bytes, None]  # starts with the decode pod's first chunk
+    close: Callable[[], Awaitable[None]]  # idempotent clean-up (`chunks` runs it too)
+
+
+def sse_error(message: str) -> bytes:
+    return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode() + b"\n\n"
+
+
+class PDProxy:
+    def __init__(self, config: GatewayConfig, discovery: Discovery, tracker: LoadTracker,
+                 metrics: GatewayMetrics) -> None:
+        self._config, self._discovery, self._tracker, self._metrics = config, discovery, tracker, metrics
+        self._pool: UpstreamPool | None = None
+        self._rooms = random.Random()  # bootstrap rooms only need to be unlikely to collide
+        self._tiebreak = itertools.count()
+        self._background: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        cfg = self._config.proxy
+        self._pool = UpstreamPool(connect_timeout=cfg.connect_timeout_s,
+                                  read_timeout=cfg.read_timeout_s,
+                                  max_idle_per_host=cfg.max_idle_connections_per_pod)
+
+    async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.aclose()
+
+    def route(self, tokens: int, exclude: set[str]) -> RouteDecision:
+        membership = self._discovery.membership()
+        return choose_route(tokens, self._config.length_threshold, membership.groups,
+                            membership.decode, self._tracker.loads(), exclude=frozenset(exclude),
+                            tiebreak=next(self._tiebreak))
+
+    async def forward(self, call: ProxyCall) -> Reply | StreamReply:
+        exclude: set[str] = set()
+        failure: GatewayError | None = None
+        for attempt in range(self._config.proxy.max_retries + 1):
+            try:
+                decision = self.route(call.tokens, exclude)
+            except NoEndpointError as exc:
+                message = f"no healthy pod can take this request ({exc})"
+                if failure is not None:
+                    message += f"; last failure: {failure.message}"
+                raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s) from None
+            if attempt == 0:
+                self._metrics.requests_of[decision.cls, decision.group].inc()
+                if decision.fallback:
+                    self._metrics.fallbacks_of[decision.cls].inc()
+            else:
+                self._metrics.retries.inc()
+            try:
+                return await self._attempt(call, decision)
+            except _Retryable as exc:
+                exclude.update(exc.endpoints)
+                failure = exc.error
+        raise failure
+
+    async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
+        payload = json.dumps({**call.body, "bootstrap_host": d.prefill.bootstrap_host,
+                              "bootstrap_port": d.prefill.bootstrap_port,
+                              "bootstrap_room": self._rooms.getrandbits(63)}).encode()
+        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, call.tokens)
+        self._tracker.begin_decode(d.decode.name)
+        prefill = asyncio.create_task(self._prefill(d, call, payload, ticket))
+        decode = asyncio.create_task(self._decode(d.decode, call, payload))
+        handed_over = False
+        try:
+            done, _ = await asyncio.wait((prefill, decode), return_when=asyncio.FIRST_COMPLETED)
+            if prefill in done and decode not in done:
+                prefill.result()  # raises if the prefill pod failed: decode would wait forever
+            result = await decode
+            self._end_prefill_phase(call, d, ticket)  # the decode pod's first byte says so
+            if isinstance(result, Reply):
+                self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
+                self._tracker.end_decode(d.decode.name)
+                handed_over = True
+                self._let_finish(prefill)
+                return result
+            response, chunks, first = result
+            handed_over = True
+            return self._relay(call, d, prefill, response, chunks, first)
+        finally:
+            if not handed_over:
+                prefill.cancel()
+                decode.cancel()
+                ticket.done()
+                self._tracker.end_decode(d.decode.name)
+                # Retrieve outcomes so a task failing after its sibling is never "unretrieved".
+                await asyncio.gather(prefill, decode, return_exceptions=True)
+
+    def _let_finish(self, prefill: asyncio.Task) -> None:
+        """After a success the prefill call is all but done: cancelling it would only close a
+        keep-alive connection (and tell the engine to abort work it has finished)."""
+        if prefill.done():
+            self._forget(prefill)
+            return
+        self._background.add(prefill)
+        prefill.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled():
+            task.exception()  # already counted by _prefill; retrieved so asyncio stays quiet
+
+    def _end_prefill_phase(self, call: ProxyCall, d: RouteDecision, ticket: PrefillTicket) -> None:
+        if ticket.done():  # only the first of the two signals counts
+            self._metrics.ttft_of[d.cls].observe(time.monotonic() - call.started)
+
+    async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: bytes,
+                       ticket: PrefillTicket) -> None:
+        pod = d.prefill
+        try:
+            response = await self._pool.post(*_address(pod.url), call.path, payload)
+            body = await response.read()
+        except UpstreamError as exc:
+            raise self._transport_failure(pod, "prefill", exc) from None
+        if response.status >= 300:
+            raise self._status_failure(pod, "prefill", response.status, body)
+        self._tracker.record_success(pod.name)
+        self._end_prefill_phase(call, d, ticket)
+
+    async def _decode(self, pod: Endpoint, call: ProxyCall, payload: bytes):
+        response: UpstreamResponse | None = None
+        try:
+            response = await self._pool.post(*_address(pod.url), call.path, payload)
+            if response.status != 200 or not call.stream:
+                body = await response.read()
+                if response.status >= 300:
+                    raise self._status_failure(pod, "decode", response.status, body)
+                self._tracker.record_success(pod.name)
+                return Reply(response.status, body,
+                             response.headers.get(b"content-type", b"application/json").decode())
+            chunks = response.chunks()
+            first = await anext(chunks, b"")
+        except UpstreamError as exc:
+            raise self._transport_failure(pod, "decode", exc) from None
+        finally:
+            if response is not None and (not call.stream or response.status != 200):
+                response.release()
+        self._tracker.record_success(pod.name)
+        return response, chunks, first
+
+    def _transport_failure(self, pod: Endpoint, role: str, exc: UpstreamError) -> Exception:
+        self._tracker.record_failure(pod.name)
+        detail = f"{role} pod {pod.name}: {exc}"
+        if isinstance(exc, UpstreamTimeout):
+            return GatewayError(504, "upstream_timeout", f"timed out waiting for {detail}")
+        # Nothing reached the client yet, so even a response broken midway can be retried.
+        kind = "upstream_connection" if isinstance(exc, UpstreamConnectError) else "upstream_broken"
+        return _Retryable((pod.name,), GatewayError(502, kind, detail))
+
+    def _status_failure(self, pod: Endpoint, role: str, status: int, body: bytes) -> Exception:
+        if status in _RETRYABLE_STATUSES:
+            self._tracker.record_failure(pod.name)
+            return _Retryable((pod.name,), GatewayError(
+                502, "upstream_unavailable", f"{role} pod {pod.name} answered {status}"))
+        # The engine's own verdict on the request (e.g. prompt too long): the client's to see.
+        return UpstreamStatus(status, body)
+
+    def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,
+               response: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes) -> StreamReply:
+        closed = False
+
+        async def close() -> None:
+            nonlocal closed
+            if closed:
+                return
+            closed = True
+            self._tracker.end_decode(d.decode.name)
+            self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
+            self._let_finish(prefill)
+            await chunks.aclose()  # releases (or closes, if unfinished) the connection
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                if first:
+                    yield first
+                async for chunk in chunks:
+                    yield chunk
+            except UpstreamError as exc:
+                # Bytes already reached the client: no retry possible, so end with a clear event.
+                self._tracker.record_failure(d.decode.name)
+                self._metrics.errors.labels("upstream_broken").inc()
+                yield sse_error(f"decode pod {d.decode.name} broke off the stream: "
+                                f"{type(exc).__name__}")
+            finally:
+                await close()
+
+        return StreamReply(relay(), close)
+
+
+class UpstreamStatus(Exception):
+    """An engine refused the request itself (4xx/5xx not meaning 'try elsewhere')."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"upstream answered {status}")
+        self.status, self.body = status, body

@@ -1,0 +1,79 @@
+"""Run an ASGI app with uvicorn on a socket bound before start, in a thread of its own.
+
+Binding first (port 0 = the kernel picks a free one) means the port is known and already
+accepting before anyone connects: no fixed ports, no polling for start-up races."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+
+def bind_listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app, **kwargs) -> uvicorn.Server:
+    options = dict(log_level="warning", access_log=False, loop="uvloop", http="httptools",
+                   lifespan="on", timeout_graceful_shutdown=5)
+    options.update(kwargs)
+    return uvicorn.Server(uvicorn.Config(app, **options))
+
+
+class ServerThread:
+    """`with ServerThread(app) as s: s.url` — serves until the block ends."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, **uvicorn_options) -> None:
+        self._sock = bind_listening_socket(host, port)
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self.server = make_server(app, **uvicorn_options)
+        self._thread = threading.Thread(target=self._run, name=f"uvicorn:{self.port}", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            import uvloop
+
+            uvloop.run(self.server.serve(sockets=[self._sock]))
+        except BaseException as exc:  # surfaced by start()/stop()
+            self._error = exc
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        pause = threading.Event()  # never set: a poll interval, not synchronisation
+        while not self.server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            pause.wait(0.01)
+        if not self.server.started:
+            self.stop()
+            raise RuntimeError(f"server on {self.url} did not start: {self._error!r}")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_forever(app, sock: socket.socket, **uvicorn_options) -> None:
+    """Serve on `sock` in this thread until SIGINT/SIGTERM (uvicorn's own handlers)."""
+    import uvloop
+
+    try:
+        uvloop.run(make_server(app, **uvicorn_options).serve(sockets=[sock]))
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: already shut down
+        pass

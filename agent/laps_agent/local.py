@@ -1,0 +1,160 @@
+"""`laps local`: the whole data plane on this machine, on loopback.
+
+Starts N prefill and M decode builtin engines (`laps engine` processes) and this gateway with a
+static membership (the first half of the prefill engines short, the rest long; each engine
+also gets a labels file naming its group, so it reports the same group itself), shows progress
+while the engines load their model, prints the OpenAI-compatible URL and serves until Ctrl-C or
+SIGTERM. Then it stops every engine it started. Flags it does not know are passed to every
+engine (LAPS knobs such as --wait-window-ms, --no-laps-scheduler, --kv-pages)."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all
+
+_PROGRESS_EVERY_S = 5.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laps local", description=__doc__.split("\n")[0],
+                                epilog="Other flags are passed to every engine.")
+    p.add_argument("--prefill", type=int, default=2, help="prefill engines (default 2)")
+    p.add_argument("--decode", type=int, default=1, help="decode engines (default 1)")
+    p.add_argument("--model", help="GGUF file or HF model directory (default: SmolLM2-135M)")
+    p.add_argument("--served-model-name", help="default: what the engines report")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
+    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--workdir", type=Path, help="labels files and engine logs (default: a temp dir)")
+    return p
+
+
+def _say(message: str) -> None:
+    print(f"[laps local] {message}", flush=True)
+
+
+def _model_path(args: argparse.Namespace) -> str:
+    if args.model:
+        return args.model
+    from laps_agent.engine.loader import default_model_path
+
+    return str(default_model_path())
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
+    """(name, role, prefill group) for every engine; first half of the prefill engines short."""
+    n_short = (args.prefill + 1) // 2
+    plan = [(f"prefill-{i}", "prefill", "short" if i < n_short else "long") for i in range(args.prefill)]
+    return plan + [(f"decode-{i}", "decode", None) for i in range(args.decode)]
+
+
+def _wait_until_loaded(children: list[EngineChild], timeout: float) -> None:
+    started = time.monotonic()
+    last_progress = started
+    pending = list(children)
+    with httpx.Client(timeout=2.0, trust_env=False) as http:
+        while pending:
+            for child in list(pending):
+                if child.process.poll() is not None:
+                    raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
+                                       f"last lines of {child.log_path}:\n{child.log_tail()}")
+                try:
+                    ready = http.get(child.url + "/health").status_code == 200
+                except httpx.HTTPError:
+                    ready = False
+                if ready:
+                    pending.remove(child)
+                    _say(f"{child.name} ready ({time.monotonic() - started:.1f}s) at {child.url}")
+            now = time.monotonic()
+            if pending and now - last_progress >= _PROGRESS_EVERY_S:
+                last_progress = now
+                _say(f"loading the model… {now - started:.0f}s, waiting for "
+                     + ", ".join(c.name for c in pending))
+            if pending and now - started > timeout:
+                raise RuntimeError(f"engines not ready after {timeout:.0f}s: "
+                                   + ", ".join(c.name for c in pending))
+            time.sleep(0.2)  # poll interval, bounded by the timeout above
+
+
+def _served_name(children: list[EngineChild], given: str | None) -> str:
+    if given:
+        return given
+    info = httpx.get(children[0].url + "/get_server_info", timeout=10, trust_env=False).json()
+    return info.get("served_model_name") or "default"
+
+
+def _serve_gateway(args, children: list[EngineChild], model: str) -> None:
+    from laps_agent.gateway.app import create_app
+    from laps_agent.gateway.cli import build_estimator
+    from laps_agent.gateway.config import GatewayConfig
+    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.serving import bind_listening_socket, run_forever
+
+    def urls(role: str, group: str | None = None) -> tuple[str, ...]:
+        return tuple(c.url for c in children if c.role == role and c.group == group)
+
+    spec = StaticSpec(urls("prefill", "short"), urls("prefill", "long"), urls("decode"))
+    config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
+                           length_threshold=args.length_threshold)
+    app = create_app(config, StaticDiscovery(spec), build_estimator(model))
+    sock = bind_listening_socket(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    _say(f"model {config.served_model_name!r}: {len(spec.prefill_short)} short + "
+         f"{len(spec.prefill_long)} long prefill, {len(spec.decode)} decode engines")
+    _say(f"OpenAI-compatible API: http://{host}:{port}/v1   (Ctrl-C stops everything)")
+    run_forever(app, sock, log_level="warning")  # returns on SIGINT/SIGTERM
+
+
+def _terminate_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, engine_args = parser.parse_known_args(argv)
+    if args.prefill < 1 or args.decode < 1:
+        parser.error("need at least one prefill and one decode engine")
+    _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="laps-local-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = _model_path(args)
+    children: list[EngineChild] = []
+    try:
+        _say(f"starting {args.prefill} prefill + {args.decode} decode engines on {model} "
+             f"(logs in {workdir})")
+        for name, role, group in _plan(args):
+            children.append(spawn_engine(
+                name, role, group, model=model, workdir=workdir, port=free_port(),
+                bootstrap_port=free_port() if role == "prefill" else None,
+                common_args=["--device", args.device, "--length-threshold",
+                             str(args.length_threshold), *engine_args,
+                             *(["--served-model-name", args.served_model_name]
+                               if args.served_model_name else [])]))
+        _wait_until_loaded(children, args.startup_timeout)
+        _serve_gateway(args, children, model)
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as exc:
+        _say(f"error: {exc}")
+        return 1
+    finally:
+        _say("stopping engines…")
+        stop_all(children)
+        _say("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
