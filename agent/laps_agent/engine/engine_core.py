@@ -1,0 +1,261 @@
+"""The engine's single-threaded state machine: admission, prefill batches, decode steps, PD
+hand-off, stop handling. Everything here runs on the engine thread only (see engine.py)."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from laps_agent.engine.engine_config import EngineConfig, PrefillRecord
+from laps_agent.engine.kv_cache import KVCacheFull, PagedKVAllocator
+from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
+from laps_agent.engine.runner import ForwardItem
+from laps_agent.engine.sampling import StopState, sample_tokens
+from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
+
+log = logging.getLogger("laps_agent.engine.engine")
+
+
+@dataclass
+class _Live:
+    work: GenerateWork
+    sink: OutputSink
+    stop: StopState
+    cls: str
+
+
+class EngineCore:
+    def __init__(self, runner: Any, tokenizer: Any, config: EngineConfig, *, grid: Any = None,
+                 on_prefill: Callable[[PrefillRecord], None] | None = None,
+                 on_first_token: Callable[[str, float], None] | None = None) -> None:
+        self.runner, self.tokenizer, self.config = runner, tokenizer, config
+        self.grid = grid if config.batch_prefill else None
+        self.scheduler = PrefillScheduler(config.scheduler, self.grid)
+        self.kv = PagedKVAllocator(runner.num_pages, runner.page_size)
+        self.eos_ids = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.on_prefill, self.on_first_token = on_prefill, on_first_token
+        self._live: dict[str, _Live] = {}
+        self._running: list[str] = []          # decoding, in admission order
+        self._imports: deque[str] = deque()    # decode role: KV arrived, waiting for pages
+        self.steps = 0
+
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt this engine can take (KV pool and context, leaving one new token)."""
+        return min(self.config.context_len, self.kv.capacity_tokens) - 1
+
+    def _accept(self, work: GenerateWork, sink: OutputSink) -> None:
+        if work.rid in self._live:
+            sink(EngineOutput(work.rid, finished=True, finish_reason="error", error_status=400,
+                              error=f"request id {work.rid!r} is already in use"))
+            return
+        stop = StopState(work.params, self.eos_ids, self._decode_text)
+        live = _Live(work, sink, stop, cls=self._classify(len(work.input_ids)))
+        self._live[work.rid] = live
+        if work.kind == "decode":
+            self._imports.append(work.rid)
+        else:
+            item = PrefillItem(rid=work.rid, prompt_tokens=len(work.input_ids), arrival=work.arrival)
+            try:
+                live.cls = self.scheduler.add(item, time.monotonic())
+            except ValueError as exc:  # refused by the scheduler: fail this request only
+                self._fail(work.rid, str(exc))
+
+    def _classify(self, tokens: int) -> str:
+        return "short" if tokens <= self.config.scheduler.length_threshold else "long"
+
+    def _abort(self, rid: str) -> None:
+        live = self._live.pop(rid, None)
+        if live is None:
+            return
+        self.scheduler.abort(rid)
+        if rid in self._running:
+            self._running.remove(rid)
+        if rid in self._imports:
+            self._imports.remove(rid)
+        self.kv.free(rid)
+        self._emit(live, EngineOutput(rid, finished=True, finish_reason="abort"))
+
+    def _reserve_tokens(self, work: GenerateWork) -> int:
+        if work.kind == "prefill":
+            return len(work.input_ids)
+        return min(len(work.input_ids) + work.params.max_new_tokens, self.config.context_len,
+                   self.kv.capacity_tokens)
+
+    def _admit_imports(self) -> bool:
+        worked = False
+        while self._imports and len(self._running) < self.config.max_running_requests:
+            rid = self._imports[0]
+            live = self._live[rid]
+            work = live.work
+            try:
+                pages = self.kv.allocate(rid, self._reserve_tokens(work))
+            except KVCacheFull:
+                return worked
+            self._imports.popleft()
+            worked = True
+            try:
+                n = len(work.input_ids)
+                self.runner.import_kv(pages[: self.kv.pages_for(n)], work.kv)
+            except Exception as exc:  # noqa: BLE001 - a bad transfer must not kill the loop
+                log.exception("KV import failed for %s", rid)
+                self._fail(rid, f"KV import failed: {exc}")
+                continue
+            work.kv = None  # drop the CPU copy now that the pool holds it
+            self._take_token(live, work.first_token, first=True)
+        return worked
+
+    def _prefill_once(self) -> tuple[bool, float | None]:
+        now = time.monotonic()
+        decision = self.scheduler.next_batch(now)
+        if not decision.batch:
+            return False, decision.wake_at
+        admitted = []
+        for i, item in enumerate(decision.batch):
+            live = self._live.get(item.rid)
+            if live is None:
+                continue  # aborted between scheduling and now
+            try:
+                self.kv.allocate(item.rid, self._reserve_tokens(live.work))
+            except KVCacheFull:
+                # Out of pages: the rest go back to the head of their queue (keeping their
+                # waiting time) while decode finishes requests and frees pages.
+                self.scheduler.requeue([r for r in decision.batch[i:] if r.rid in self._live], now)
+                break
+            admitted.append(item)
+        if not admitted:
+            return False, None
+        self._run_prefill(admitted, decision.queue)
+        return True, None
+
+    def _run_prefill(self, batch: list, queue: str | None) -> None:
+        lives = [self._live[item.rid] for item in batch]
+        items = [ForwardItem(token_ids=list(l.work.input_ids), start_pos=0,
+                             pages=self._pages(l.work.rid, len(l.work.input_ids))) for l in lives]
+        lengths = [len(l.work.input_ids) for l in lives]
+        bucketed = self._use_bucket(queue, lengths)
+        started = time.monotonic()
+        try:
+            logits, stats = self.runner.forward(items, bucketed=bucketed)
+            tokens = sample_tokens(logits, [l.work.params for l in lives], [0] * len(lives))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("prefill batch failed")
+            for live in lives:
+                self._fail(live.work.rid, f"prefill failed: {exc}")
+            return
+        seconds = time.monotonic() - started
+        self.scheduler.observe_prefill(batch, seconds)
+        record = PrefillRecord(cls=lives[0].cls if queue != "fifo" else None, size=len(lives),
+                               real_tokens=stats.real_tokens, padded_tokens=stats.padded_tokens,
+                               path=stats.path, bucketed=bucketed, seconds=seconds)
+        if self.on_prefill is not None:
+            self.on_prefill(record)
+        for live, token in zip(lives, tokens):
+            if live.work.kind == "prefill":
+                self._hand_off(live, token)
+            else:
+                self._take_token(live, token, first=True)
+
+    def _use_bucket(self, queue: str | None, lengths: list[int]) -> bool:
+        if self.grid is None or queue != "short" or self.config.bucketed_prefill == "never":
+            return False
+        bucket = self.grid.choose(lengths)
+        if bucket is None:
+            return False
+        if self.config.bucketed_prefill == "always" or getattr(self.runner, "graphs", None) is not None:
+            return True
+        return bucket.batch_size * bucket.seq_len <= 1.25 * sum(lengths)
+
+    def _hand_off(self, live: _Live, token: int) -> None:
+        rid = live.work.rid
+        try:
+            kv = self.runner.export_kv(self._pages(rid, len(live.work.input_ids)), len(live.work.input_ids))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("KV export failed for %s", rid)
+            self._fail(rid, f"KV export failed: {exc}")
+            return
+        self.kv.free(rid)
+        self._live.pop(rid, None)
+        ttft = time.monotonic() - live.work.arrival
+        if self.on_first_token is not None:
+            self.on_first_token(live.cls, ttft)
+        self._emit(live, EngineOutput(
+            rid, token_ids=[token], text=self._decode_text([token]), finished=True,
+            finish_reason="prefilled", prompt_tokens=len(live.work.input_ids), completion_tokens=1,
+            kv=kv, ttft_s=ttft, cls=live.cls))
+
+    def _decode_once(self) -> None:
+        rids = list(self._running)
+        lives = [self._live[r] for r in rids]
+        items = []
+        for live in lives:
+            pos = len(live.work.input_ids) + len(live.stop.output_ids) - 1
+            items.append(ForwardItem(token_ids=[live.stop.output_ids[-1]], start_pos=pos,
+                                     pages=self._pages(live.work.rid, pos + 1)))
+        try:
+            logits, _ = self.runner.forward(items, bucketed=False)
+            tokens = sample_tokens(logits, [l.work.params for l in lives],
+                                   [len(l.stop.output_ids) for l in lives])
+        except Exception as exc:  # noqa: BLE001
+            log.exception("decode step failed")
+            for rid in rids:
+                self._fail(rid, f"decode failed: {exc}")
+            return
+        self.steps += 1
+        for live, token in zip(lives, tokens):
+            self._take_token(live, token, first=False)
+
+    def _take_token(self, live: _Live, token: int, *, first: bool) -> None:
+        rid = live.work.rid
+        text = live.stop.add(token)
+        out = EngineOutput(rid, token_ids=[token], text=text, prompt_tokens=len(live.work.input_ids),
+                           completion_tokens=len(live.stop.output_ids), cls=live.cls)
+        if first:
+            out.ttft_s = time.monotonic() - live.work.arrival
+            if self.on_first_token is not None:
+                self.on_first_token(live.cls, out.ttft_s)
+        # Never exceed the reserved pages (prompt + max_new capped by the context).
+        full = len(live.work.input_ids) + len(live.stop.output_ids) >= self.kv.tokens(rid) + 1
+        if live.stop.finished or full:
+            out.finished = True
+            out.finish_reason = live.stop.finish_reason or "length"
+            out.matched_stop = live.stop.matched_stop
+            if not live.stop.finished:
+                out.text += live.stop.text[live.stop.emitted:]
+            self._release(rid)
+        elif first:
+            self._running.append(rid)
+        self._emit(live, out)
+
+    def _pages(self, rid: str, tokens: int) -> list[int]:
+        return self.kv.pages(rid)[: self.kv.pages_for(tokens)]
+
+    def _release(self, rid: str) -> None:
+        self.kv.free(rid)
+        self._live.pop(rid, None)
+        if rid in self._running:
+            self._running.remove(rid)
+
+    def _fail(self, rid: str, message: str) -> None:
+        live = self._live.get(rid)
+        self.scheduler.abort(rid)
+        if rid in self._imports:
+            self._imports.remove(rid)
+        self._release(rid)
+        if live is not None:
+            self._emit(live, EngineOutput(rid, finished=True, finish_reason="error", error=message))
+
+    def _fail_all(self, message: str) -> None:
+        for rid in list(self._live):
+            self._fail(rid, message)
+
+    def _emit(self, live: _Live, out: EngineOutput) -> None:
+        try:
+            live.sink(out)
+        except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+            log.exception("output sink failed for %s", out.rid)
+
+    def _decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+

@@ -1,0 +1,87 @@
+"""The engine's Prometheus series (names fixed by docs/contracts.md) and the pod's group label."""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from laps_agent.engine.engine import PrefillRecord
+
+log = logging.getLogger(__name__)
+
+GROUP_LABEL = "laps.io/prefill-group"
+_LABEL_LINE = re.compile(r'^\s*([^=\s]+)\s*=\s*"(.*)"\s*$')
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def read_labels(path: str | Path | None) -> dict[str, str]:
+    """Parse a downward-API labels file (`key="value"` per line); missing file -> {}."""
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return {}
+    labels = {}
+    for line in text.splitlines():
+        match = _LABEL_LINE.match(line)
+        if match:
+            labels[match.group(1)] = match.group(2).encode().decode("unicode_escape")
+    return labels
+
+
+def read_group(path: str | Path | None) -> str | None:
+    group = read_labels(path).get(GROUP_LABEL)
+    return group if group in ("short", "long") else None
+
+
+class EngineMetrics:
+    def __init__(self, role: str, model: str, labels_file: str | None) -> None:
+        self.role, self.model, self.labels_file = role, model, labels_file
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r)
+        self.queue_tokens = Gauge("laps_engine_queue_tokens", "Uncached prompt tokens waiting for prefill", ["queue"], registry=r)
+        self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.bucket_hits = Counter("laps_engine_bucket_hits_total", "Short prefill batches run in a captured bucket", registry=r)
+        self.bucket_misses = Counter("laps_engine_bucket_misses_total", "Short prefill batches no bucket covered (ran eager)", registry=r)
+        self.padding = Counter("laps_engine_padding_tokens_total", "Padding tokens computed by bucketed prefill", registry=r)
+        self.kv_usage = Gauge("laps_engine_kv_usage_ratio", "Share of KV pages in use", registry=r)
+        self.running = Gauge("laps_engine_running_requests", "Requests decoding", registry=r)
+        self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r)
+        for queue in ("short", "long"):
+            self.queue_requests.labels(queue)
+            self.queue_tokens.labels(queue)
+
+    # engine-thread hooks (prometheus_client is thread-safe)
+    def observe_prefill(self, rec: PrefillRecord, batch_prefill: bool) -> None:
+        cls = rec.cls or "fifo"
+        self.prefill_latency.labels(cls).observe(rec.seconds)
+        self.prefill_batch_size.observe(rec.size)
+        if rec.path in ("bucket", "graph"):
+            self.bucket_hits.inc()
+            self.padding.inc(max(rec.padded_tokens - rec.real_tokens, 0))
+        elif batch_prefill and rec.cls == "short":
+            self.bucket_misses.inc()
+
+    def observe_first_token(self, cls: str | None, seconds: float) -> None:
+        self.ttft.labels(cls or "short").observe(seconds)
+
+    def render(self, snapshot: dict) -> bytes:
+        queues = snapshot.get("queues") or {}
+        for queue in ("short", "long"):
+            reqs, toks = queues.get(queue, (0, 0))
+            if queue == "short" and "fifo" in queues:
+                reqs, toks = reqs + queues["fifo"][0], toks + queues["fifo"][1]
+            self.queue_requests.labels(queue).set(reqs)
+            self.queue_tokens.labels(queue).set(toks)
+        self.kv_usage.set(snapshot.get("kv_usage", 0.0))
+        self.running.set(snapshot.get("running", 0))
+        # The group label changes under a running pod (operator relabels): re-read every scrape.
+        self.info.clear()
+        self.info.labels(self.role, read_group(self.labels_file) or "", self.model).set(1)
+        return generate_latest(self.registry)

@@ -1,0 +1,55 @@
+"""What flows between the HTTP side and the engine thread: submitted work and its outputs."""
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from laps_agent.engine.sampling import SamplingParams
+
+_counter = itertools.count()
+
+
+def new_rid() -> str:
+    return f"{uuid.uuid4().hex[:12]}-{next(_counter)}"
+
+
+@dataclass
+class GenerateWork:
+    """One request handed to the engine.
+
+    kind: "generate" (prefill + decode here), "prefill" (prefill here, hand off the KV: the
+    `prefill` PD role), "decode" (KV + first token came from a prefill engine: the `decode` role).
+    """
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    kind: str = "generate"
+    arrival: float = field(default_factory=time.monotonic)
+    kv: Any = None                 # decode: CPU tensor [layers, 2, len(input_ids), kv_heads, head_dim]
+    first_token: int | None = None  # decode: the token the prefill engine sampled
+
+
+@dataclass
+class EngineOutput:
+    """A step's news for one request; `finished` outputs are the last ones for that rid."""
+
+    rid: str
+    token_ids: list[int] = field(default_factory=list)   # new tokens this step
+    text: str = ""                                        # newly releasable text
+    finished: bool = False
+    finish_reason: str | None = None                      # "stop" | "length" | "abort" | "error"
+    matched_stop: str | int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+    error_status: int = 500
+    kv: Any = None                                        # prefill role: exported prompt KV
+    ttft_s: float | None = None
+    cls: str | None = None                                # "short" | "long" (scheduler class)
+
+
+OutputSink = Callable[[EngineOutput], None]

@@ -1,0 +1,279 @@
+"""HTTP front of one engine: SGLang-native /generate, OpenAI /v1/*, health, info, metrics, and the
+PD hand-off (prefill role parks KV in its outbox; decode role fetches it before decoding)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from laps_agent.engine import api_models as api
+from laps_agent.engine.engine import Engine
+from laps_agent.engine.http_util import ClientGone, error, sse, until_disconnect
+from laps_agent.engine.metrics import EngineMetrics, read_group
+from laps_agent.engine.pd import BootstrapError, KVOutbox, KVTransfer, fetch_kv
+from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
+from laps_agent.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    role: str
+    served_model_name: str
+    length_threshold: int
+    bootstrap_port: int | None = None
+    bootstrap_timeout_s: float = 30.0
+    labels_file: str | None = None
+
+
+class EngineServer:
+    def __init__(self, engine: Engine, settings: ServerSettings, metrics: EngineMetrics) -> None:
+        self.engine, self.settings, self.metrics = engine, settings, metrics
+        self.tokenizer = engine.tokenizer
+        self.outbox = KVOutbox(settings.bootstrap_timeout_s)
+        self.fetching = 0  # decode role: requests waiting for their KV from a prefill engine
+        self.app = build_app(self)
+
+    # ---- request plumbing ------------------------------------------------------------------
+    def tokenize(self, parsed: api.ParsedRequest) -> list[int]:
+        ids = parsed.input_ids if parsed.input_ids is not None else self.tokenizer.encode(parsed.text or "")
+        if not ids:
+            raise api.ApiError(400, "the prompt is empty")
+        vocab = self.tokenizer.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise api.ApiError(400, f"input_ids must be in [0, {vocab})")
+        limit = self.engine.max_prompt_tokens()
+        if len(ids) > limit:
+            raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this engine takes at most {limit}",
+                               "context_length_exceeded")
+        return ids
+
+    async def outputs(self, work: GenerateWork) -> AsyncIterator[EngineOutput]:
+        """Submit and yield outputs until the finished one; aborts the request if the consumer
+        stops early (client gone, cancellation)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.engine.submit(work, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.engine.abort(work.rid)
+
+    async def prepare(self, parsed: api.ParsedRequest, request: Request) -> tuple[GenerateWork, dict]:
+        """Tokenize and, for the decode role, collect the KV from the prefill engine first."""
+        ids = self.tokenize(parsed)
+        rid = parsed.rid or new_rid()
+        role, boot = self.settings.role, parsed.bootstrap
+        extra: dict[str, Any] = {}
+        if role == "decode":
+            if boot is None:
+                raise api.ApiError(400, "this is a decode engine: requests need bootstrap_host, "
+                                        "bootstrap_port and bootstrap_room")
+            self.fetching += 1
+            try:
+                transfer = await until_disconnect(
+                    request, fetch_kv(boot.host, boot.port, boot.room, self.settings.bootstrap_timeout_s))
+            finally:
+                self.fetching -= 1
+            if transfer.input_ids != ids:
+                raise api.ApiError(502, "prefill and decode engines tokenized the prompt differently",
+                                   "bootstrap_error")
+            extra["bootstrap_room"] = boot.room
+            return GenerateWork(rid, ids, parsed.params, kind="decode", kv=transfer.kv,
+                                first_token=transfer.first_token), extra
+        if role == "prefill" and boot is not None:
+            extra["bootstrap_room"] = boot.room
+            return GenerateWork(rid, ids, parsed.params, kind="prefill"), extra
+        return GenerateWork(rid, ids, parsed.params), extra
+
+    async def hand_off(self, out: EngineOutput, boot: api.Bootstrap, input_ids: list[int]) -> None:
+        """Park the prefilled KV for the decode engine and wait until it is collected."""
+        transfer = KVTransfer(room=boot.room, input_ids=list(input_ids), first_token=out.token_ids[0], kv=out.kv)
+        payload = await asyncio.to_thread(transfer.encode)
+        out.kv = None
+        await self.outbox.hand_off(boot.room, payload)
+
+    async def collect(self, work: GenerateWork, boot: api.Bootstrap | None) -> tuple[list[EngineOutput], EngineOutput]:
+        outs: list[EngineOutput] = []
+        async for out in self.outputs(work):
+            outs.append(out)
+        last = outs[-1]
+        if last.error:
+            raise api.ApiError(last.error_status, last.error, "engine_error")
+        if work.kind == "prefill" and boot is not None:
+            await self.hand_off(last, boot, work.input_ids)
+        return outs, last
+
+    # ---- endpoints -------------------------------------------------------------------------
+    async def serve(self, request: Request, kind: str) -> Response:
+        started = time.monotonic()
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error(api.ApiError(400, f"malformed JSON body: {exc}"))
+        try:
+            if kind == "generate":
+                parsed = api.parse_generate(body)
+            elif kind == "completion":
+                parsed = api.parse_completion(body)
+            else:
+                parsed = api.parse_chat(body, self.tokenizer.apply_chat_template)
+            work, extra = await self.prepare(parsed, request)
+            if parsed.stream:
+                first = await self._first_output(work, parsed, request)
+                return StreamingResponse(self._sse(work, parsed, first, extra, started),
+                                         media_type="text/event-stream")
+            outs, last = await until_disconnect(request, self.collect(work, parsed.bootstrap))
+        except api.ApiError as exc:
+            return error(exc)
+        except BootstrapError as exc:
+            return error(api.ApiError(504, str(exc), "bootstrap_error"))
+        except ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(self._final_body(work, parsed, outs, last, extra, started))
+
+    async def _first_output(self, work: GenerateWork, parsed: api.ParsedRequest, request: Request):
+        """Streaming: run until the first output before sending headers, so failures that happen
+        up front (bootstrap, bad prompt) still get a proper status code."""
+        gen = self.outputs(work)
+        try:
+            first = await until_disconnect(request, gen.__anext__())
+        except BaseException:
+            await gen.aclose()
+            raise
+        if first.error:
+            await gen.aclose()
+            raise api.ApiError(first.error_status, first.error, "engine_error")
+        if work.kind == "prefill" and parsed.bootstrap is not None:
+            try:
+                await until_disconnect(request, self.hand_off(first, parsed.bootstrap, work.input_ids))
+            finally:
+                await gen.aclose()
+        return first, gen
+
+    def _final_body(self, work, parsed, outs, last, extra, started) -> dict:
+        text = "".join(o.text for o in outs)
+        ids = [t for o in outs for t in o.token_ids]
+        model = self.settings.served_model_name
+        if parsed.kind == "generate":
+            return api.generate_body(work.rid, text, ids, last.finish_reason, last.matched_stop,
+                                     last.prompt_tokens, last.completion_tokens, time.monotonic() - started, extra)
+        return api.completion_body(_oid(parsed, work), model, text, api.openai_finish(last.finish_reason),
+                                   last.prompt_tokens, last.completion_tokens, chat=parsed.kind == "chat")
+
+    async def _sse(self, work, parsed, first_and_gen, extra, started) -> AsyncIterator[bytes]:
+        first, gen = first_and_gen
+        model, chat = self.settings.served_model_name, parsed.kind == "chat"
+        oid = _oid(parsed, work)
+        text, ids = "", []
+        last = first
+        sent_role = False
+
+        async def stream() -> AsyncIterator[EngineOutput]:
+            yield first
+            if not first.finished:
+                async for out in gen:
+                    yield out
+
+        try:
+            async for out in stream():
+                last = out
+                if out.error:
+                    yield sse(api.ApiError(out.error_status, out.error, "engine_error").body())
+                    break
+                text += out.text
+                ids += out.token_ids
+                finish = api.openai_finish(out.finish_reason) if out.finished else None
+                if parsed.kind == "generate":
+                    body = api.generate_body(work.rid, text, ids, out.finish_reason if out.finished else None,
+                                             out.matched_stop, out.prompt_tokens, out.completion_tokens,
+                                             time.monotonic() - started, extra)
+                else:
+                    if not out.text and not out.finished and sent_role:
+                        continue  # nothing new to show (text held back for a possible stop string)
+                    body = api.completion_body(oid, model, out.text, finish, 0, 0, chunk=True, chat=chat,
+                                               first=not sent_role)
+                    sent_role = True
+                yield sse(body)
+            if parsed.include_usage and parsed.kind != "generate":
+                yield sse(api.usage_chunk(oid, model, last.prompt_tokens, last.completion_tokens, chat))
+            yield b"data: [DONE]\n\n"
+        finally:
+            await gen.aclose()
+
+
+def _oid(parsed: api.ParsedRequest, work: GenerateWork) -> str:
+    return ("chatcmpl-" if parsed.kind == "chat" else "cmpl-") + work.rid
+
+
+def build_app(server: EngineServer) -> FastAPI:
+    app = FastAPI(title="laps engine", docs_url=None, redoc_url=None)
+    s, engine = server.settings, server.engine
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await server.serve(request, "generate")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await server.serve(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await server.serve(request, "chat")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": s.served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "laps", "max_model_len": engine.config.context_len}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.alive:
+            return error(api.ApiError(503, "engine loop is not running", "unavailable"))
+        return JSONResponse({"status": "ok", "role": s.role})
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        bos = server.tokenizer.bos_token_id
+        work = GenerateWork(new_rid(), [bos if bos is not None else 0], SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            outs = [o async for o in server.outputs(work)]
+        except Exception as exc:  # noqa: BLE001
+            return error(api.ApiError(503, f"generation failed: {exc}", "unavailable"))
+        if outs[-1].error:
+            return error(api.ApiError(503, outs[-1].error, "unavailable"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict:
+        cfg = engine.config
+        return {"role": s.role, "bootstrap_port": s.bootstrap_port if s.role == "prefill" else None,
+                "prefill_group": read_group(s.labels_file), "served_model_name": s.served_model_name,
+                "length_threshold": s.length_threshold, "laps_scheduler": cfg.scheduler.enabled,
+                "scheduler": {k: getattr(cfg.scheduler, k) for k in cfg.scheduler.__dataclass_fields__},
+                "max_prompt_tokens": engine.max_prompt_tokens(), "context_length": cfg.context_len,
+                "kv_pages": engine.kv.num_pages, "page_size": engine.kv.page_size,
+                "max_running_requests": cfg.max_running_requests, "batch_prefill": engine.grid is not None,
+                "bootstrap_timeout_s": s.bootstrap_timeout_s,
+                "bootstrap": {"pending_rooms": len(server.outbox), "fetching": server.fetching},
+                "state": dict(engine.snapshot, queues={
+                    k: list(v) for k, v in (engine.snapshot.get("queues") or {}).items()})}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(engine.snapshot), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,77 @@
+"""Bad input gets a clear 4xx and loses nothing; departing clients free their KV."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.integration.engine.helpers import engine_idle, engine_state, wait_for
+
+BAD = [
+    ("/generate", b'{"text": "hi", "sampling_params": {', "malformed JSON"),
+    ("/generate", b'[1, 2]', "JSON object"),
+    ("/generate", b'{"sampling_params": {}}', "exactly one of"),
+    ("/generate", b'{"text": ""}', "empty"),
+    ("/generate", b'{"input_ids": []}', "empty"),
+    ("/generate", b'{"input_ids": [1, "x"]}', "input_ids"),
+    ("/generate", b'{"input_ids": [99999999]}', "input_ids must be in"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"temperature": -1}}', "temperature"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"top_p": 0}}', "top_p"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"max_new_tokens": 0}}', "max_new_tokens"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"top_k": "many"}}', "top_k"),
+    ("/generate", b'{"text": "hi", "stream": "yes"}', "stream"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 3}', "n=1"),
+    ("/v1/completions", b'{"prompt": {"a": 1}}', "prompt"),
+    ("/v1/completions", b'{"prompt": "hi", "stop": 5}', "stop"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2.5}', "max_new_tokens"),
+    ("/v1/chat/completions", b'{"messages": []}', "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"content": "no role"}]}', "role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 7}]}', "content"),
+]
+
+
+@pytest.mark.parametrize("path,raw,needle", BAD)
+def test_bad_input_is_a_clear_4xx(tiny_mixed_engine, path, raw, needle):
+    resp = httpx.post(tiny_mixed_engine.url + path, content=raw, headers={"content-type": "application/json"})
+    assert 400 <= resp.status_code < 500, resp.text
+    err = resp.json()["error"]
+    assert needle in err["message"] and err["type"]
+
+
+def test_over_context_prompt_is_rejected_and_engine_keeps_serving(tiny_mixed_engine):
+    limit = engine_state(tiny_mixed_engine)["max_prompt_tokens"]
+    resp = httpx.post(tiny_mixed_engine.url + "/generate", json={"input_ids": [5] * (limit + 1)})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["type"] == "context_length_exceeded"
+    ok = httpx.post(tiny_mixed_engine.url + "/generate",
+                    json={"text": "still alive?", "sampling_params": {"max_new_tokens": 3}}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 3
+    wait_for(lambda: engine_idle(tiny_mixed_engine), message="engine idle")
+
+
+async def test_disconnecting_streaming_client_frees_its_kv(tiny_mixed_engine):
+    body = {"text": "tell me a very long story", "stream": True,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", tiny_mixed_engine.url + "/generate", json=body) as resp:
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    break  # got the first token: the request holds KV now
+            holding = engine_state(tiny_mixed_engine)["state"]
+            assert holding["live"] == 1 and holding["kv_usage"] > 0
+        # leaving the block closes the connection mid-stream
+    await asyncio.to_thread(wait_for, lambda: engine_idle(tiny_mixed_engine), 20.0, "KV freed after disconnect")
+
+
+async def test_disconnecting_non_streaming_client_frees_its_kv(tiny_mixed_engine):
+    body = {"text": "another long story", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    async with httpx.AsyncClient(timeout=60) as client:
+        task = asyncio.create_task(client.post(tiny_mixed_engine.url + "/generate", json=body))
+        await asyncio.to_thread(wait_for, lambda: engine_state(tiny_mixed_engine)["state"]["running"] == 1,
+                                20.0, "request decoding")
+        task.cancel()  # the client gives up: its connection closes
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await asyncio.to_thread(wait_for, lambda: engine_idle(tiny_mixed_engine), 20.0, "KV freed after disconnect")

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run_engine(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "laps_agent.cli", "engine", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path):
+    result = run_engine("--model", str(tmp_path / "missing.gguf"), "--port", "1")
+    assert result.returncode == 2
+    assert "laps engine: error:" in result.stderr and "no such file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_flag_values_are_refused(tiny_engine_model):
+    result = run_engine("--model", str(tiny_engine_model), "--wait-max-batch", "0", "--port", "1")
+    assert result.returncode == 2 and "wait_max_batch" in result.stderr
+    result = run_engine("--model", str(tiny_engine_model), "--batch-prefill-seq-lengths", "16,x")
+    assert result.returncode == 2 and "comma-separated integers" in result.stderr

@@ -1,0 +1,196 @@
+"""The engine loop in-process with the tiny model and the real runner (no HTTP)."""
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from laps_agent.engine.engine import Engine, EngineConfig
+from laps_agent.engine.requests import EngineOutput, GenerateWork
+from laps_agent.engine.sampling import SamplingParams
+from laps_agent.scheduling.buckets import BucketGrid
+from laps_agent.scheduling.config import SchedulerConfig
+
+
+@pytest.fixture
+def make_engine(tiny_loaded):  # tiny_loaded: tests/support/fixtures_models.py
+    from laps_agent.engine.runner import ModelRunner
+
+    started: list[Engine] = []
+
+    def make(num_pages: int = 256, bucketed: str = "auto", **sched) -> tuple[Engine, list]:
+        grid = BucketGrid([1, 2, 4, 8], [16, 32, 64, 128, 256])
+        runner = ModelRunner(tiny_loaded, num_pages=num_pages, page_size=16, grid=grid)
+        records: list = []
+        engine = Engine(runner, tiny_loaded.tokenizer,
+                        EngineConfig(scheduler=SchedulerConfig(**sched), context_len=4096,
+                                     bucketed_prefill=bucketed),
+                        grid=grid, on_prefill=records.append)
+        engine.start()
+        started.append(engine)
+        return engine, records
+
+    yield make
+    for engine in started:
+        engine.stop()
+
+
+def collect(outs: queue.Queue, n: int, timeout: float = 60.0) -> dict[str, list[EngineOutput]]:
+    """Outputs per rid until `n` requests finished."""
+    got: dict[str, list[EngineOutput]] = {}
+    done = 0
+    deadline = time.monotonic() + timeout
+    while done < n:
+        out = outs.get(timeout=max(deadline - time.monotonic(), 0.01))
+        got.setdefault(out.rid, []).append(out)
+        done += out.finished
+    return got
+
+
+def prompt(n: int, start: int = 20) -> list[int]:
+    return [start + (i % 300) for i in range(n)]
+
+
+def test_short_requests_arriving_together_share_one_prefill_batch(make_engine):
+    engine, records = make_engine(bucketed="always")
+    outs: queue.Queue = queue.Queue()
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    engine.submit_many([(GenerateWork(f"r{i}", prompt(10 + 7 * i), params), outs.put) for i in range(6)])
+    got = collect(outs, 6)
+    assert all(o[-1].finish_reason == "length" and o[-1].completion_tokens == 5 for o in got.values())
+    assert records[0].size == 6 and records[0].bucketed and records[0].cls == "short"
+    assert engine.kv.free_pages == engine.kv.num_pages
+    engine.kv.self_check()
+
+
+def test_without_cuda_graphs_auto_packs_batches_that_would_pad_a_lot(make_engine):
+    engine, records = make_engine()
+    outs: queue.Queue = queue.Queue()
+    params = SamplingParams(max_new_tokens=2, temperature=0.0)
+    # 3 prompts of 33 tokens would fill bucket (4, 64): 256 slots for 99 real tokens
+    engine.submit_many([(GenerateWork(f"p{i}", prompt(33, 40 + i), params), outs.put) for i in range(3)])
+    collect(outs, 3)
+    # 4 prompts of 64 tokens fill (4, 64) exactly: no padding, so the bucket is used
+    engine.submit_many([(GenerateWork(f"q{i}", prompt(64, 40 + i), params), outs.put) for i in range(4)])
+    collect(outs, 4)
+    assert [(r.size, r.bucketed, r.path) for r in records] == [(3, False, "eager"), (4, True, "bucket")]
+
+
+def test_shorts_get_their_first_token_before_a_long_that_came_first(make_engine):
+    engine, records = make_engine()
+    outs: queue.Queue = queue.Queue()
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
+    work = [GenerateWork("long", prompt(900), params)] + [GenerateWork(f"s{i}", prompt(40), params) for i in range(3)]
+    engine.submit_many([(w, outs.put) for w in work])
+    order = [rid for rid in collect(outs, 4)]
+    assert order[-1] == "long"
+    assert [r.cls for r in records] == ["short", "long"]
+
+
+def test_fifo_baseline_serves_in_arrival_order(make_engine):
+    engine, records = make_engine(enabled=False, max_batch_size=1)
+    outs: queue.Queue = queue.Queue()
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
+    work = [GenerateWork("long", prompt(900), params)] + [GenerateWork(f"s{i}", prompt(40), params) for i in range(2)]
+    engine.submit_many([(w, outs.put) for w in work])
+    assert list(collect(outs, 3)) == ["long", "s0", "s1"]
+
+
+def test_abort_while_decoding_frees_kv_and_says_abort(make_engine):
+    engine, _ = make_engine()
+    outs: queue.Queue = queue.Queue()
+    engine.submit(GenerateWork("a", prompt(30), SamplingParams(max_new_tokens=3000, ignore_eos=True)), outs.put)
+    first = outs.get(timeout=30)
+    assert not first.finished and engine.kv.used_pages > 0
+    engine.abort("a")
+    while True:
+        out = outs.get(timeout=30)
+        if out.finished:
+            break
+    assert out.finish_reason == "abort"
+    deadline = time.monotonic() + 10
+    while engine.snapshot.get("live") != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # poll for the loop's next snapshot
+    assert engine.kv.free_pages == engine.kv.num_pages
+
+
+def test_requests_wait_for_kv_pages_instead_of_failing(make_engine):
+    # 12 pages = 192 tokens: room for one request (100 prompt + 60 new) at a time
+    engine, _ = make_engine(num_pages=12)
+    outs: queue.Queue = queue.Queue()
+    params = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
+    engine.submit_many([(GenerateWork(f"r{i}", prompt(100, 30 + i), params), outs.put) for i in range(3)])
+    got = collect(outs, 3)
+    assert all(o[-1].finish_reason == "length" and o[-1].completion_tokens == 60 for o in got.values())
+    assert engine.kv.free_pages == 12
+
+
+def test_duplicate_request_id_is_refused_without_harm(make_engine):
+    engine, _ = make_engine()
+    outs: queue.Queue = queue.Queue()
+    slow = SamplingParams(max_new_tokens=200, ignore_eos=True)
+    engine.submit(GenerateWork("same", prompt(20), slow), outs.put)
+    engine.submit(GenerateWork("same", prompt(20), slow), outs.put)
+    got = []
+    while len([o for o in got if o.finished]) < 2:
+        got.append(outs.get(timeout=30))
+    errors = [o for o in got if o.finish_reason == "error"]
+    assert len(errors) == 1 and "already in use" in errors[0].error
+    assert [o for o in got if o.finished and o.finish_reason == "length"]
+
+
+def test_a_failing_request_does_not_stop_the_loop(make_engine):
+    import torch
+
+    engine, _ = make_engine()
+    outs: queue.Queue = queue.Queue()
+    broken = GenerateWork("broken", prompt(8), SamplingParams(max_new_tokens=3), kind="decode",
+                          kv=torch.zeros(1, 2, 8, 1, 1), first_token=5)  # KV of the wrong shape
+    engine.submit(broken, outs.put)
+    failed = collect(outs, 1)["broken"][-1]
+    assert failed.finish_reason == "error" and "KV import failed" in failed.error
+    engine.submit(GenerateWork("fine", prompt(8), SamplingParams(max_new_tokens=3)), outs.put)
+    assert collect(outs, 1)["fine"][-1].finish_reason in ("length", "stop")
+    assert engine.alive and engine.kv.free_pages == engine.kv.num_pages
+
+
+def test_random_submits_and_aborts_always_return_every_page(make_engine):
+    from hypothesis import given, settings, strategies as st
+
+    engine, _ = make_engine(num_pages=40)
+    request = st.tuples(st.integers(1, 300), st.integers(1, 40), st.booleans())  # prompt, new, abort?
+
+    @settings(max_examples=12, deadline=None, database=None)
+    @given(st.lists(request, min_size=1, max_size=8))
+    def scenario(requests):
+        outs: queue.Queue = queue.Queue()
+        works = [GenerateWork(f"h{id(requests)}-{i}", prompt(n), SamplingParams(max_new_tokens=m, ignore_eos=True))
+                 for i, (n, m, _) in enumerate(requests)]
+        engine.submit_many([(w, outs.put) for w in works])
+        for w, (_, _, abort) in zip(works, requests):
+            if abort:
+                engine.abort(w.rid)
+        got = collect(outs, len(works))
+        for w, (_, m, abort) in zip(works, requests):
+            last = got[w.rid][-1]
+            assert last.finish_reason in (("abort", "length") if abort else ("length",))
+            if last.finish_reason == "length":
+                assert last.completion_tokens == m
+        deadline = time.monotonic() + 10
+        while engine.snapshot.get("live") != 0 and time.monotonic() < deadline:
+            time.sleep(0.005)  # poll for the loop's next snapshot
+        assert engine.kv.free_pages == engine.kv.num_pages
+
+    scenario()
+    engine.kv.self_check()
+
+
+def test_an_empty_prompt_fails_alone(make_engine):
+    engine, _ = make_engine()
+    outs: queue.Queue = queue.Queue()
+    engine.submit_many([(GenerateWork("ok", prompt(8), SamplingParams(max_new_tokens=4)), outs.put),
+                        (GenerateWork("empty", [], SamplingParams(max_new_tokens=4)), outs.put)])
+    got = collect(outs, 2)
+    assert got["empty"][-1].finish_reason == "error"
+    assert got["ok"][-1].finish_reason in ("length", "stop")
