@@ -49,7 +49,10 @@ def test_relabelled_pod_changes_routing(kube_api, stub_engines, gateway_server):
                              length_threshold=64)
     assert _groups(gateway) == {"short": ["pf-0"], "long": ["pf-1"], "decode": ["dc-0"]}
     assert httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}).status_code == 200
-    assert len(engine_a.requests) == 1 and not engine_b.requests
+    # The gateway answers with decode's reply without waiting for the prefill call to be logged
+    # by the stub, so poll for the prefill side's record.
+    poll(lambda: len(engine_a.requests) == 1, message="pf-0 to record the request")
+    assert not engine_b.requests
     assert decode_engine.requests[0]["bootstrap_port"] == 7001
 
     # The operator moves pf-0 to long and pf-1 to short: the Services' slices follow.
@@ -60,7 +63,8 @@ def test_relabelled_pod_changes_routing(kube_api, stub_engines, gateway_server):
     poll(lambda: _groups(gateway) == {"short": ["pf-1"], "long": ["pf-0"], "decode": ["dc-0"]},
          message="the relabel to reach the gateway")
     assert httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}).status_code == 200
-    assert len(engine_b.requests) == 1 and len(engine_a.requests) == 1
+    poll(lambda: len(engine_b.requests) == 1, message="pf-1 to record the request")
+    assert len(engine_a.requests) == 1
     assert decode_engine.requests[1]["bootstrap_port"] == 7002
 
     # A pod turning unready leaves its group at once.
