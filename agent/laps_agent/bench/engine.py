@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     long_ids = [rng.randrange(low, vocab) for _ in range(args.long_tokens)]
     shorts = [[rng.randrange(low, vocab) for _ in range(rng.randint(args.short_min, args.short_max))]
               for _ in range(args.short_count)]
+    warm_prompts = [[rng.randrange(low, vocab) for _ in range(n)] for n in (24, 160, 48, 96)]
     grid = BucketGrid([1, 2, 4, 8, 16], [16, 32, 64, 128, 256])
     page = 16
     pages = -(-(args.long_tokens + sum(map(len, shorts)) + 64 * (args.short_count + 1)) // page) + 8
@@ -82,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             next_page += n
         return out
 
-    def run(enabled: bool, bucketed: str = "auto") -> RunResult:
+    def run(enabled: bool, bucketed: str = "auto", adaptive: bool = False) -> RunResult:
         cfg = SchedulerConfig(enabled=enabled, length_threshold=args.length_threshold,
-                              max_batch_size=args.max_batch, wait_max_batch=args.max_batch)
+                              max_batch_size=args.max_batch, wait_max_batch=args.max_batch,
+                              adaptive_window=adaptive)
         records = []
         engine = Engine(runner, loaded.tokenizer,
                         EngineConfig(role="mixed", scheduler=cfg, bucketed_prefill=bucketed,
@@ -93,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         engine.start()
         outs: queue.Queue[EngineOutput] = queue.Queue()
         params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        if adaptive:
+            # A serving engine has history: a few earlier requests of different lengths, one at
+            # a time, give the scheduler's cost model its estimate before the burst arrives.
+            for i, ids in enumerate(warm_prompts):
+                engine.submit_many([(GenerateWork(f"warm{i}", ids, params), outs.put)])
+                while not outs.get(timeout=600).finished:
+                    pass
+            records.clear()
         works = [GenerateWork("long", long_ids, params)] + [GenerateWork(f"s{i}", ids, params)
                                                              for i, ids in enumerate(shorts)]
         now = time.monotonic()
@@ -126,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
 def ttft_report(args: argparse.Namespace, run) -> None:
     # FIFO; LAPS as the engine runs it here (auto: packed short batches without CUDA graphs);
     # LAPS with every short batch forced through its padded bucket.
-    variants = {"FIFO": (False, "auto"), "LAPS": (True, "auto"), "LAPS-bucketed": (True, "always")}
+    # LAPS-adaptive: the adaptive mode, whose cost model also sizes the short batches.
+    variants = {"FIFO": (False, "auto", False), "LAPS": (True, "auto", False),
+                "LAPS-adaptive": (True, "auto", True), "LAPS-bucketed": (True, "always", False)}
     results: dict[str, list[RunResult]] = {name: [] for name in variants}
     for _ in range(args.repeats):  # interleaved, so background load hits all variants alike
-        for name, (enabled, bucketed) in variants.items():
-            results[name].append(run(enabled, bucketed))
+        for name, (enabled, bucketed, adaptive) in variants.items():
+            results[name].append(run(enabled, bucketed, adaptive))
 
     def agg(name: str, attr: str) -> list[float]:
         return [x for r in results[name] for x in getattr(r, attr)]
@@ -141,7 +153,7 @@ def ttft_report(args: argparse.Namespace, run) -> None:
             xs = agg(name, f"{cls}_ttft")
             print(f"  {cls:<6} {name:<18} {statistics.mean(xs):7.3f} {statistics.median(xs):7.3f} {max(xs):7.3f}")
     fs, fl = agg("FIFO", "short_ttft"), agg("FIFO", "long_ttft")
-    for name in ("LAPS", "LAPS-bucketed"):
+    for name in ("LAPS", "LAPS-adaptive", "LAPS-bucketed"):
         ls_, ll = agg(name, "short_ttft"), agg(name, "long_ttft")
         print(f"  {name}: short/FIFO mean {statistics.mean(ls_) / statistics.mean(fs):.3f}x, "
               f"p50 {statistics.median(ls_) / statistics.median(fs):.3f}x (target <= 0.2x); "

@@ -218,6 +218,9 @@ class PrefillScheduler:
     def _dispatch(self, name: str, reason: str) -> Decision:
         queue = self._queues[name]
         count, _ = queue.fit(self.config.max_batch_size, self.config.max_prefill_tokens)
+        if name == SHORT:
+            heads = [entry.uncached for entry, _ in zip(queue.entries.values(), range(count))]
+            count = self.window.split_count(heads)
         taken = queue.pop(count)
         self._last_batch = {entry.item.rid: entry for entry in taken}
         for entry in taken:

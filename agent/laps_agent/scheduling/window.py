@@ -21,10 +21,20 @@ The window is the expected time to collect D requests, (D-1)*ia, clamped to
 [0, wait_window_ms * adaptive_window_factor]; D = 1 means "dispatch at once". Until both
 estimates exist (two short arrivals, prefill samples with distinct token counts) the fixed
 values are used. wait_window_ms = 0 disables the window in both modes.
+
+Cost-aware split (adaptive mode only). The same cost model also sizes a short batch that is
+ready to go. Taking the first k of n queued short requests now and the rest right after gives a
+summed time to first token of
+    n*(a + b*T_k) + (n-k)*(a + b*(T_n - T_k))          (T_k: tokens of the first k)
+against n*(a + b*T_n) for all n at once. When per-token cost dominates (CPU prefill, long-ish
+prompts) a smaller first batch lowers everyone's mean TTFT; when the per-batch overhead
+dominates (GPU launch/memory-bound prefill) the whole batch is best, as in the reference. The
+smallest best k is taken; the remainder is decided afresh at the next dispatch.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .buckets import BucketGrid
@@ -145,6 +155,24 @@ class WaitWindow:
 
     def setting(self) -> WindowSetting:
         return self._setting
+
+    def split_count(self, tokens: Sequence[int]) -> int:
+        """How many of these queued short requests (FIFO order) the next batch takes; see the
+        module docstring. All of them outside adaptive mode or without a cost estimate."""
+        n = len(tokens)
+        coef = self.cost.coefficients() if self.config.adaptive_window and n > 1 else None
+        if coef is None:
+            return n
+        overhead, per_token = coef
+        total = float(sum(tokens))
+        best_k, best = n, n * (overhead + per_token * total)
+        prefix = 0.0
+        for k in range(1, n):
+            prefix += tokens[k - 1]
+            summed = n * (overhead + per_token * prefix) + (n - k) * (overhead + per_token * (total - prefix))
+            if summed < best * (1 - 1e-9):
+                best_k, best = k, summed
+        return best_k
 
     def _adaptive(self) -> WindowSetting:
         coef = self.cost.coefficients()

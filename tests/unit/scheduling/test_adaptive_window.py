@@ -82,3 +82,53 @@ def test_adaptive_scheduler_batches_dense_short_traffic():
             sizes.append(len(decision.batch))
         t += 0.002
     assert max(sizes) > 1
+
+
+def queued_shorts(sched, lengths, now=50.0):
+    for i, tokens in enumerate(lengths):
+        sched.add(PrefillItem(f"q{i}", tokens), now)
+
+
+def drain_batch_sizes(sched, now=50.0):
+    sizes = []
+    while len(sched):
+        sizes.append(len(sched.next_batch(now).batch))
+    return sizes
+
+
+def summed_ttft(sizes, lengths, overhead, per_token):
+    """Summed completion time of the queued requests when run in batches of these sizes."""
+    clock, total, start = 0.0, 0.0, 0
+    for size in sizes:
+        clock += overhead + per_token * sum(lengths[start:start + size])
+        total += clock * size
+        start += size
+    return total
+
+
+def test_per_token_dominated_cost_splits_a_ready_short_batch_to_lower_mean_ttft():
+    # CPU-like: prefill cost is almost all per-token, so running 8 prompts together makes the
+    # first ones wait for the last; two batches of 4 finish the first half twice as early.
+    lengths = [64, 60, 70, 58, 66, 62, 68, 64]
+    sched = PrefillScheduler(SchedulerConfig(adaptive_window=True, wait_window_ms=0, max_batch_size=8))
+    feed_costs(sched, overhead_s=0.002, per_token_s=0.0015)
+    queued_shorts(sched, lengths)
+    sizes = drain_batch_sizes(sched)
+    assert sum(sizes) == 8 and sizes[0] < 8
+    assert summed_ttft(sizes, lengths, 0.002, 0.0015) < summed_ttft([8], lengths, 0.002, 0.0015)
+
+
+def test_overhead_dominated_cost_keeps_the_whole_short_batch():
+    # GPU-like: a batch costs its launch, tokens are nearly free, so one batch is best.
+    lengths = [64] * 8
+    sched = PrefillScheduler(SchedulerConfig(adaptive_window=True, wait_window_ms=0, max_batch_size=8))
+    feed_costs(sched, overhead_s=0.020, per_token_s=1e-6)
+    queued_shorts(sched, lengths)
+    assert drain_batch_sizes(sched) == [8]
+
+
+def test_fixed_mode_never_splits():
+    sched = PrefillScheduler(SchedulerConfig(adaptive_window=False, wait_window_ms=0, max_batch_size=8))
+    feed_costs(sched, overhead_s=0.002, per_token_s=0.0015)
+    queued_shorts(sched, [64] * 8)
+    assert drain_batch_sizes(sched) == [8]
