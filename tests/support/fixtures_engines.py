@@ -12,9 +12,10 @@ Stable API (the gateway tests build on it):
 """
 from __future__ import annotations
 
+from laps_agent.local_engines import free_port  # noqa: F401  (re-exported)
+
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,10 +31,6 @@ import pytest
 DEFAULT_ENGINE_ARGS = ("--torch-threads", "1", "--log-level", "info")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -2,6 +2,8 @@
 loopback. Every server or process started here is stopped at teardown, also on failure."""
 from __future__ import annotations
 
+from tests.support.waiting import poll  # noqa: F401  (re-exported: tests import it from here)
+
 import os
 import signal
 import subprocess
@@ -12,18 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def poll(condition, timeout: float = 15.0, interval: float = 0.02, message: str = "condition"):
-    """Return condition()'s first truthy value, or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)  # poll interval, bounded by the deadline above
 
 
 class RawRequest:

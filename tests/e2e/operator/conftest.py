@@ -1,10 +1,11 @@
 """The real operator (`laps operator`, i.e. kopf) as a subprocess against the `kube_api` emulator."""
 from __future__ import annotations
 
+from laps_agent.local_engines import free_port  # noqa: F401  (re-exported)
+
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,10 +21,6 @@ CRD = REPO / "crds" / "lapscluster.yaml"
 T = TypeVar("T")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.1) -> T:

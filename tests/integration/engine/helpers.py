@@ -2,21 +2,14 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import httpx
 
+from tests.support.waiting import poll
+
 
 def wait_for(condition, timeout: float = 20.0, message: str = "condition"):
-    """Poll `condition()` until truthy (returned) or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(0.02)  # poll interval, bounded by the deadline
+    return poll(condition, timeout=timeout, message=message)
 
 
 def engine_state(engine) -> dict:

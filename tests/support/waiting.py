@@ -1,0 +1,16 @@
+"""Polling with a deadline: how tests wait for a condition instead of sleeping a fixed time."""
+from __future__ import annotations
+
+import time
+
+
+def poll(condition, timeout: float = 15.0, interval: float = 0.02, message: str = "condition"):
+    """Return condition()'s first truthy value, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)  # poll interval, bounded by the deadline above
