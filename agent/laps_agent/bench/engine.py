@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import queue
 import random
 import statistics
@@ -46,6 +47,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level="WARNING")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `laps engine` does; before torch
     import torch
 
     from laps_agent.engine.engine import Engine, EngineConfig

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
 def build(args: argparse.Namespace):
     """Load everything; returns (EngineServer, engine). Separate from serving so tests and the
     benchmark can build an engine in-process."""
+    # Spinning OpenMP workers steal the cores that other engines on the same node (laps local,
+    # CPU pools) need: measured up to 8x slower prefill on 2 shared cores. Must precede torch.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     from laps_agent.engine.engine import Engine, EngineConfig
