@@ -18,22 +18,10 @@ from laps_operator.apply import (
 )
 from laps_operator.builders import build_prefill_statefulset
 from laps_operator.naming import ClusterRef
+from tests.support.kube_emulator_rules import merge_patch  # RFC 7386, as the API server applies it
 from laps_operator.spec import parse_spec
 
 CLUSTER = ClusterRef("c", "ns", "uid-1")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, as an API server applies `application/merge-patch+json`."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 def statefulset(**spec_changes: Any) -> dict[str, Any]:
