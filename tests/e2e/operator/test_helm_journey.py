@@ -45,7 +45,39 @@ def test_helm_install_then_apply_the_example_gives_a_reconciled_cluster(kube_api
             GROUP, VERSION, NS, PLURAL, name).get("status", {}).get("phase"), "a phase in status")
         assert status in ("Progressing", "Ready")
 
+        # Act as the StatefulSet controller (the emulator has none): create its pods, so the
+        # operator labels them; then show what a reviewer would see with kubectl (`pytest -s`).
+        core = kubernetes.client.CoreV1Api(api)
+        for i in range(sts.spec.replicas):
+            core.create_namespaced_pod(NS, {"metadata": {
+                "name": f"{name}-prefill-{i}", "labels": dict(sts.spec.template.metadata.labels),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "controller": True,
+                                     "name": sts.metadata.name, "uid": sts.metadata.uid}]},
+                "spec": {"containers": [{"name": "engine", "image": "laps"}]}})
+        groups = wait_for(lambda: (custom.get_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, name)
+                                   .get("status", {}).get("groupSizes")), "group sizes in status")
+        assert groups == {"short": 2, "long": 2}
+        print_cluster(api, name, custom.get_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, name))
+
         helm.uninstall("laps")
         wait_for(lambda: not apps.list_namespaced_deployment("laps-system").items, "operator Deployment removed")
     finally:
         helm.close()
+
+
+def print_cluster(api, name: str, cluster: dict) -> None:
+    """Roughly `kubectl get laps,all -l laps.io/cluster=NAME` and the prefill pods' groups."""
+    core, apps = kubernetes.client.CoreV1Api(api), kubernetes.client.AppsV1Api(api)
+    selector = f"laps.io/cluster={name}"
+    status = cluster["status"]
+    print(f"\nlapscluster/{name}: phase={status.get('phase')} groupSizes={status.get('groupSizes')}")
+    for cond in status.get("conditions", []):
+        print(f"  condition {cond['type']}={cond['status']} ({cond.get('reason')})")
+    for kind, items in (("statefulset", apps.list_namespaced_stateful_set(NS, label_selector=selector).items),
+                        ("deployment", apps.list_namespaced_deployment(NS, label_selector=selector).items),
+                        ("service", core.list_namespaced_service(NS, label_selector=selector).items),
+                        ("configmap", core.list_namespaced_config_map(NS, label_selector=selector).items)):
+        for obj in items:
+            print(f"{kind}/{obj.metadata.name}")
+    for pod in core.list_namespaced_pod(NS, label_selector=f"{selector},laps.io/role=prefill").items:
+        print(f"pod/{pod.metadata.name}  laps.io/prefill-group={pod.metadata.labels.get('laps.io/prefill-group')}")
