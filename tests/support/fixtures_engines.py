@@ -12,6 +12,8 @@ Stable API (the gateway tests build on it):
 """
 from __future__ import annotations
 
+from tests.support.waiting import stop_process
+
 from laps_agent.local_engines import free_port  # noqa: F401  (re-exported)
 
 import os
@@ -60,13 +62,7 @@ class EngineProcess:
         return self.process.poll() is None
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, signal.SIGTERM, timeout)
 
     def get_json(self, path: str, **kw) -> dict:
         resp = httpx.get(self.url + path, timeout=kw.pop("timeout", 30.0), **kw)

@@ -14,6 +14,8 @@ Stable API:
 """
 from __future__ import annotations
 
+from tests.support.waiting import stop_process
+
 import json
 import os
 import shutil
@@ -129,13 +131,7 @@ class PrometheusServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._client.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process, signal.SIGTERM, timeout)
 
     # HTTP API
     def api(self, path: str, **params) -> object:

@@ -14,3 +14,17 @@ def poll(condition, timeout: float = 15.0, interval: float = 0.02, message: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)  # poll interval, bounded by the deadline above
+
+
+def stop_process(process, sig: int = 15, timeout: float = 15.0) -> None:
+    """Ask a child to stop (SIGTERM by default), wait up to `timeout`, then kill it: a test
+    never leaves a process behind, even when the child ignores the signal."""
+    import subprocess
+
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)

@@ -1,6 +1,8 @@
 """The real operator (`laps operator`, i.e. kopf) as a subprocess against the `kube_api` emulator."""
 from __future__ import annotations
 
+from tests.support.waiting import stop_process
+
 from laps_agent.local_engines import free_port  # noqa: F401  (re-exported)
 
 import os
@@ -59,13 +61,7 @@ class OperatorProcess:
         return None
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # kopf's graceful shutdown
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, signal.SIGINT, 15)  # SIGINT: kopf's graceful shutdown
 
 
 @pytest.fixture
