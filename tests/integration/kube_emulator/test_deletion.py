@@ -6,16 +6,6 @@ import pytest
 from kubernetes.client import ApiException
 
 
-@pytest.fixture
-def core(kube_api):
-    return kubernetes.client.CoreV1Api(kube_api.api_client())
-
-
-@pytest.fixture
-def apps(kube_api):
-    return kubernetes.client.AppsV1Api(kube_api.api_client())
-
-
 def _exists(read, *args) -> bool:
     try:
         read(*args)

@@ -9,11 +9,6 @@ import pytest
 from kubernetes.client import ApiException
 
 
-@pytest.fixture
-def core(kube_api):
-    return kubernetes.client.CoreV1Api(kube_api.api_client())
-
-
 def _config_map(name: str, labels: dict | None = None, **extra) -> dict:
     return {"metadata": {"name": name, "labels": labels or {}, **extra}, "data": {"k": "v"}}
 

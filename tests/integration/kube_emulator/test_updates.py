@@ -10,16 +10,6 @@ from tests.integration.kube_emulator.crd_samples import GROUP, PLURAL, VERSION, 
 
 
 @pytest.fixture
-def core(kube_api):
-    return kubernetes.client.CoreV1Api(kube_api.api_client())
-
-
-@pytest.fixture
-def apps(kube_api):
-    return kubernetes.client.AppsV1Api(kube_api.api_client())
-
-
-@pytest.fixture
 def widgets(kube_api, tmp_path):
     kube_api.apply_crd(write_widget_crd(tmp_path))
     return kubernetes.client.CustomObjectsApi(kube_api.api_client())
