@@ -45,7 +45,7 @@ def _say(message: str) -> None:
 def _model_path(args: argparse.Namespace) -> str:
     if args.model:
         return args.model
-    from laps_agent.engine.loader import default_model_path
+    from laps_agent.engine.model_files import default_model_path
 
     return str(default_model_path())
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from laps_agent.engine.sampling import SamplingError, SamplingParams
+from laps_agent.engine.sampling_params import SamplingError, SamplingParams
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256

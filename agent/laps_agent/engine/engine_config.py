@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from laps_agent.scheduling.buckets import BUCKETED_MODES
 from laps_agent.scheduling.config import SchedulerConfig
 
 ROLES = ("prefill", "decode", "mixed")
@@ -26,8 +27,8 @@ class EngineConfig:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
-        if self.bucketed_prefill not in ("auto", "always", "never"):
-            raise ValueError(f"bucketed_prefill must be auto|always|never, got {self.bucketed_prefill!r}")
+        if self.bucketed_prefill not in BUCKETED_MODES:
+            raise ValueError(f"bucketed_prefill must be one of {BUCKETED_MODES}, got {self.bucketed_prefill!r}")
 
 
 @dataclass
@@ -41,3 +42,13 @@ class PrefillRecord:
     path: str
     bucketed: bool
     seconds: float
+
+
+def kv_reservation(kind: str, prompt_tokens: int, max_new_tokens: int, context_len: int,
+                   capacity_tokens: int) -> int:
+    """KV tokens a request holds from admission on. A prefill-only request needs its prompt;
+    one that decodes here reserves prompt + max_new_tokens up front (capped by the context and
+    the pool), so it can never run out of pages mid-decode and nothing is ever preempted."""
+    if kind == "prefill":
+        return prompt_tokens
+    return min(prompt_tokens + max_new_tokens, context_len, capacity_tokens)

@@ -8,11 +8,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from laps_agent.engine.engine_config import EngineConfig, PrefillRecord
+from laps_agent.engine.engine_config import EngineConfig, PrefillRecord, kv_reservation
 from laps_agent.engine.kv_cache import KVCacheFull, PagedKVAllocator
 from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
 from laps_agent.engine.runner import ForwardItem
 from laps_agent.engine.sampling import StopState, sample_tokens
+from laps_agent.scheduling.buckets import bucket_for_batch
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
 log = logging.getLogger("laps_agent.engine.engine")
@@ -78,10 +79,8 @@ class EngineCore:
         self._emit(live, EngineOutput(rid, finished=True, finish_reason="abort"))
 
     def _reserve_tokens(self, work: GenerateWork) -> int:
-        if work.kind == "prefill":
-            return len(work.input_ids)
-        return min(len(work.input_ids) + work.params.max_new_tokens, self.config.context_len,
-                   self.kv.capacity_tokens)
+        return kv_reservation(work.kind, len(work.input_ids), work.params.max_new_tokens,
+                              self.config.context_len, self.kv.capacity_tokens)
 
     def _admit_imports(self) -> bool:
         worked = False
@@ -158,14 +157,9 @@ class EngineCore:
                 self._take_token(live, token, first=True)
 
     def _use_bucket(self, queue: str | None, lengths: list[int]) -> bool:
-        if self.grid is None or queue != "short" or self.config.bucketed_prefill == "never":
-            return False
-        bucket = self.grid.choose(lengths)
-        if bucket is None:
-            return False
-        if self.config.bucketed_prefill == "always" or getattr(self.runner, "graphs", None) is not None:
-            return True
-        return bucket.batch_size * bucket.seq_len <= 1.25 * sum(lengths)
+        graphs = getattr(self.runner, "graphs", None) is not None
+        return bucket_for_batch(self.grid, queue, lengths, mode=self.config.bucketed_prefill,
+                                graphs=graphs) is not None
 
     def _hand_off(self, live: _Live, token: int) -> None:
         rid = live.work.rid

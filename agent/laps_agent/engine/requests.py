@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from laps_agent.engine.sampling import SamplingParams
+from laps_agent.engine.sampling_params import SamplingParams
 
 _counter = itertools.count()
 

@@ -1,24 +1,34 @@
 """HTTP front of one engine: SGLang-native /generate, OpenAI /v1/*, health, info, metrics, and the
-PD hand-off (prefill role parks KV in its outbox; decode role fetches it before decoding)."""
+PD hand-off (prefill role parks KV in its outbox; decode role fetches it before decoding).
+
+Torch-free: it serves the builtin engine (with `pd.TensorKVCodec`) and the emulated engine (with
+its own codec) alike. What it needs of an engine: `submit(work, sink)`, `abort(rid)`,
+`max_prompt_tokens()`, `alive`, `snapshot`, `tokenizer`, `config` (an EngineConfig), `grid`,
+`kv.num_pages` / `kv.page_size`."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import httpx
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from laps_agent.engine import api_models as api
-from laps_agent.engine.engine import Engine
 from laps_agent.engine.http_util import ClientGone, error, sse, until_disconnect
 from laps_agent.engine.metrics import EngineMetrics, read_group
-from laps_agent.engine.pd import BootstrapError, KVOutbox, KVTransfer, fetch_kv
+from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
-from laps_agent.engine.sampling import SamplingParams
+from laps_agent.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from laps_agent.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +41,34 @@ class ServerSettings:
     bootstrap_port: int | None = None
     bootstrap_timeout_s: float = 30.0
     labels_file: str | None = None
+    backend: str = "builtin"
+    profile: str | None = None          # emulated backend: the profile's name
 
 
 class EngineServer:
-    def __init__(self, engine: Engine, settings: ServerSettings, metrics: EngineMetrics) -> None:
+    def __init__(self, engine: Engine, settings: ServerSettings, metrics: EngineMetrics,
+                 codec: KVCodec | None = None) -> None:
         self.engine, self.settings, self.metrics = engine, settings, metrics
+        if codec is None:
+            from laps_agent.engine.pd import TensorKVCodec
+
+            codec = TensorKVCodec()
+        self.codec = codec
         self.tokenizer = engine.tokenizer
         self.outbox = KVOutbox(settings.bootstrap_timeout_s)
         self.fetching = 0  # decode role: requests waiting for their KV from a prefill engine
+        self._fetch_client: httpx.AsyncClient | None = None  # one pool for every KV fetch
         self.app = build_app(self)
+
+    def fetch_client(self) -> httpx.AsyncClient:
+        if self._fetch_client is None:
+            self._fetch_client = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=64))
+        return self._fetch_client
+
+    async def aclose(self) -> None:
+        if self._fetch_client is not None:
+            await self._fetch_client.aclose()
 
     # ---- request plumbing ------------------------------------------------------------------
     def tokenize(self, parsed: api.ParsedRequest) -> list[int]:
@@ -83,10 +112,14 @@ class EngineServer:
                                         "bootstrap_port and bootstrap_room")
             self.fetching += 1
             try:
-                transfer = await until_disconnect(
-                    request, fetch_kv(boot.host, boot.port, boot.room, self.settings.bootstrap_timeout_s))
+                payload = await until_disconnect(request, fetch_payload(
+                    boot.host, boot.port, boot.room, self.settings.bootstrap_timeout_s,
+                    client=self.fetch_client()))
             finally:
                 self.fetching -= 1
+            transfer = await self.codec.decode(payload)
+            if transfer.room != boot.room:
+                raise BootstrapError(f"asked for room {boot.room}, got {transfer.room}")
             if transfer.input_ids != ids:
                 raise api.ApiError(502, "prefill and decode engines tokenized the prompt differently",
                                    "bootstrap_error")
@@ -100,8 +133,7 @@ class EngineServer:
 
     async def hand_off(self, out: EngineOutput, boot: api.Bootstrap, input_ids: list[int]) -> None:
         """Park the prefilled KV for the decode engine and wait until it is collected."""
-        transfer = KVTransfer(room=boot.room, input_ids=list(input_ids), first_token=out.token_ids[0], kv=out.kv)
-        payload = await asyncio.to_thread(transfer.encode)
+        payload = await self.codec.encode(boot.room, list(input_ids), out.token_ids[0], out.kv)
         out.kv = None
         await self.outbox.hand_off(boot.room, payload)
 
@@ -219,7 +251,12 @@ def _oid(parsed: api.ParsedRequest, work: GenerateWork) -> str:
 
 
 def build_app(server: EngineServer) -> FastAPI:
-    app = FastAPI(title="laps engine", docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        await server.aclose()
+
+    app = FastAPI(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
     s, engine = server.settings, server.engine
 
     @app.post("/generate")
@@ -261,6 +298,7 @@ def build_app(server: EngineServer) -> FastAPI:
     async def server_info() -> dict:
         cfg = engine.config
         return {"role": s.role, "bootstrap_port": s.bootstrap_port if s.role == "prefill" else None,
+                "backend": s.backend, "profile": s.profile,
                 "prefill_group": read_group(s.labels_file), "served_model_name": s.served_model_name,
                 "length_threshold": s.length_threshold, "laps_scheduler": cfg.scheduler.enabled,
                 "scheduler": {k: getattr(cfg.scheduler, k) for k in cfg.scheduler.__dataclass_fields__},

@@ -214,5 +214,21 @@ def tokenizer_from_hf_dir(model_dir: Path) -> Tokenizer:
                      bos_token=bos_token, eos_token=eos_token)
 
 
-__all__ = ["Tokenizer", "TokenizerError", "ChatTemplateError", "load_tokenizer",
+def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write `tokenizer` as a Hugging Face directory that `load_tokenizer` reads back identically
+    (ids, chat template, BOS/EOS). Loading it takes ~0.1 s against ~3 s for parsing a GGUF file,
+    which matters when many processes start from one model (`laps local --engine emulated`)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.backend.save(str(directory / "tokenizer.json"))
+    config = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token}
+    if tokenizer.chat_template:
+        config["chat_template"] = tokenizer.chat_template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "config.json").write_text(json.dumps(
+        {"eos_token_id": sorted(tokenizer.eos_token_ids), "bos_token_id": tokenizer.bos_token_id}))
+    return directory
+
+
+__all__ = ["Tokenizer", "TokenizerError", "ChatTemplateError", "load_tokenizer", "save_tokenizer",
            "tokenizer_from_gguf", "tokenizer_from_hf_dir"]

@@ -111,3 +111,27 @@ def plan_padding(lengths: Sequence[int], bucket: Bucket) -> PaddingPlan:
     padded = size * seq
     return PaddingPlan(bucket=bucket, slots=tuple(slots), real_tokens=real,
                        padded_tokens=padded, waste=padded - real)
+
+
+# Without CUDA graphs a padded batch is only extra work; "auto" still takes a bucket whose
+# padding is small, where the fixed shape costs next to nothing.
+AUTO_MAX_PADDING = 1.25
+BUCKETED_MODES = ("auto", "always", "never")
+
+
+def bucket_for_batch(grid: BucketGrid | None, queue: str | None, lengths: Sequence[int], *,
+                     mode: str = "auto", graphs: bool = False) -> Bucket | None:
+    """The bucket a prefill batch runs in, or None for the packed eager path.
+
+    Only short batches use buckets (long prompts exceed the grid by design). mode "never" and
+    "always" force it; "auto" uses the bucket when the device replays CUDA graphs of it, or when
+    the padded shape holds at most AUTO_MAX_PADDING times the real tokens. One rule for the
+    builtin engine, the emulated engine and the simulator."""
+    if grid is None or queue != "short" or mode == "never" or not lengths:
+        return None
+    bucket = grid.choose(lengths)
+    if bucket is None:
+        return None
+    if mode == "always" or graphs:
+        return bucket
+    return bucket if bucket.tokens <= AUTO_MAX_PADDING * sum(lengths) else None

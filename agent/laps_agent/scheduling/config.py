@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+LONG_IN_WINDOW_RULES = ("cost", "always")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -19,6 +21,9 @@ class SchedulerConfig:
     adaptive_window_factor: float = 4.0
     # weight of the newest sample in the EWMAs of the adaptive mode
     ewma_alpha: float = 0.2
+    # While the window holds short requests and long ones wait: "cost" runs the long batch only
+    # if that costs the held short ones less (queues.py rule 3); "always" is the reference's rule.
+    long_in_window: str = "cost"
 
     def __post_init__(self) -> None:
         problems = []
@@ -36,6 +41,8 @@ class SchedulerConfig:
             problems.append(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if not self.adaptive_window_factor >= 1:
             problems.append(f"adaptive_window_factor must be >= 1, got {self.adaptive_window_factor}")
+        if self.long_in_window not in LONG_IN_WINDOW_RULES:
+            problems.append(f"long_in_window must be one of {LONG_IN_WINDOW_RULES}, got {self.long_in_window!r}")
         if not 0 < self.ewma_alpha <= 1:
             problems.append(f"ewma_alpha must be in (0, 1], got {self.ewma_alpha}")
         if problems:

@@ -11,18 +11,12 @@ shows what the rules in queues.py/window.py do to time-to-first-token (= prefill
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 from dataclasses import dataclass
 
 from .config import SchedulerConfig
 from .queues import PrefillItem, PrefillScheduler
-
-
-class ReferenceRuleScheduler(PrefillScheduler):
-    """The reference's rule: a waiting long batch always runs while the window holds shorts."""
-
-    def _long_goes_first(self, held: int, window_end: float, now: float) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -44,7 +38,9 @@ def simulate(config: SchedulerConfig, load: Workload, reference_rule: bool = Fal
     for _ in range(load.requests):
         t += rng.expovariate(load.rate)
         arrivals.append((t, load.short_tokens if rng.random() < load.short_share else load.long_tokens))
-    sched = (ReferenceRuleScheduler if reference_rule else PrefillScheduler)(config)
+    if reference_rule:
+        config = dataclasses.replace(config, long_in_window="always")
+    sched = PrefillScheduler(config)
     ttft: dict[str, list[float]] = {"short": [], "long": []}
     cls_of: dict[str, str] = {}
     now, i = 0.0, 0

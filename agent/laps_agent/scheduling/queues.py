@@ -21,6 +21,7 @@ Requests are classified by their *uncached* prompt tokens (what prefill really c
    cut. Either way the device never idles while a long request waits. (Simulated with
    launch-bound GPU-like costs at 300 req/s this kept short TTFT at the no-window level while
    long TTFT stayed near the reference's, against ~1 s for pure short-first.)
+   `long_in_window="always"` selects the reference's rule instead, for comparisons.
 4. Otherwise: long requests if any; else, if the window holds short ones, an empty Decision
    with `wake_at` = the moment the oldest short request's window ends.
 
@@ -233,6 +234,8 @@ class PrefillScheduler:
         batch after it): running the long batch now delays each of the `held` short requests by
         its overrun past the window, and spares each request of the long batch the wait for the
         short batch. Take the order with the smaller summed delay (Smith's rule)."""
+        if self.config.long_in_window == "always":
+            return True  # the reference's rule
         limits = (self.config.max_batch_size, self.config.max_prefill_tokens)
         long_count, long_tokens = self._queues[LONG].fit(*limits)
         long_s = self.window.expected_seconds(long_tokens)

@@ -1,0 +1,5 @@
+"""Emulated engines: the engine's protocol and LAPS scheduler with time from a cost model.
+
+`profile` (cost-model profiles), `core` (the engine model, shared with `laps sim`), `engine`
+(the wall-clock driver behind the engine's HTTP server), `build` (`laps engine --backend emulated`).
+"""

@@ -1,0 +1,290 @@
+"""The engine model: what one engine does over time, without computing anything.
+
+A pure state machine on the caller's clock. The emulated engine drives it with the wall clock
+(it sleeps until `next_time()`), `laps sim` with a virtual one; both therefore share every
+decision. It mirrors the builtin engine's loop (engine.py / engine_core.py) step for step:
+
+  one iteration = admit decode requests whose KV arrived (their first token goes out at once)
+                  -> at most ONE prefill batch, chosen by the real `PrefillScheduler`
+                     (only while fewer than max_running requests decode)
+                  -> ONE decode step for every running request.
+
+Only durations differ: a prefill batch takes `profile.prefill_seconds` (eager, or the padded /
+CUDA-graph bucket that `bucket_for_batch` picks, exactly as the builtin engine picks it), a decode
+step `profile.decode_seconds(batch, context tokens)`. KV is counted in pages with the builtin
+engine's reservation rule (`kv_reservation`); a batch that does not fit goes back to the head of
+its queue (`requeue`), an import waits at the head of the import queue.
+
+Events report what clients see: a request's tokens ("token", `tokens` = completion tokens so
+far; the first one is its time to first token), the end of a prefill-only request ("prefilled":
+its KV is ready to hand off) and refusals ("error"). With `token_events=False` (the simulator)
+decode steps report only finished requests, so a step costs O(finished), not O(running).
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
+from laps_agent.scheduling.buckets import BucketGrid, bucket_for_batch
+from laps_agent.scheduling.config import SchedulerConfig
+from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
+
+from .profile import Profile
+
+KINDS = ("generate", "prefill", "decode")
+_IDLE, _PREFILL, _DECODE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    rid: str
+    kind: str                 # "generate" (prefill + decode here) | "prefill" | "decode" (KV arrived)
+    prompt_tokens: int
+    max_new_tokens: int
+    arrival: float            # the caller's clock
+    cached_tokens: int = 0
+    cls: str = ""
+    pages: int = 0            # KV pages held
+    outputs: int = 0          # completion tokens this request will produce here in all
+    start_step: int = 0       # decode steps done by the engine when it joined the running set
+
+
+@dataclass(slots=True)
+class Event:
+    rid: str
+    kind: str                 # "token" | "prefilled" | "error"
+    time: float
+    tokens: int = 0           # completion tokens so far
+    finished: bool = False
+    error: str | None = None
+    cls: str = ""
+
+
+class EngineModel:
+    def __init__(self, profile: Profile, role: str, scheduler: SchedulerConfig,
+                 grid: BucketGrid | None = None, *, bucketed_prefill: str = "auto",
+                 max_running: int | None = None, kv_pages: int | None = None,
+                 context_len: int | None = None, token_events: bool = True,
+                 on_prefill: Callable[[PrefillRecord], None] | None = None) -> None:
+        self.profile, self.role = profile, role
+        self.scheduler = PrefillScheduler(scheduler, grid)
+        self.grid, self.bucketed_prefill = grid, bucketed_prefill
+        self.max_running = max_running or profile.engine.max_running_requests
+        self.page_size = profile.engine.page_size
+        self.num_pages = kv_pages or profile.kv_capacity_pages()
+        self.context_len = min(context_len or profile.engine.context_length, profile.engine.context_length)
+        self.token_events, self.on_prefill = token_events, on_prefill
+        self.free_pages = self.num_pages
+        self.requests: dict[str, ModelRequest] = {}
+        self.imports: deque[str] = deque()
+        self.running: dict[str, ModelRequest] = {}
+        self._finishing: list[tuple[int, int, str]] = []   # (finish step, tie, rid)
+        self._tie = 0
+        self.step = 0                                       # decode steps done
+        self._sum_prompt = self._sum_start = 0              # over running: context bookkeeping
+        self._stage = _IDLE
+        self._batch: list[ModelRequest] = []
+        self.busy_until: float | None = None
+        self.wake_at: float | None = None
+        self.busy_seconds = 0.0                             # modelled compute time, for utilisation
+
+    # ---- limits ------------------------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt this engine takes (as the builtin engine: leave room for one token)."""
+        return min(self.context_len, self.capacity_tokens) - 1
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    # ---- input -------------------------------------------------------------------------------
+    def add(self, req: ModelRequest, now: float) -> list[Event]:
+        """Take a request (for kind "decode": its KV has arrived). Call `poll(now)` after."""
+        if req.rid in self.requests:
+            return [Event(req.rid, "error", now, error=f"request id {req.rid!r} is already in use")]
+        if req.kind not in KINDS:
+            return [Event(req.rid, "error", now, error=f"unknown request kind {req.kind!r}")]
+        if not 1 <= req.prompt_tokens <= self.max_prompt_tokens():
+            return [Event(req.rid, "error", now, error=f"the prompt has {req.prompt_tokens} tokens; "
+                                                       f"this engine takes 1..{self.max_prompt_tokens()}")]
+        reserve = kv_reservation(req.kind, req.prompt_tokens, req.max_new_tokens, self.context_len,
+                                 self.capacity_tokens)
+        # As the builtin engine: a sequence stops when prompt + output would pass its reservation.
+        req.outputs = 1 if req.kind == "prefill" else max(1, min(req.max_new_tokens,
+                                                                 reserve - req.prompt_tokens + 1))
+        req.pages = 0
+        self.requests[req.rid] = req
+        if req.kind == "decode":
+            req.cls = req.cls or self.scheduler.classify(req.prompt_tokens - req.cached_tokens)
+            self.imports.append(req.rid)
+        else:
+            item = PrefillItem(req.rid, req.prompt_tokens, req.cached_tokens, req.arrival)
+            req.cls = self.scheduler.add(item, now)
+        return []
+
+    def abort(self, rid: str) -> bool:
+        req = self.requests.pop(rid, None)
+        if req is None:
+            return False
+        self.scheduler.abort(rid)
+        if rid in self.running:
+            self._leave_running(req)
+        elif rid in self.imports:
+            self.imports.remove(rid)
+        self.free_pages += req.pages
+        req.pages = 0
+        return True
+
+    # ---- time --------------------------------------------------------------------------------
+    def next_time(self) -> float | None:
+        """When `poll` has something to do without new input: the end of the running phase, or
+        the end of the scheduler's waiting window; None when idle."""
+        return self.busy_until if self.busy_until is not None else self.wake_at
+
+    def poll(self, now: float) -> list[Event]:
+        events: list[Event] = []
+        while self.busy_until is not None and self.busy_until <= now:
+            t, self.busy_until = self.busy_until, None
+            self._finish_phase(t, events)
+            if self.busy_until is None:
+                self._start_iteration(t, events)
+        if self.busy_until is None:
+            self._start_iteration(now, events)
+        return events
+
+    # ---- phases ------------------------------------------------------------------------------
+    def _start_iteration(self, t: float, events: list[Event]) -> None:
+        self.wake_at = None
+        self._admit_imports(t, events)
+        if len(self.running) < self.max_running and len(self.scheduler) and self._start_prefill(t):
+            return
+        if self.running:
+            self._start_decode(t)
+
+    def _admit_imports(self, t: float, events: list[Event]) -> None:
+        while self.imports and len(self.running) < self.max_running:
+            req = self.requests[self.imports[0]]
+            pages = self._pages_for(kv_reservation("decode", req.prompt_tokens, req.max_new_tokens,
+                                                   self.context_len, self.capacity_tokens))
+            if pages > self.free_pages:
+                return
+            self.imports.popleft()
+            self.free_pages -= pages
+            req.pages = pages
+            self._first_token(req, t, events)
+
+    def _start_prefill(self, t: float) -> bool:
+        decision = self.scheduler.next_batch(t)
+        if not decision.batch:
+            self.wake_at = decision.wake_at
+            return False
+        batch: list[ModelRequest] = []
+        items: list[PrefillItem] = []
+        for i, item in enumerate(decision.batch):
+            req = self.requests.get(item.rid)
+            if req is None:
+                continue
+            pages = self._pages_for(kv_reservation(req.kind, req.prompt_tokens, req.max_new_tokens,
+                                                   self.context_len, self.capacity_tokens))
+            if pages > self.free_pages:
+                # Out of pages: the rest go back to the head of their queue with their waiting
+                # time, while decode finishes requests and frees pages (as the builtin engine).
+                self.scheduler.requeue([r for r in decision.batch[i:] if r.rid in self.requests], t)
+                break
+            self.free_pages -= pages
+            req.pages = pages
+            batch.append(req)
+            items.append(item)
+        if not batch:
+            return False
+        uncached = [max(1, r.prompt_tokens - r.cached_tokens) for r in batch]
+        bucket = bucket_for_batch(self.grid, decision.queue, uncached, mode=self.bucketed_prefill,
+                                  graphs=self.profile.graphs)
+        shape = (bucket.batch_size, bucket.seq_len) if bucket is not None else None
+        seconds = self.profile.prefill_seconds(uncached, [r.cached_tokens for r in batch], shape)
+        self.scheduler.observe_prefill(items, seconds)
+        if self.on_prefill is not None:
+            path = "eager" if bucket is None else ("graph" if self.profile.graphs else "bucket")
+            self.on_prefill(PrefillRecord(
+                cls=decision.queue if decision.queue != "fifo" else None, size=len(batch),
+                real_tokens=sum(uncached), padded_tokens=bucket.tokens if bucket else sum(uncached),
+                path=path, bucketed=bucket is not None, seconds=seconds))
+        self._batch = batch
+        self._begin(_PREFILL, t, seconds)
+        return True
+
+    def _start_decode(self, t: float) -> None:
+        n = len(self.running)
+        context = self._sum_prompt + n * (1 + self.step) - self._sum_start
+        self._begin(_DECODE, t, self.profile.decode_seconds(n, context))
+
+    def _begin(self, stage: int, t: float, seconds: float) -> None:
+        self._stage, self.busy_until = stage, t + seconds
+        self.busy_seconds += seconds
+
+    def _finish_phase(self, t: float, events: list[Event]) -> None:
+        stage, self._stage = self._stage, _IDLE
+        if stage == _PREFILL:
+            batch, self._batch = self._batch, []
+            for req in batch:
+                if self.requests.get(req.rid) is not req:
+                    continue  # aborted while its batch ran
+                if req.kind == "prefill":
+                    self._release(req)
+                    events.append(Event(req.rid, "prefilled", t, 1, True, cls=req.cls))
+                else:
+                    self._first_token(req, t, events)
+            if self.running:  # the same iteration goes on with a decode step (new ones included)
+                self._start_decode(t)
+        elif stage == _DECODE:
+            self.step += 1
+            if self.token_events:
+                for req in self.running.values():
+                    done = self.step - req.start_step + 1
+                    if done < req.outputs:
+                        events.append(Event(req.rid, "token", t, done, cls=req.cls))
+            while self._finishing and self._finishing[0][0] <= self.step:
+                _, _, rid = heapq.heappop(self._finishing)
+                req = self.running.get(rid)
+                if req is None or req.start_step + req.outputs - 1 != self.step:
+                    continue  # aborted (a stale heap entry)
+                self._leave_running(req)
+                self._release(req)
+                events.append(Event(rid, "token", t, req.outputs, True, cls=req.cls))
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def _first_token(self, req: ModelRequest, t: float, events: list[Event]) -> None:
+        if req.outputs <= 1:
+            self._release(req)
+            events.append(Event(req.rid, "token", t, 1, True, cls=req.cls))
+            return
+        events.append(Event(req.rid, "token", t, 1, cls=req.cls))
+        req.start_step = self.step
+        self.running[req.rid] = req
+        self._sum_prompt += req.prompt_tokens
+        self._sum_start += req.start_step
+        self._tie += 1
+        heapq.heappush(self._finishing, (req.start_step + req.outputs - 1, self._tie, req.rid))
+
+    def _leave_running(self, req: ModelRequest) -> None:
+        del self.running[req.rid]
+        self._sum_prompt -= req.prompt_tokens
+        self._sum_start -= req.start_step
+
+    def _release(self, req: ModelRequest) -> None:
+        self.requests.pop(req.rid, None)
+        self.free_pages += req.pages
+        req.pages = 0
+
+    # ---- views -------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """The same shape as the builtin engine's snapshot (metrics and /get_server_info)."""
+        return {"running": len(self.running), "queues": self.scheduler.pending(),
+                "kv_usage": 1.0 - self.free_pages / self.num_pages, "waiting_kv": len(self.imports),
+                "live": len(self.requests)}

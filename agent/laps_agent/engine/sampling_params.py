@@ -1,0 +1,155 @@
+"""Per-request sampling parameters and stop detection (torch-free: the HTTP side and the emulated
+engine use them; the next-token choice itself is in sampling.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+class SamplingError(ValueError):
+    """Bad sampling parameters; the server answers 400 with this message."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                          # -1 or 0: no top-k cut
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise SamplingError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SamplingError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise SamplingError(f"top_k must be -1 (off) or a positive integer, got {self.top_k!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise SamplingError("stop strings must be non-empty strings")
+        if len(self.stop) > 16:
+            raise SamplingError("at most 16 stop strings are allowed")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> "SamplingParams":
+        """Build from SGLang-style `sampling_params` (unknown keys are ignored like SGLang does,
+        wrong types are errors)."""
+        raw = dict(raw or {})
+        try:
+            max_new = raw.get("max_new_tokens", raw.get("max_tokens"))
+            stop = raw.get("stop") or ()
+            if isinstance(stop, str):
+                stop = (stop,)
+            seed = raw.get("seed", raw.get("sampling_seed"))
+            return cls(
+                max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new is None else _int(max_new, "max_new_tokens"),
+                temperature=float(1.0 if raw.get("temperature") is None else raw["temperature"]),
+                top_p=float(1.0 if raw.get("top_p") is None else raw["top_p"]),
+                top_k=_int(-1 if raw.get("top_k") in (None, 0) else raw["top_k"], "top_k"),
+                stop=tuple(stop),
+                stop_token_ids=frozenset(_int(t, "stop_token_ids") for t in (raw.get("stop_token_ids") or ())),
+                ignore_eos=bool(raw.get("ignore_eos", False)),
+                seed=None if seed is None else _int(seed, "seed"),
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, SamplingError):
+                raise
+            raise SamplingError(f"invalid sampling_params: {exc}") from None
+
+    def to_dict(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, "top_k": self.top_k, "stop": list(self.stop),
+                "stop_token_ids": sorted(self.stop_token_ids), "ignore_eos": self.ignore_eos,
+                "seed": self.seed}
+
+
+def _int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise SamplingError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+@dataclass
+class StopState:
+    """Tracks one request's output text and decides when it stops.
+
+    `decode` turns the output ids into text; text that could still turn into a stop string (or an
+    unfinished UTF-8 sequence) is held back so a streamed client never sees a stop string."""
+
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    decode: Callable[[list[int]], str]
+    output_ids: list[int] = field(default_factory=list)
+    text_ids: list[int] = field(default_factory=list)   # ids that contribute to the text
+    emitted: int = 0                                     # characters of text already released
+    # Incremental detokenization: decode only text_ids[prefix:] and diff it against
+    # text_ids[prefix:read], so each step costs O(window) and tokenizers that drop a leading
+    # space at a slice start (SentencePiece) still give the same text as a full decode.
+    prefix: int = 0
+    read: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+
+    def add(self, token: int) -> str:
+        """Record one generated token; returns the newly releasable text."""
+        self.output_ids.append(token)
+        if token in self.params.stop_token_ids:
+            return self._finish("stop", token)
+        if token in self.eos_token_ids and not self.params.ignore_eos:
+            return self._finish("stop", token)
+        self.text_ids.append(token)
+        self._detokenize()
+        if self.params.stop:
+            start = max(0, self.emitted - max(map(len, self.params.stop)))
+            hits = [(self.text.find(s, start), s) for s in self.params.stop]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                index, stop = min(hits)
+                self.text = self.text[:index]
+                return self._finish("stop", stop)
+        if len(self.output_ids) >= self.params.max_new_tokens:
+            return self._finish("length", None)
+        releasable = len(self.text) - self._holdback()
+        delta = self.text[self.emitted:releasable] if releasable > self.emitted else ""
+        self.emitted += len(delta)
+        return delta
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def _finish(self, reason: str, matched: str | int | None) -> str:
+        self.finish_reason, self.matched_stop = reason, matched
+        delta = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return delta
+
+    def _detokenize(self) -> None:
+        before = self.decode(self.text_ids[self.prefix:self.read])
+        after = self.decode(self.text_ids[self.prefix:])
+        # An unfinished UTF-8 sequence decodes to U+FFFD: wait for the token that completes it.
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self.prefix, self.read = self.read, len(self.text_ids)
+
+    def _holdback(self) -> int:
+        hold = 0
+        for stop in self.params.stop:
+            for n in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(stop[:n]):
+                    hold = max(hold, n)
+                    break
+        return hold
