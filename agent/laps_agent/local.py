@@ -1,11 +1,13 @@
 """`laps local`: the whole data plane on this machine, on loopback.
 
-Starts N prefill and M decode builtin engines (`laps engine` processes) and this gateway with a
-static membership (the first half of the prefill engines short, the rest long; each engine
-also gets a labels file naming its group, so it reports the same group itself), shows progress
-while the engines load their model, prints the OpenAI-compatible URL and serves until Ctrl-C or
-SIGTERM. Then it stops every engine it started. Flags it does not know are passed to every
-engine (LAPS knobs such as --wait-window-ms, --no-laps-scheduler, --kv-pages)."""
+Starts N prefill and M decode engines (`laps engine` processes: builtin, or emulated with
+`--engine emulated --profile NAME|FILE`, which compute nothing, so dozens fit on a small machine)
+and this gateway with a static membership (half of the prefill engines short, the rest long, as
+the operator splits a new cluster; each engine also gets a labels file naming its group, so it
+reports the same group itself), shows progress while the engines load, prints the
+OpenAI-compatible URL and serves until Ctrl-C or SIGTERM. Then it stops every engine it started.
+Flags it does not know are passed to every engine (LAPS knobs such as --wait-window-ms,
+--no-laps-scheduler, --kv-pages)."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +20,8 @@ from pathlib import Path
 import httpx
 
 from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all
+from laps_agent.systems import SINGLE_POOL_THRESHOLD
+from laps_operator.groups import initial_short_count
 
 _PROGRESS_EVERY_S = 5.0
 
@@ -27,11 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Other flags are passed to every engine.")
     p.add_argument("--prefill", type=int, default=2, help="prefill engines (default 2)")
     p.add_argument("--decode", type=int, default=1, help="decode engines (default 1)")
-    p.add_argument("--model", help="GGUF file or HF model directory (default: SmolLM2-135M)")
+    p.add_argument("--engine", choices=("builtin", "emulated"), default="builtin",
+                   help="builtin: real model on this machine; emulated: time from a cost-model profile")
+    p.add_argument("--profile", help="emulated engines: a profile name or YAML file (default cpu-smollm2)")
+    p.add_argument("--model", help="GGUF file or HF model directory (default: SmolLM2-135M); "
+                                   "emulated engines read only its tokenizer")
     p.add_argument("--served-model-name", help="default: what the engines report")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
     p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
+                   help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
+    p.add_argument("--single-pool", action="store_true",
+                   help="no length classes: every prefill engine serves every length (vanilla PD)")
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--workdir", type=Path, help="labels files and engine logs (default: a temp dir)")
@@ -51,8 +63,9 @@ def _model_path(args: argparse.Namespace) -> str:
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
-    """(name, role, prefill group) for every engine; first half of the prefill engines short."""
-    n_short = (args.prefill + 1) // 2
+    """(name, role, prefill group) for every engine: the operator's split of a new cluster
+    (`initial_short_count`), or one pool (all "short") without length classes."""
+    n_short = args.prefill if args.single_pool else initial_short_count(args.prefill)
     plan = [(f"prefill-{i}", "prefill", "short" if i < n_short else "long") for i in range(args.prefill)]
     return plan + [(f"decode-{i}", "decode", None) for i in range(args.decode)]
 
@@ -92,10 +105,10 @@ def _served_name(children: list[EngineChild], given: str | None) -> str:
     return info.get("served_model_name") or "default"
 
 
-def _serve_gateway(args, children: list[EngineChild], model: str) -> None:
+def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
     from laps_agent.gateway.app import create_app
-    from laps_agent.gateway.cli import build_estimator
     from laps_agent.gateway.config import GatewayConfig
+    from laps_agent.gateway.estimate import TokenEstimator
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
     from laps_agent.gateway.serving import bind_listening_socket, run_forever
 
@@ -103,13 +116,16 @@ def _serve_gateway(args, children: list[EngineChild], model: str) -> None:
         return tuple(c.url for c in children if c.role == role and c.group == group)
 
     spec = StaticSpec(urls("prefill", "short"), urls("prefill", "long"), urls("decode"))
+    threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
-                           length_threshold=args.length_threshold)
-    app = create_app(config, StaticDiscovery(spec), build_estimator(model))
+                           length_threshold=threshold)
+    app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator))
     sock = bind_listening_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
-    _say(f"model {config.served_model_name!r}: {len(spec.prefill_short)} short + "
-         f"{len(spec.prefill_long)} long prefill, {len(spec.decode)} decode engines")
+    pool = (f"{len(spec.prefill_short)} prefill (one pool)" if args.single_pool else
+            f"{len(spec.prefill_short)} short + {len(spec.prefill_long)} long prefill")
+    _say(f"model {config.served_model_name!r}: {pool}, {len(spec.decode)} decode engines"
+         + (f" (emulated: {args.profile or 'cpu-smollm2'})" if args.engine == "emulated" else ""))
     _say(f"OpenAI-compatible API: http://{host}:{port}/v1   (Ctrl-C stops everything)")
     run_forever(app, sock, log_level="warning")  # returns on SIGINT/SIGTERM
 
@@ -132,18 +148,31 @@ def main(argv: list[str] | None = None) -> int:
     model = _model_path(args)
     children: list[EngineChild] = []
     try:
-        _say(f"starting {args.prefill} prefill + {args.decode} decode engines on {model} "
+        from laps_agent.engine.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(model)
+        except TokenizerError as exc:
+            raise RuntimeError(f"cannot read a tokenizer from {model}: {exc}") from None
+        backend: list[str] = []
+        engine_model = model
+        if args.engine == "emulated":
+            backend = ["--backend", "emulated", *(["--profile", args.profile] if args.profile else [])]
+            # Emulated engines need only the tokenizer: read once here, saved in the form that
+            # loads in 0.1 s, instead of every engine parsing the model file.
+            engine_model = str(save_tokenizer(tokenizer, workdir / "tokenizer"))
+        _say(f"starting {args.prefill} prefill + {args.decode} decode {args.engine} engines on {model} "
              f"(logs in {workdir})")
         for name, role, group in _plan(args):
             children.append(spawn_engine(
-                name, role, group, model=model, workdir=workdir, port=free_port(),
+                name, role, group, model=engine_model, workdir=workdir, port=free_port(),
                 bootstrap_port=free_port() if role == "prefill" else None,
-                common_args=["--device", args.device, "--length-threshold",
+                common_args=[*backend, "--device", args.device, "--length-threshold",
                              str(args.length_threshold), *engine_args,
                              *(["--served-model-name", args.served_model_name]
                                if args.served_model_name else [])]))
         _wait_until_loaded(children, args.startup_timeout)
-        _serve_gateway(args, children, model)
+        _serve_gateway(args, children, tokenizer)
     except KeyboardInterrupt:
         pass
     except RuntimeError as exc:

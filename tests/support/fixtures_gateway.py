@@ -39,7 +39,7 @@ class RawRequest:
 def stub_engines():
     """start(role, **StubEngine options) -> (ServerThread, StubEngine) serving in a thread."""
     from laps_agent.gateway.serving import ServerThread
-    from laps_agent.gateway.stub_engine import StubEngine
+    from tests.support.stub_engine import StubEngine
 
     started: list[ServerThread] = []
 
@@ -82,8 +82,9 @@ def stub_processes():
     children: list[ChildProcess] = []
 
     def start(role: str, *extra: str):
-        child = ChildProcess([sys.executable, "-m", "laps_agent.gateway.stub_engine",
-                              "--role", role, "--port", "0", *extra])
+        child = ChildProcess([sys.executable, "-m", "tests.support.stub_engine",
+                              "--role", role, "--port", "0", *extra],
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
         children.append(child)
         port = int(child.read_line_starting("LISTENING").split()[1])
         return child, f"http://127.0.0.1:{port}"

@@ -1,7 +1,8 @@
 """`laps bench gateway`: what the gateway adds on top of its upstreams, measured in one run.
 
-Stub prefill/decode engines (laps_agent.gateway.stub_engine) and the gateway (`laps gateway`)
-run as separate processes on loopback. The client interleaves two kinds of calls: *direct*
+Emulated prefill/decode engines with the compute-free `instant` profile (`laps engine --backend
+emulated`: the engines' real HTTP and PD protocol, no model) and the gateway (`laps gateway`) run as
+separate processes on loopback. The client interleaves two kinds of calls: *direct*
 (prefill + decode posted concurrently by the client itself, exactly what the gateway does) and
 *via the gateway*; the added latency is the difference of their percentiles. CPU time per
 request is read from the gateway process's own /proc accounting."""
@@ -45,6 +46,28 @@ class Child:
                 self.proc.wait()
 
 
+def _spawn_engine(role: str) -> Child:
+    from laps_agent.local_engines import free_port
+
+    port, boot = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "engine", "--backend", "emulated",
+                             "--profile", "instant", "--role", role, "--host", "127.0.0.1",
+                             "--port", str(port), "--bootstrap-port", str(boot),
+                             "--labels-file", "/nonexistent", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL)
+    child = Child(proc, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(child.url + "/health", trust_env=False).status_code == 200:
+                return child
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+    child.stop()
+    raise RuntimeError(f"emulated {role} engine did not start (rc={proc.poll()})")
+
+
 def _spawn(argv: list[str], marker: str) -> Child:
     proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:
@@ -63,12 +86,15 @@ class Client:
     def __init__(self, prefill: str, decode: str, gateway: str) -> None:
         self.http = LoadClient()
         self.prefill, self.decode, self.gateway = prefill, decode, gateway
+        # The decode engine collects the KV from the prefill engine's bootstrap port, as through
+        # the gateway.
+        self.bootstrap_port = httpx.get(prefill + "/get_server_info", trust_env=False).json()["bootstrap_port"]
 
     def _body(self, stream: bool) -> dict:
         return {"model": "default", "prompt": "hello there", "max_tokens": 4, "stream": stream}
 
     async def direct(self, stream: bool) -> float:
-        body = {**self._body(stream), "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998,
+        body = {**self._body(stream), "bootstrap_host": "127.0.0.1", "bootstrap_port": self.bootstrap_port,
                 "bootstrap_room": random.getrandbits(63)}
         prefill = asyncio.ensure_future(self.http.post(self.prefill + "/v1/completions", body))
         status, first = await self.http.post(self.decode + "/v1/completions", body)
@@ -171,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16, help="for the saturation phase")
     p.add_argument("--json", action="store_true", help="print one JSON object per result")
     args = p.parse_args(argv)
-    prefill = _spawn(["laps_agent.gateway.stub_engine", "--role", "prefill"], "LISTENING")
+    prefill = _spawn_engine("prefill")
     children = [prefill]
     try:
-        decode = _spawn(["laps_agent.gateway.stub_engine", "--role", "decode"], "LISTENING")
+        decode = _spawn_engine("decode")
         children.append(decode)
         gateway = _spawn(["laps_agent.cli", "gateway", "--host", "127.0.0.1", "--port", "0",
                           "--prefill-short", prefill.url, "--prefill-long", prefill.url,

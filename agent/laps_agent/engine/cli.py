@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:28s} {profile.provenance}: {profile.description}")
         return 0
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per KV fetch otherwise
     try:
         server, engine = build(args)
     except (ValueError, OSError) as exc:  # bad flags, missing/unsupported model files

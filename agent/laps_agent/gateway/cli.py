@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default="default")
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer counts "
                    "prompt tokens; without it a characters-per-token heuristic is used")
+    p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
+                   help="prompt-length estimate: auto (the tokenizer if given, else the heuristic), "
+                        "heuristic, or chars4 (the reference router's characters/4)")
     p.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
     static = p.add_argument_group("static discovery")
     static.add_argument("--prefill-short", default="", help="URL[,URL...]")
@@ -78,11 +81,11 @@ def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParse
     return StaticDiscovery(spec)
 
 
-def build_estimator(tokenizer_path: str | None):
+def build_estimator(tokenizer_path: str | None, mode: str = "auto"):
     from laps_agent.gateway.estimate import TokenEstimator
 
-    if not tokenizer_path:
-        return TokenEstimator(None)
+    if not tokenizer_path or mode != "auto":
+        return TokenEstimator(None, mode)
     from laps_agent.engine.tokenizer import load_tokenizer
 
     return TokenEstimator(load_tokenizer(tokenizer_path))
@@ -97,7 +100,7 @@ def main(argv: list[str]) -> int:
     from laps_agent.gateway.serving import bind_listening_socket, run_forever
 
     app = create_app(config_from_args(args), discovery_from_args(args, parser),
-                     build_estimator(args.tokenizer))
+                     build_estimator(args.tokenizer, args.estimator))
     sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below
     host, port = sock.getsockname()[:2]
     print(f"laps gateway listening on http://{host}:{port}", flush=True)

@@ -15,6 +15,9 @@ sample 6-7% for prose and code, 9.5% for chat, against 11.5% and 27.5% for the r
 chars/4 (table in estimate_report; the tests hold it under 12% / 15%, bias within 10%).
 
 Batched inputs (a list of prompts) count the sum: it is the prefill work the pod receives.
+
+Mode "chars4" is the reference router's estimate (characters // 4 of the prompt text, of the
+messages' contents joined for chat), kept for side-by-side comparisons (`laps bench compare`).
 """
 from __future__ import annotations
 
@@ -38,6 +41,12 @@ CHAT_TOKENS_PER_MESSAGE = 5
 CHAT_TOKENS_PER_REQUEST = 3
 
 KINDS = ("chat", "completion", "generate")
+MODES = ("auto", "heuristic", "chars4")
+
+
+def chars4_tokens(text: str) -> int:
+    """The reference router's length estimate: one token per four characters."""
+    return max(1, len(text) // 4) if text else 0
 
 
 class TokenizerLike(Protocol):
@@ -76,14 +85,21 @@ def _is_token_ids(value: Any) -> bool:
 
 
 class TokenEstimator:
-    def __init__(self, tokenizer: TokenizerLike | None):
-        self.tokenizer = tokenizer
+    """mode "auto": the tokenizer when there is one, else the heuristic; "heuristic"; "chars4"."""
+
+    def __init__(self, tokenizer: TokenizerLike | None, mode: str = "auto"):
+        if mode not in MODES:
+            raise ValueError(f"estimator mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.tokenizer = tokenizer if mode == "auto" else None
 
     @property
     def exact(self) -> bool:
         return self.tokenizer is not None
 
     def text_tokens(self, text: str) -> int:
+        if self.mode == "chars4":
+            return chars4_tokens(text)
         if self.tokenizer is None:
             return heuristic_tokens(text)
         return len(self.tokenizer.encode(text, add_special_tokens=False))
@@ -121,6 +137,8 @@ class TokenEstimator:
             raise EstimateError("chat request needs `messages`, a list of objects")
         clean = [{"role": str(m.get("role", "user")), "content": message_text(m.get("content"))}
                  for m in messages]
+        if self.mode == "chars4":
+            return chars4_tokens("".join(m["content"] for m in clean))
         if self.tokenizer is not None:
             try:
                 return len(self.tokenizer.encode(self.tokenizer.apply_chat_template(clean), add_special_tokens=False))

@@ -7,7 +7,7 @@ import pytest
 def pd_stack(stub_engines, gateway_server):
     """A gateway over stub engines: one short prefill, one long prefill, one decode."""
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
-    from laps_agent.gateway.stub_engine import KVHandoff
+    from tests.support.stub_engine import KVHandoff
 
     def start(**config):
         handoff = KVHandoff()  # decode answers only after the prefill of the same room

@@ -15,7 +15,7 @@ import kmock
 import kubernetes
 
 from laps_agent.gateway.discovery_k8s import KubernetesDiscovery, ServiceNames
-from laps_agent.gateway.stub_engine import KVHandoff
+from tests.support.stub_engine import KVHandoff
 from laps_operator.naming import GROUP_LABEL
 from tests.support.fixtures_gateway import poll
 from tests.support.fixtures_gateway_k8s import (create_operator_services, start_pod, stub_pod,

@@ -1,8 +1,10 @@
-"""A trivial PD engine for tests and `laps bench gateway`: it speaks the same HTTP protocol as
-the builtin engine (prefill answers once "prefilled", decode answers OpenAI/SGLang-shaped text)
-but computes nothing, so what is measured through it is the gateway alone.
+"""A test double of a PD engine: the builtin engine's HTTP protocol (prefill answers once
+"prefilled", decode answers OpenAI/SGLang-shaped text), no scheduler and no compute, plus what
+only tests need: gates that hold a prefill until the test releases it, injected delays, a record
+of every request it saw (`/stub/requests`) and of abandoned calls. Everything that needs a real
+engine without a model uses the emulated engine (`laps engine --backend emulated`) instead.
 
-Run as a process: `python -m laps_agent.gateway.stub_engine --role decode --port 0`; it prints
+Run as a process: `python -m tests.support.stub_engine --role decode --port 0`; it prints
 `LISTENING <port>` once accepting."""
 from __future__ import annotations
 
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-delay", type=float, default=0.0)
     p.add_argument("--token-delay", type=float, default=0.0)
     args = p.parse_args(argv)
-    from laps_agent.gateway.serving import bind_listening_socket, run_forever
+    from laps_agent.gateway.serving import bind_listening_socket, run_forever  # noqa: I001
 
     sock = bind_listening_socket(args.host, args.port)
     print(f"LISTENING {sock.getsockname()[1]}", flush=True)

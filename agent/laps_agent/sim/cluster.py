@@ -1,0 +1,222 @@
+"""A simulated PD cluster: the gateway's routing and load accounting in front of engine models.
+
+Discrete events on a virtual clock. What runs is the product's own code: `choose_route` and the
+gateway's `LoadTracker` pick the prefill and decode pod of every request exactly as the gateway
+does; every engine is an `EngineModel` (the emulated engine's model: the real `PrefillScheduler`,
+batch and step times from the profile). A request's path mirrors the emulated engines':
+
+  arrival -> route (pending work booked on the prefill pod) -> prefill queue and batch
+  -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
+  -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done.
+
+Not modelled: HTTP and event-loop latencies (about a millisecond per hop on loopback), client
+think time, and failures.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from laps_agent.emulated.core import EngineModel, Event, ModelRequest
+from laps_agent.emulated.profile import Profile
+from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
+from laps_agent.gateway.config import ProxyConfig
+from laps_agent.gateway.load import LoadTracker
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.routing import Endpoint, NoEndpointError, choose_route
+from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
+from laps_operator.groups import initial_short_count
+
+_ENGINE, _KV, _SAMPLE = 1, 2, 3
+
+
+@dataclass
+class SimRequest:
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    routed_tokens: int            # what the gateway's estimator counted
+    sent: float
+    cls: str = ""
+    prefill: int = -1
+    decode: int = -1
+    ticket: object = None
+    first: float | None = None
+    done: float | None = None
+    status: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Sample:
+    t: float
+    groups: dict[str, int]
+    pending_tokens: dict[str, int]
+    pending_requests: dict[str, int]
+
+
+@dataclass
+class SimOutcome:
+    requests: list[SimRequest]
+    timeline: list[Sample] = field(default_factory=list)
+    duration: float = 0.0
+    prefill_busy: list[float] = field(default_factory=list)   # modelled busy seconds per pod
+    decode_busy: list[float] = field(default_factory=list)
+
+
+class SimCluster:
+    def __init__(self, profile: Profile, system: SystemConfig, *, prefill: int, decode: int,
+                 threshold: int = 256, engine_args: Sequence[str] = (),
+                 estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
+                 short_pods: int | None = None) -> None:
+        if prefill < 1 or decode < 1:
+            raise ValueError("a cluster needs at least one prefill and one decode engine")
+        # The engine's own flag parser turns the system's knobs into the scheduler settings, so
+        # the simulated engines are configured exactly as `laps local` configures real ones.
+        args = build_parser().parse_args([*system.engine_args(), "--length-threshold", str(threshold),
+                                          *engine_args])
+        grid = bucket_grid(args)
+        sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
+        running = args.max_running_requests or profile.engine.max_running_requests
+
+        def model(role: str) -> EngineModel:
+            return EngineModel(profile, role, sched, grid, bucketed_prefill=args.bucketed_prefill,
+                               max_running=running, kv_pages=args.kv_pages, token_events=False)
+
+        self.profile, self.system = profile, system
+        self.prefill = [model("prefill") for _ in range(prefill)]
+        self.decode = [model("decode") for _ in range(decode)]
+        self.prefill_eps = [Endpoint(f"prefill-{i}", f"sim://prefill-{i}", f"prefill-{i}", 0) for i in range(prefill)]
+        self.decode_eps = [Endpoint(f"decode-{i}", f"sim://decode-{i}", f"decode-{i}", 0) for i in range(decode)]
+        self._prefill_index = {ep.name: i for i, ep in enumerate(self.prefill_eps)}
+        self._decode_index = {ep.name: i for i, ep in enumerate(self.decode_eps)}
+        if system.groups:
+            short = short_pods if short_pods is not None else initial_short_count(prefill)
+            if not 1 <= short <= prefill:
+                raise ValueError(f"short_pods must be in 1..{prefill}, got {short}")
+            self.groups = {"short": tuple(self.prefill_eps[:short]), "long": tuple(self.prefill_eps[short:])}
+            self.threshold = threshold
+        else:
+            self.groups = {"short": tuple(self.prefill_eps), "long": ()}
+            self.threshold = SINGLE_POOL_THRESHOLD
+        self.class_threshold = threshold
+        self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig())
+        self.estimate = estimate or (lambda tokens: tokens)
+        self.sample_every_s = sample_every_s
+        self._seq = itertools.count()
+        self._tiebreak = itertools.count()
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self, at: Sequence[float], prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> SimOutcome:
+        """Simulate requests arriving at times `at` (sorted, seconds) until every one finished."""
+        n = len(at)
+        reqs = [SimRequest(i, int(prompt_tokens[i]), int(output_tokens[i]),
+                           self.estimate(int(prompt_tokens[i])), float(at[i])) for i in range(n)]
+        for r in reqs:
+            r.cls = "short" if r.prompt_tokens <= self.class_threshold else "long"
+        heap: list = []
+        self._heap, self._reqs = heap, reqs
+        self._scheduled: dict[int, float | None] = {}
+        self._engines = self.prefill + self.decode
+        timeline: list[Sample] = []
+        if n and self.sample_every_s > 0:
+            heapq.heappush(heap, (float(at[0]), next(self._seq), _SAMPLE, None))
+        nxt, now, finished = 0, 0.0, 0
+        self._finished = 0
+        while nxt < n or heap:
+            if nxt < n and (not heap or at[nxt] <= heap[0][0]):
+                now = reqs[nxt].sent
+                self._arrive(reqs[nxt], now)
+                nxt += 1
+                continue
+            now, _, kind, payload = heapq.heappop(heap)
+            if kind == _ENGINE:
+                if self._scheduled.get(payload) != now:
+                    continue  # superseded
+                self._scheduled[payload] = None
+                self._poll(payload, now)
+            elif kind == _KV:
+                self._kv_arrived(reqs[payload], now)
+            elif kind == _SAMPLE:
+                timeline.append(self._sample(now))
+                if self._finished < n:
+                    heapq.heappush(heap, (now + self.sample_every_s, next(self._seq), _SAMPLE, None))
+        return SimOutcome(reqs, timeline, now - (float(at[0]) if n else 0.0),
+                          [e.busy_seconds for e in self.prefill], [e.busy_seconds for e in self.decode])
+
+    def _arrive(self, r: SimRequest, now: float) -> None:
+        try:
+            d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps,
+                             self.tracker.loads(), tiebreak=next(self._tiebreak))
+        except NoEndpointError as exc:
+            self._fail(r, now, 503, str(exc))
+            return
+        r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
+        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, r.routed_tokens)
+        self.tracker.begin_decode(d.decode.name)
+        engine = self.prefill[r.prefill]
+        errors = engine.add(ModelRequest(r.index, "prefill", r.prompt_tokens, r.output_tokens, now), now)
+        if errors:
+            self._fail(r, now, 400, errors[0].error)
+            return
+        self._poll(r.prefill, now)
+
+    def _kv_arrived(self, r: SimRequest, now: float) -> None:
+        r.ticket.done()  # the prefill engine's answer ends once the decode engine has the KV
+        engine = self.decode[r.decode]
+        errors = engine.add(ModelRequest(r.index, "decode", r.prompt_tokens, r.output_tokens, r.sent,
+                                         cls=r.cls), now)
+        if errors:
+            self._fail(r, now, 400, errors[0].error)
+            return
+        self._poll(len(self.prefill) + r.decode, now)
+
+    def _poll(self, engine_id: int, now: float) -> None:
+        engine = self._engines[engine_id]
+        events = engine.poll(now)
+        if events:
+            self._handle(engine_id, events)
+        due = engine.next_time()
+        if due is not None and self._scheduled.get(engine_id) != due:
+            self._scheduled[engine_id] = due
+            heapq.heappush(self._heap, (due, next(self._seq), _ENGINE, engine_id))
+
+    def _handle(self, engine_id: int, events: list[Event]) -> None:
+        reqs = self._reqs
+        prefill_side = engine_id < len(self.prefill)
+        for ev in events:
+            r = reqs[ev.rid]
+            if ev.kind == "error":
+                self._fail(r, ev.time, 400, ev.error)
+            elif prefill_side:  # "prefilled": the KV travels to the decode engine
+                t = ev.time + self.profile.transfer_seconds(r.prompt_tokens)
+                heapq.heappush(self._heap, (t, next(self._seq), _KV, r.index))
+            else:
+                if ev.tokens == 1 or r.first is None:
+                    r.first = ev.time
+                if ev.finished:
+                    r.done, r.status = ev.time, 200
+                    self.tracker.end_decode(self.decode_eps[r.decode].name)
+                    self._finished += 1
+
+    def _fail(self, r: SimRequest, now: float, status: int, message: str | None) -> None:
+        r.status, r.error, r.done = status, message, now
+        if r.ticket is not None:
+            r.ticket.done()
+        if r.decode >= 0:
+            self.tracker.end_decode(self.decode_eps[r.decode].name)
+        self._finished += 1
+
+    def _sample(self, now: float) -> Sample:
+        pending = {g: self.tracker.group_pending(g) for g in ("short", "long")}
+        return Sample(now, {g: len(eps) for g, eps in self.groups.items()},
+                      {g: p[1] for g, p in pending.items()}, {g: p[0] for g, p in pending.items()})
+
+
+def chars4_estimate(chars_per_token: float) -> Callable[[int], int]:
+    """The reference's chars/4 estimate of a prompt of n tokens of text with this many characters
+    per token (the load generator's filler text; what the real gateway would count)."""
+    return lambda tokens: max(1, math.floor(tokens * chars_per_token) // 4)

@@ -1,0 +1,62 @@
+"""The serving systems that `laps bench compare` runs side by side and `laps sim` simulates.
+
+Each is one set of knobs, turned into engine and gateway flags for `laps local` and into the
+simulator's settings from this one definition, so a comparison on real or emulated engines and
+one in the simulator compare the same systems.
+
+- `vanilla-pd`: SGLang PD as shipped: every prefill pod serves every length from one FIFO queue,
+  no waiting window, the router sends each request to the least-pending prefill pod.
+- `reference`: the reference LAPS system (Jianshu-She/LAPS): dual queue + fixed waiting window
+  where a waiting long batch always runs while the window holds short ones and nothing bounds a
+  long request's wait, length from the router's chars/4 estimate, prefill pods split half short,
+  half long.
+- `laps`: this project: exact token counts at the gateway, the cost rule during the window, the
+  starvation bound, the same half/half split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ESTIMATORS = ("tokenizer", "heuristic", "chars4")
+# The gateway threshold of a single pool (`vanilla-pd`): every request is "short", so every
+# prefill pod (all in one group) serves every length.
+SINGLE_POOL_THRESHOLD = 2**62
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    name: str
+    laps_scheduler: bool = True
+    wait_window_ms: float = 5.0
+    adaptive_window: bool = False
+    long_in_window: str = "cost"
+    max_long_wait_ms: float = 2000.0
+    groups: bool = True                 # False: one pool of prefill pods, no length classes
+    estimator: str = "tokenizer"        # how the gateway counts prompt tokens
+
+    def engine_args(self) -> list[str]:
+        """`laps engine` flags (passed through `laps local`)."""
+        return ["--laps-scheduler" if self.laps_scheduler else "--no-laps-scheduler",
+                "--wait-window-ms", f"{self.wait_window_ms:g}",
+                "--adaptive-window" if self.adaptive_window else "--no-adaptive-window",
+                "--long-in-window", self.long_in_window,
+                "--max-long-wait-ms", f"{self.max_long_wait_ms:g}"]
+
+    def local_args(self) -> list[str]:
+        """`laps local` flags of the gateway side."""
+        return ["--estimator", self.estimator] + ([] if self.groups else ["--single-pool"])
+
+
+SYSTEMS: dict[str, SystemConfig] = {
+    "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
+    "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
+                              estimator="chars4"),
+    "laps": SystemConfig("laps"),
+}
+
+
+def system(name: str) -> SystemConfig:
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}") from None
