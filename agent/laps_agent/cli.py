@@ -11,7 +11,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("laps_agent.engine.cli", "run one builtin LAPS engine server (prefill, decode or mixed role)"),
     "gateway": ("laps_agent.gateway.cli", "run the length-aware OpenAI-compatible gateway"),
     "local": ("laps_agent.local", "run the whole data plane on this machine (gateway + engines, CPU)"),
-    "bench": ("laps_agent.bench", "benchmarks that print numbers (engine, gateway)"),
+    "bench": ("laps_agent.bench", "benchmarks that print numbers (run, compare, engine, gateway, profile)"),
+    "sim": ("laps_agent.sim", "simulate a whole cluster on the engines' cost-model profiles"),
 }
 
 

@@ -10,7 +10,7 @@ decision. It mirrors the builtin engine's loop (engine.py / engine_core.py) step
                   -> ONE decode step for every running request.
 
 Only durations differ: a prefill batch takes `profile.prefill_seconds` (eager, or the padded /
-CUDA-graph bucket that `bucket_for_batch` picks, exactly as the builtin engine picks it), a decode
+CUDA-graph bucket that `bucket_for_batch` picks: the cheaper path by the profile's own costs), a decode
 step `profile.decode_seconds(batch, context tokens)`. KV is counted in pages with the builtin
 engine's reservation rule (`kv_reservation`); a batch that does not fit goes back to the head of
 its queue (`requeue`), an import waits at the head of the import queue.
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
-from laps_agent.scheduling.buckets import BucketGrid, bucket_for_batch
+from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
 from laps_agent.scheduling.config import SchedulerConfig
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
@@ -204,10 +204,14 @@ class EngineModel:
         if not batch:
             return False
         uncached = [max(1, r.prompt_tokens - r.cached_tokens) for r in batch]
+        cached = [r.cached_tokens for r in batch]
+
+        def cost(b: Bucket | None) -> float:
+            return self.profile.prefill_seconds(uncached, cached, (b.batch_size, b.seq_len) if b else None)
+
         bucket = bucket_for_batch(self.grid, decision.queue, uncached, mode=self.bucketed_prefill,
-                                  graphs=self.profile.graphs)
-        shape = (bucket.batch_size, bucket.seq_len) if bucket is not None else None
-        seconds = self.profile.prefill_seconds(uncached, [r.cached_tokens for r in batch], shape)
+                                  graphs=self.profile.graphs, cost=cost)
+        seconds = cost(bucket)
         self.scheduler.observe_prefill(items, seconds)
         if self.on_prefill is not None:
             path = "eager" if bucket is None else ("graph" if self.profile.graphs else "bucket")

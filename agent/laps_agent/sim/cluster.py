@@ -27,6 +27,7 @@ from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.routing import Endpoint, NoEndpointError, choose_route
+from laps_agent.results.records import TimelineSample
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 from laps_operator.groups import initial_short_count
 
@@ -51,17 +52,9 @@ class SimRequest:
 
 
 @dataclass
-class Sample:
-    t: float
-    groups: dict[str, int]
-    pending_tokens: dict[str, int]
-    pending_requests: dict[str, int]
-
-
-@dataclass
 class SimOutcome:
     requests: list[SimRequest]
-    timeline: list[Sample] = field(default_factory=list)
+    timeline: list[TimelineSample] = field(default_factory=list)
     duration: float = 0.0
     prefill_busy: list[float] = field(default_factory=list)   # modelled busy seconds per pod
     decode_busy: list[float] = field(default_factory=list)
@@ -121,7 +114,7 @@ class SimCluster:
         self._heap, self._reqs = heap, reqs
         self._scheduled: dict[int, float | None] = {}
         self._engines = self.prefill + self.decode
-        timeline: list[Sample] = []
+        timeline: list[TimelineSample] = []
         if n and self.sample_every_s > 0:
             heapq.heappush(heap, (float(at[0]), next(self._seq), _SAMPLE, None))
         nxt, now, finished = 0, 0.0, 0
@@ -210,10 +203,10 @@ class SimCluster:
             self.tracker.end_decode(self.decode_eps[r.decode].name)
         self._finished += 1
 
-    def _sample(self, now: float) -> Sample:
+    def _sample(self, now: float) -> TimelineSample:
         pending = {g: self.tracker.group_pending(g) for g in ("short", "long")}
-        return Sample(now, {g: len(eps) for g, eps in self.groups.items()},
-                      {g: p[1] for g, p in pending.items()}, {g: p[0] for g, p in pending.items()})
+        return TimelineSample(now, {g: len(eps) for g, eps in self.groups.items()},
+                              {g: p[1] for g, p in pending.items()}, {g: p[0] for g, p in pending.items()})
 
 
 def chars4_estimate(chars_per_token: float) -> Callable[[int], int]:

@@ -1,0 +1,169 @@
+"""`laps sim`: a discrete-event simulation of a whole PD cluster, on the product's own code.
+
+The same workload files and the same result files as `laps bench run`; the engines are the
+emulated engine's model with the same profiles (see cluster.py for what runs and what is not
+modelled), so a simulation and a `laps local --engine emulated` run of one workload agree.
+
+    laps sim --workload lmsys-steady --profile gpu-h200-qwen2.5-32b --prefill 256 --decode 64 \\
+             --systems vanilla-pd,laps --load 0.7
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from laps_agent.emulated.profile import Profile, ProfileError, load_profile
+from laps_agent.results import RequestTable, RunResult, compare_markdown, markdown, save, summarize
+from laps_agent.systems import SYSTEMS, SystemConfig, system
+from laps_agent.workload.plan import Plan, plan_requests
+from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
+
+from .cluster import SimCluster, chars4_estimate
+
+_CAPACITY_REQUESTS_PER_POD = 200
+
+
+def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill: int, decode: int,
+             threshold: int, engine_args: tuple[str, ...] = (), label: str | None = None,
+             chars_per_token: float | None = None) -> RunResult:
+    """One simulated run of `plan` on a cluster running `sys_config`. `chars_per_token`: of the
+    load generator's prompt text, for the reference's chars/4 estimate (default: measured on the
+    default tokenizer's prompt builder, as `laps bench run` builds prompts)."""
+    estimate = None
+    if sys_config.estimator == "chars4":
+        estimate = chars4_estimate(chars_per_token or default_chars_per_token())
+    cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
+                         engine_args=engine_args, estimate=estimate)
+    started = time.perf_counter()
+    outcome = cluster.run(plan.at, plan.prompt_tokens, plan.output_tokens)
+    wall = time.perf_counter() - started
+    reqs = outcome.requests
+    nan = float("nan")
+    first = np.array([r.first if r.first is not None else nan for r in reqs])
+    done = np.array([r.done if r.done is not None else nan for r in reqs])
+    sent = plan.at.astype(float)
+    outputs = plan.output_tokens.astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        itl = np.where(outputs > 1, (done - first) / (outputs - 1), nan)
+    status = np.array([r.status for r in reqs], dtype=np.int64)
+    names = np.array([w.name for w in plan.phases], dtype=object)
+    table = RequestTable.from_columns(
+        index=np.arange(len(plan)), phase=names[plan.phase] if len(plan) else np.array([], dtype=object),
+        cls=np.where(plan.prompt_tokens <= threshold, "short", "long").astype(object),
+        prompt_tokens=plan.prompt_tokens, output_tokens=outputs, sent_s=sent, status=status,
+        error=np.array([r.error for r in reqs], dtype=object), ttft_s=first - sent, e2e_s=done - sent,
+        tokens=np.where(status == 200, outputs, 0), itl_mean_s=itl)
+    meta = {"label": label or sys_config.name, "tool": "laps sim", "target": "sim", "system": sys_config.name,
+            "profile": profile.name, "profile_provenance": profile.provenance,
+            "cluster": {"prefill": prefill, "decode": decode}, "threshold": threshold,
+            "workload": {"name": plan.spec.name, "spec": plan.spec.model_dump(mode="json")},
+            "seed": plan.spec.seed, "rate_scale": plan.rate_scale, "phases": [w.to_dict() for w in plan.phases],
+            "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "duration_s": outcome.duration, "sim_wall_s": wall,
+            "prefill_utilisation": float(np.mean(outcome.prefill_busy)) / outcome.duration if outcome.duration else 0.0}
+    return RunResult(meta, table, outcome.timeline)
+
+
+def default_chars_per_token() -> float:
+    from laps_agent.engine.model_files import default_model_path
+    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.workload.prompts import PromptBuilder
+
+    return PromptBuilder(load_tokenizer(default_model_path()), 0).chars_per_token
+
+
+def measure_capacity(spec: WorkloadSpec, profile: Profile, *, prefill: int, decode: int, threshold: int,
+                     engine_args: tuple[str, ...] = ()) -> float:
+    """Requests/s the baseline (`vanilla-pd`) sustains on this workload's length mix: the
+    simulated throughput when a large batch of its requests all arrive at once."""
+    n = max(2000, _CAPACITY_REQUESTS_PER_POD * prefill)
+    plan = plan_requests(spec, max_requests=n)
+    zeros = np.zeros(len(plan))
+    cluster = SimCluster(profile, SYSTEMS["vanilla-pd"], prefill=prefill, decode=decode, threshold=threshold,
+                         engine_args=engine_args, sample_every_s=0)
+    outcome = cluster.run(zeros, plan.prompt_tokens, plan.output_tokens)
+    return len(plan) / outcome.duration if outcome.duration > 0 else float("inf")
+
+
+def mean_rate(spec: WorkloadSpec) -> float:
+    plan = plan_requests(spec)
+    return len(plan) / plan.duration_s if plan.duration_s > 0 else float("inf")
+
+
+def _slo(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    out = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in ("short", "long") or not value:
+            raise argparse.ArgumentTypeError(f"--slo takes short=SECONDS,long=SECONDS, got {text!r}")
+        out[name.strip()] = float(value)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laps sim", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
+    p.add_argument("--profile", default="cpu-smollm2", help="engine profile name or YAML file")
+    p.add_argument("--prefill", type=int, default=8)
+    p.add_argument("--decode", type=int, default=2)
+    p.add_argument("--systems", default="laps", help=f"comma-separated, the first is the baseline "
+                   f"of the comparison ({', '.join(SYSTEMS)})")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate-scale", type=float, default=None, help="multiply every phase's rate")
+    load.add_argument("--load", type=float, default=None,
+                      help="set the mean rate to this fraction of vanilla-pd's simulated capacity")
+    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
+    p.add_argument("--threshold", type=int, default=None, help="default: the workload's (256)")
+    p.add_argument("--slo", type=_slo, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")
+    p.add_argument("--out", type=Path, default=None, help="result directory (default sim-results/<time>)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (large runs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args, engine_args = p.parse_known_args(argv)
+    try:
+        spec = load_workload(args.workload)
+        if args.seed is not None:
+            spec = spec.model_copy(update={"seed": args.seed})
+        profile = load_profile(args.profile)
+        systems = [system(name.strip()) for name in args.systems.split(",") if name.strip()]
+    except (WorkloadError, ProfileError, ValueError) as exc:
+        print(f"laps sim: error: {exc}", file=sys.stderr)
+        return 2
+    threshold = args.threshold or spec.threshold
+    rate_scale = args.rate_scale or 1.0
+    if args.load is not None:
+        capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
+                                    threshold=threshold, engine_args=tuple(engine_args))
+        rate_scale = args.load * capacity / mean_rate(spec)
+        print(f"capacity of vanilla-pd on this mix: {capacity:.1f} req/s; running at {args.load:.0%} "
+              f"= {args.load * capacity:.1f} req/s (rate x{rate_scale:.3f})")
+    plan = plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests)
+    out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    labelled = []
+    for sys_config in systems:
+        result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
+                          threshold=threshold, engine_args=tuple(engine_args))
+        result.meta["slo"] = args.slo
+        paths = save(result, out / sys_config.name if len(systems) > 1 else out, slo=args.slo,
+                     plots=not args.no_plots)
+        summary = summarize(result, slo=args.slo, by_phase=len(plan.phases) > 1)
+        labelled.append((sys_config.name, summary))
+        print(f"\n## {sys_config.name}: {len(plan)} requests, {args.prefill} prefill + {args.decode} decode, "
+              f"profile {profile.name}; simulated {result.meta['duration_s']:.0f} s in "
+              f"{result.meta['sim_wall_s']:.1f} s\n")
+        print(markdown(summary))
+        print(f"\nfiles: {', '.join(str(v) for v in paths.values())}")
+    if len(labelled) > 1:
+        print("\n" + compare_markdown(labelled))
+    return 0

@@ -1,0 +1,97 @@
+"""The gateway in front of emulated engines (`laps local --engine emulated`), through the official
+`openai` client: answers, streaming, metrics, and batches that take the time their profile says."""
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from laps_agent.emulated.profile import load_profile
+
+# Round numbers, so the expected batch time is plain arithmetic; graphs on, as on a GPU.
+PROFILE = {
+    "name": "test-gpu", "description": "for tests", "provenance": "synthetic",
+    "model": {"name": "emulated-test", "kv_bytes_per_token": 1000},
+    "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
+               "max_running_requests": 64},
+    "prefill": {"overhead_s": 0.040, "per_token_s": 0.0002,
+                "graph": {"overhead_s": 0.020, "per_token_s": 0.0001}},
+    "decode": {"overhead_s": 0.010, "per_request_s": 0.0001},
+    "transfer": {"latency_s": 0.002, "bytes_per_s": 1.0e9},
+}
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" ([0-9.e+-]+)"
+    match = re.search(pattern, text)
+    return float(match.group(1)) if match else 0.0
+
+
+@pytest.fixture
+def emulated_stack(laps_local, tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(PROFILE))
+    # No waiting window: each sequential request is a batch of its own.
+    return laps_local("--engine", "emulated", "--profile", str(path), "--prefill", "2", "--decode", "1",
+                      "--wait-window-ms", "0", timeout=120), load_profile(path)
+
+
+def test_openai_client_gets_answers_streams_and_metrics_move(emulated_stack):
+    stack, profile = emulated_stack
+    client = openai.OpenAI(base_url=stack.url, api_key="unused", timeout=60, max_retries=0)
+    [model] = client.models.list().data
+    assert model.id == "emulated-test"
+
+    reply = client.chat.completions.create(model=model.id, max_tokens=7,
+                                           messages=[{"role": "user", "content": "What is LAPS?"}])
+    assert reply.choices[0].message.content.strip()
+    assert reply.usage.completion_tokens == 7  # token counts are honoured
+
+    chunks = list(client.completions.create(model=model.id, prompt="tell me a story", max_tokens=5,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text.strip() and chunks[-1].usage.completion_tokens == 5
+
+    long_prompt = " ".join(["data"] * 600)  # past the 256-token threshold: the long group
+    assert client.completions.create(model=model.id, prompt=long_prompt, max_tokens=2).choices[0].text
+    client.close()
+
+    gateway = httpx.get(stack.base + "/metrics").text
+    assert _metric(gateway, "laps_gateway_requests_total", **{"class": "short", "group": "short"}) == 2
+    assert _metric(gateway, "laps_gateway_requests_total", **{"class": "long", "group": "long"}) == 1
+    status = httpx.get(stack.base + "/laps_status").json()
+    engines = {g: status["groups"][g]["pods"][0]["url"] for g in ("short", "long")}
+    for group, url in engines.items():
+        info = httpx.get(url + "/get_server_info").json()
+        assert (info["backend"], info["profile"], info["prefill_group"]) == ("emulated", "test-gpu", group)
+        metrics = httpx.get(url + "/metrics").text
+        assert _metric(metrics, "laps_engine_prefill_latency_seconds_count", **{"class": group}) >= 1
+        assert _metric(metrics, "laps_engine_ttft_seconds_count", **{"class": group}) >= 1
+
+
+def test_a_batch_takes_the_time_its_profile_gives(emulated_stack):
+    stack, profile = emulated_stack
+    short_engine = httpx.get(stack.base + "/laps_status").json()["groups"]["short"]["pods"][0]["url"]
+    client = openai.OpenAI(base_url=stack.url, api_key="unused", timeout=60, max_retries=0)
+    for tokens, bucket in ((100, (1, 128)), (30, (1, 32))):
+        before = _metric(httpx.get(short_engine + "/metrics").text,
+                         "laps_engine_prefill_latency_seconds_sum", **{"class": "short"})
+        started = time.monotonic()
+        stream = client.completions.create(model="emulated-test", prompt=list(range(1000, 1000 + tokens)),
+                                           max_tokens=2, stream=True)
+        first = next(iter(stream))
+        ttft = time.monotonic() - started
+        list(stream)
+        after = _metric(httpx.get(short_engine + "/metrics").text,
+                        "laps_engine_prefill_latency_seconds_sum", **{"class": "short"})
+        # A short prompt runs as a CUDA graph of its bucket (this profile replays graphs)...
+        expected = profile.prefill_seconds([tokens], bucket=bucket)
+        assert after - before == pytest.approx(expected)
+        # ...and the client waited at least that long, plus the KV hand-off, for its first token.
+        assert first.choices[0].text and ttft >= expected + profile.transfer_seconds(tokens)
+    client.close()
