@@ -1,0 +1,151 @@
+"""`laps bench run URL --workload FILE|NAME`: replay a workload against any OpenAI-compatible
+server (the laps gateway, one engine, SGLang's router) and save what every request saw.
+
+Open loop: each planned request is sent at its planned time whether or not earlier ones have
+answered, streaming, with `ignore_eos` so it produces exactly its planned output tokens. Per
+request: TTFT (first non-empty content event), the gaps between content events (ITL), E2E,
+status and errors, usage.prompt_tokens. When the target serves `/laps_status` (the gateway),
+its groups and pending work are sampled once a second. Prompts are built lazily per request
+with exact token counts in the tokenizer (default: SmolLM2's, what `laps local` serves).
+
+Exit codes: 0 the run completed (failed requests are part of the result), 2 bad arguments, bad
+workload, unreadable tokenizer or unreachable target, 130 interrupted (partial results saved).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from laps_agent.bench._client import StreamClient
+from laps_agent.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
+from laps_agent.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
+
+def _slo(text: str) -> dict[str, float]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in ("short", "long", "all"):
+            raise argparse.ArgumentTypeError(f"expected short=S,long=S (seconds), got {text!r}")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+        if out[name.strip()] <= 0:
+            raise argparse.ArgumentTypeError(f"SLO must be > 0 seconds: {part!r}")
+    return out
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="laps bench run", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("url", help="base URL of an OpenAI-compatible server (http://host:port or .../v1)")
+    p.add_argument("--workload", required=True,
+                   help=f"workload YAML file or built-in name ({', '.join(available_workloads())})")
+    p.add_argument("--out", type=Path, help="result directory (default bench-results/<time>-<label>)")
+    p.add_argument("--seed", type=int, help="override the workload's seed")
+    p.add_argument("--rate-scale", type=_positive(float), default=1.0, help="multiply every phase's rate")
+    p.add_argument("--max-requests", type=_positive(int), help="stop the plan after N requests")
+    p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer sizes the prompts; "
+                   "default SmolLM2's; 'none': approximate (one word = one token)")
+    p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
+    p.add_argument("--slo", type=_slo, default={}, help="TTFT SLOs in seconds, e.g. short=0.5,long=4")
+    p.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--label", help="name of this run (default: the workload's name)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (a line every 5 s instead)")
+    return p
+
+
+def _error(message: str) -> int:
+    print(f"laps bench run: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _load_tokenizer(arg: str | None) -> tuple[Any, str | None]:
+    if arg and arg.lower() == "none":
+        return None, None
+    from laps_agent.engine.model_files import default_model_path
+    from laps_agent.engine.tokenizer import load_tokenizer
+
+    path = arg or str(default_model_path())
+    return load_tokenizer(path), path
+
+
+async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
+    try:
+        target = await probe(args.url, model=args.model)
+    except TargetError as exc:
+        return _error(str(exc))
+    try:
+        tokenizer, tokenizer_name = _load_tokenizer(args.tokenizer)
+    except (ValueError, OSError) as exc:  # TokenizerError, ModelLoadError are ValueErrors
+        return _error(f"cannot load the tokenizer: {exc}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Ctrl-C/SIGTERM stop the run and keep what it measured. signal.signal, not the loop's
+    # add_signal_handler: the asyncio runner's own SIGINT handler would win over the latter.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
+    progress = "bar" if not args.no_progress and sys.stdout.isatty() else "lines"
+    label = args.label or spec.name
+    print(f"[laps bench] {spec.name} -> {args.url} (model {target.model!r}"
+          f"{', with /laps_status' if target.has_status else ''})", flush=True)
+    result = await run_workload(args.url, spec, seed=args.seed, rate_scale=args.rate_scale,
+                                max_requests=args.max_requests, tokenizer=tokenizer,
+                                tokenizer_name=tokenizer_name, label=label, timeout=args.timeout,
+                                progress=progress, target=target, stop=stop)
+    result.meta["slo"] = args.slo
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("bench-results") / f"{stamp}-{label}"
+    from laps_agent.results import markdown, save, summarize
+
+    paths = save(result, out, slo=args.slo)
+    by_phase = len(result.meta["phases"]) > 1
+    print()
+    print(markdown(summarize(result, slo=args.slo, by_phase=by_phase)))
+    print()
+    for name, path in paths.items():
+        print(f"{name:>16}: {path}")
+    if result.meta["interrupted"]:
+        print("[laps bench] interrupted: partial results saved", flush=True)
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = load_workload(args.workload)
+    except WorkloadError as exc:
+        return _error(str(exc))
+    try:
+        StreamClient(args.url)
+    except ValueError as exc:
+        return _error(str(exc))
+    try:
+        import uvloop  # cheaper event loop for the client; part of the serve extra
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        return runner(_main_async(args, spec))
+    except KeyboardInterrupt:  # before the run started: nothing to save
+        print("laps bench run: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The request plan: a workload turned into the exact, deterministic sequence of requests.
+
+Same spec and seed give the same plan in any process: every phase draws from its own numpy
+PCG64 generators seeded with (seed, phase index, stream), one stream each for arrivals, prompt
+lengths and output lengths, so changing one phase never shifts the draws of another.
+The plan is stored as numpy arrays (a simulator plans millions of requests); `plan[i]` gives one
+`PlannedRequest`.
+
+`rate_scale` multiplies every phase's rate: a phase with `duration_s` keeps its duration (and
+gets more or fewer requests), a phase with `requests` keeps its count (and gets shorter or
+longer). A phase given by `requests` ends at its last arrival; the next one starts there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import arrivals
+from .jsonl import JsonlLine, JsonlSource, load_jsonl, pick
+from .lengths import sample_lengths
+from .spec import Jsonl, WorkloadSpec
+
+_ARRIVALS, _PROMPTS, _OUTPUTS, _LINES = range(4)
+
+
+def _rng(seed: int, phase: int, stream: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, phase, stream])))
+
+
+@dataclass(frozen=True)
+class PhaseWindow:
+    index: int
+    name: str
+    start_s: float
+    end_s: float
+    mean_rate: float                  # requests/s after rate_scale
+    requests: int                     # planned requests in this phase
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "start_s": self.start_s, "end_s": self.end_s,
+                "mean_rate": self.mean_rate, "requests": self.requests}
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    index: int
+    phase: int                        # index into plan.phases
+    at: float                         # seconds from the run start
+    prompt_tokens: int
+    output_tokens: int
+    source: JsonlLine | None = None   # the JSONL line of a jsonl phase
+
+
+class Plan:
+    """Arrays `at`, `prompt_tokens`, `output_tokens`, `phase` (and `line`: the JSONL line index,
+    -1 for synthetic prompts), phase windows and the jsonl sources by phase index."""
+
+    def __init__(self, spec: WorkloadSpec, at: np.ndarray, prompt_tokens: np.ndarray,
+                 output_tokens: np.ndarray, phase: np.ndarray, line: np.ndarray,
+                 phases: list[PhaseWindow], sources: dict[int, JsonlSource], rate_scale: float):
+        self.spec, self.at, self.prompt_tokens, self.output_tokens = spec, at, prompt_tokens, output_tokens
+        self.phase, self.line, self.phases, self.sources = phase, line, phases, sources
+        self.rate_scale = rate_scale
+
+    def __len__(self) -> int:
+        return int(self.at.size)
+
+    def __getitem__(self, i: int) -> PlannedRequest:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        phase = int(self.phase[i])
+        line = int(self.line[i])
+        source = self.sources[phase].lines[line] if line >= 0 else None
+        return PlannedRequest(i, phase, float(self.at[i]), int(self.prompt_tokens[i]),
+                              int(self.output_tokens[i]), source)
+
+    def __iter__(self) -> Iterator[PlannedRequest]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def duration_s(self) -> float:
+        return self.phases[-1].end_s if self.phases else 0.0
+
+    def phase_name(self, i: int) -> str:
+        return self.phases[int(self.phase[i])].name
+
+
+def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: int | None = None,
+                  tokenizer: Any | None = None) -> Plan:
+    """The requests of `spec`, in send order. `tokenizer` only matters for jsonl phases (their
+    prompt lengths are token counts; without one, a heuristic estimate)."""
+    if not rate_scale > 0:
+        raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+    if max_requests is not None and max_requests < 0:
+        raise ValueError(f"max_requests must be >= 0, got {max_requests}")
+    budget = max_requests if max_requests is not None else None
+    parts: list[tuple[np.ndarray, ...]] = []
+    windows: list[PhaseWindow] = []
+    sources: dict[int, JsonlSource] = {}
+    loaded: dict[str, JsonlSource] = {}
+    next_line: dict[str, int] = {}
+    start = 0.0
+    for p, phase in enumerate(spec.phases):
+        if budget is not None and budget <= 0:
+            break
+        process = arrivals.scaled(phase.arrival, rate_scale)
+        rng = _rng(spec.seed, p, _ARRIVALS)
+        if phase.duration_s is not None:
+            times = arrivals.until(process, phase.duration_s, rng)
+            end = start + phase.duration_s
+        else:
+            times = arrivals.count(process, phase.requests, rng)
+            end = start + (float(times[-1]) if times.size else 0.0)
+        if budget is not None and times.size > budget:
+            times = times[:budget]
+            end = start + float(times[-1]) if phase.duration_s is None else end
+        n = times.size
+        outputs = sample_lengths(phase.output_tokens, n, _rng(spec.seed, p, _OUTPUTS))
+        line = np.full(n, -1, dtype=np.int64)
+        if isinstance(phase.prompt_tokens, Jsonl):
+            key = phase.prompt_tokens.path
+            if key not in loaded:
+                path = spec.base_dir / key
+                loaded[key] = load_jsonl(path, spec.api, tokenizer, spec.origin)
+            source = sources[p] = loaded[key]
+            line = pick(source, phase.prompt_tokens.order, next_line.get(key, 0), n, _rng(spec.seed, p, _LINES))
+            next_line[key] = next_line.get(key, 0) + n
+            prompts = source.prompt_tokens[line]
+            given = np.array([ln.output_tokens or 0 for ln in source.lines], dtype=np.int64)[line]
+            outputs = np.where(given > 0, given, outputs)
+        else:
+            prompts = sample_lengths(phase.prompt_tokens, n, _rng(spec.seed, p, _PROMPTS))
+        parts.append((start + times, prompts, outputs, np.full(n, p, dtype=np.int32), line))
+        windows.append(PhaseWindow(p, phase.name, start, end, process.mean_rate, n))
+        start = end
+        if budget is not None:
+            budget -= n
+    if parts:
+        at, prompts, outputs, phase_idx, lines = (np.concatenate(col) for col in zip(*parts))
+    else:
+        at, prompts, outputs = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+        phase_idx, lines = np.empty(0, np.int32), np.empty(0, np.int64)
+    return Plan(spec, at, prompts, outputs, phase_idx, lines, windows, sources, rate_scale)

@@ -1,0 +1,300 @@
+"""The workload spec: a YAML file of phases, each with an arrival process and length distributions.
+
+```yaml
+name: lmsys-steady
+seed: 7
+api: completions            # completions | chat: the endpoint the load generator calls
+threshold: 256              # prompts of <= threshold tokens are "short" in reports
+phases:
+  - name: warm
+    duration_s: 20          # exactly one of duration_s | requests
+    arrival: {process: poisson, rate: 40}
+    prompt_tokens: {distribution: lmsys}
+    output_tokens: {distribution: fixed, value: 16}
+```
+
+Distributions (token counts, integers >= 1): `fixed` (value), `uniform` (min, max; inclusive),
+`lognormal` (median, sigma, min=1, max: truncated by redrawing, see lengths.py), `mixture`
+(components, each a distribution with a positive `weight`), `lmsys` (the built-in LMSYS-like
+prompt mix, lengths.LMSYS_LIKE), `jsonl` (prompts of a JSONL file; a phase's prompt_tokens only,
+see jsonl.py). Arrival processes (`rate` in requests/s, > 0): `poisson`, `constant` (evenly
+spaced), `bursty` (Poisson whose rate is multiplied by burst_factor during the first burst_s
+seconds of every period_s; see arrivals.py). Phases run back to back.
+
+Every error names the file and the field: `mix.yaml: phases[1].arrival.rate: must be > 0`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+DEFAULT_THRESHOLD = 256
+
+
+class WorkloadError(ValueError):
+    """A workload that does not exist or is not valid; the message names the file and field."""
+
+
+class _RuleError(ValueError):
+    """A rule of a whole model about one of its fields: the error path gets that field appended."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Dist(_Strict):
+    # Only mixture components carry a weight; checked by Mixture and Phase.
+    weight: float | None = Field(default=None, gt=0)
+
+
+class Fixed(_Dist):
+    distribution: Literal["fixed"]
+    value: int = Field(ge=1)
+
+
+class Uniform(_Dist):
+    distribution: Literal["uniform"]
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.min > self.max:
+            raise _RuleError("min", f"must be <= max ({self.max}), got {self.min}")
+        return self
+
+
+class LogNormal(_Dist):
+    distribution: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogNormal:
+        if self.max is not None and self.min > self.max:
+            raise _RuleError("min", f"must be <= max ({self.max}), got {self.min}")
+        return self
+
+
+class Lmsys(_Dist):
+    distribution: Literal["lmsys"]
+
+
+class Jsonl(_Dist):
+    distribution: Literal["jsonl"]
+    path: str = Field(min_length=1)                 # relative to the workload file's directory
+    order: Literal["sequential", "sample"] = "sequential"
+
+
+class Mixture(_Dist):
+    distribution: Literal["mixture"]
+    components: list[LengthDist] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _weighted(self) -> Mixture:
+        for i, c in enumerate(self.components):
+            if c.weight is None:
+                raise _RuleError(f"components[{i}].weight", "required in a mixture (a positive number)")
+            if isinstance(c, Jsonl):
+                raise _RuleError(f"components[{i}].distribution", "jsonl cannot be a mixture component")
+        return self
+
+
+LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Mixture, Lmsys, Jsonl],
+                       Field(discriminator="distribution")]
+Mixture.model_rebuild()
+
+
+class Poisson(_Strict):
+    process: Literal["poisson"]
+    rate: float = Field(gt=0)
+
+    @property
+    def mean_rate(self) -> float:
+        return self.rate
+
+
+class Constant(_Strict):
+    process: Literal["constant"]
+    rate: float = Field(gt=0)
+
+    @property
+    def mean_rate(self) -> float:
+        return self.rate
+
+
+class Bursty(_Strict):
+    process: Literal["bursty"]
+    rate: float = Field(gt=0)                       # outside bursts
+    burst_factor: float = Field(gt=0)               # rate multiplier during a burst
+    burst_s: float = Field(gt=0)                    # burst at the start of every period
+    period_s: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Bursty:
+        if self.burst_s > self.period_s:
+            raise _RuleError("burst_s", f"must be <= period_s ({self.period_s:g}), got {self.burst_s:g}")
+        return self
+
+    @property
+    def mean_rate(self) -> float:
+        return self.rate * (1.0 + (self.burst_factor - 1.0) * self.burst_s / self.period_s)
+
+
+Arrival = Annotated[Union[Poisson, Constant, Bursty], Field(discriminator="process")]
+
+
+class Phase(_Strict):
+    name: str = Field(min_length=1)
+    duration_s: float | None = Field(default=None, gt=0)
+    requests: int | None = Field(default=None, ge=1)
+    arrival: Arrival
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Phase:
+        if (self.duration_s is None) == (self.requests is None):
+            raise ValueError("give exactly one of duration_s or requests")
+        for field in ("prompt_tokens", "output_tokens"):
+            if getattr(self, field).weight is not None:
+                raise _RuleError(f"{field}.weight", "only mixture components have a weight")
+        if isinstance(self.output_tokens, Jsonl):
+            raise _RuleError("output_tokens.distribution", "jsonl is only for prompt_tokens (a line's "
+                             "output_tokens overrides the phase's output_tokens)")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    seed: int = Field(default=0, ge=0)
+    api: Literal["completions", "chat"] = "completions"
+    threshold: int = Field(default=DEFAULT_THRESHOLD, ge=1)
+    phases: list[Phase] = Field(min_length=1)
+    # Where relative jsonl paths are resolved (the YAML file's directory); not part of the spec.
+    _base_dir: Path | None = PrivateAttr(default=None)
+    _origin: str = PrivateAttr(default="workload")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> WorkloadSpec:
+        names = [p.name for p in self.phases]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise _RuleError(f"phases[{i}].name", f"duplicate phase name {name!r}")
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir or Path.cwd()
+
+    @property
+    def origin(self) -> str:
+        return self._origin
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+# ---------------------------------------------------------------- errors
+
+_TAGS = {"fixed", "uniform", "lognormal", "mixture", "lmsys", "jsonl", "poisson", "constant", "bursty"}
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TAGS:  # pydantic's discriminated-union branch, not a key of the file
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _message(err: dict) -> tuple[str, str]:
+    """(extra path suffix, message) of one pydantic error, in the words of this file format."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "greater_than":
+        return "", f"must be > {ctx.get('gt'):g}"
+    if kind == "greater_than_equal":
+        return "", f"must be >= {ctx.get('ge'):g}"
+    if kind == "extra_forbidden":
+        return "", "unknown key"
+    if kind == "missing":
+        return "", "required"
+    if kind == "union_tag_invalid":
+        key = str(ctx.get("discriminator", "")).strip("'")
+        return f".{key}", f"unknown {key} {ctx.get('tag')!r} (expected one of: {ctx.get('expected_tags')})"
+    if kind == "union_tag_not_found":
+        key = str(ctx.get("discriminator", "")).strip("'")
+        return f".{key}", "required"
+    if kind == "literal_error":
+        return "", f"must be {ctx.get('expected')}"
+    if kind in ("too_short", "string_too_short"):
+        return "", "must not be empty"
+    if kind == "value_error":
+        return "", str(ctx.get("error", err["msg"]))
+    return "", err["msg"]
+
+
+def format_validation_error(exc: ValidationError, origin: str) -> str:
+    lines = []
+    for err in exc.errors():
+        suffix, message = _message(err)
+        where = _path(tuple(err["loc"])) + suffix
+        rule = (err.get("ctx") or {}).get("error")
+        if isinstance(rule, _RuleError):
+            where = f"{where}.{rule.field}" if where else rule.field
+        lines.append(f"{origin}: {where.lstrip('.') or 'workload'}: {message}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- loading
+
+def parse_workload(data: Any, origin: str = "workload", base_dir: Path | None = None) -> WorkloadSpec:
+    if not isinstance(data, dict):
+        raise WorkloadError(f"{origin}: a workload is a YAML mapping (name, phases, ...)")
+    try:
+        spec = WorkloadSpec.model_validate(data)
+    except ValidationError as exc:
+        raise WorkloadError(format_validation_error(exc, origin)) from None
+    spec._base_dir = base_dir
+    spec._origin = origin
+    return spec
+
+
+def available_workloads() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_workload(path_or_name: str | Path) -> WorkloadSpec:
+    """A workload YAML file by path, or a built-in workload by name (`available_workloads()`)."""
+    key = str(path_or_name)
+    path = Path(key)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = BUILTIN_DIR / f"{key}.yaml"
+        if not path.exists():
+            raise WorkloadError(f"unknown workload {key!r}: not a file, and the built-in workloads "
+                                f"are: {', '.join(available_workloads())}")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WorkloadError(f"cannot read workload {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path.name}: not valid YAML: {exc}") from None
+    return parse_workload(data, path.name, path.resolve().parent)
