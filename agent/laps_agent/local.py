@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all
+from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all, write_labels
 from laps_agent.systems import SINGLE_POOL_THRESHOLD
 from laps_operator.groups import initial_short_count
 
@@ -44,6 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
     p.add_argument("--single-pool", action="store_true",
                    help="no length classes: every prefill engine serves every length (vanilla PD)")
+    alloc = p.add_argument_group("allocation (moving prefill engines between the groups)")
+    alloc.add_argument("--allocation", choices=("laps", "reference", "none"), default=None,
+                       help="laps: the operator's policy over the gateway's pending work (default with "
+                            ">= 2 prefill engines); reference: the reference router's rule; none")
+    alloc.add_argument("--no-allocation", dest="allocation", action="store_const", const="none",
+                       help="same as --allocation none")
+    alloc.add_argument("--allocation-interval", type=float, default=5.0, help="seconds between decisions")
+    alloc.add_argument("--allocation-ratio", type=float, default=2.0,
+                       help="per-pod pressure ratio that triggers a move")
+    alloc.add_argument("--min-per-group", type=int, default=1)
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--workdir", type=Path, help="labels files and engine logs (default: a temp dir)")
@@ -119,7 +129,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
     threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
                            length_threshold=threshold)
-    app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator))
+    app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
+                     allocator=_allocator(args, children))
     sock = bind_listening_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     pool = (f"{len(spec.prefill_short)} prefill (one pool)" if args.single_pool else
@@ -128,6 +139,24 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
          + (f" (emulated: {args.profile or 'cpu-smollm2'})" if args.engine == "emulated" else ""))
     _say(f"OpenAI-compatible API: http://{host}:{port}/v1   (Ctrl-C stops everything)")
     run_forever(app, sock, log_level="warning")  # returns on SIGINT/SIGTERM
+
+
+def _allocator(args, children: list[EngineChild]):
+    """The gateway's allocation loop over these engines, or None (see --allocation)."""
+    if args.allocation == "none" or args.single_pool or args.prefill < 2:
+        return None
+    from laps_agent.gateway.allocator import StaticAllocator
+    from laps_operator.allocation import AllocationConfig
+
+    config = AllocationConfig(ratio=args.allocation_ratio, min_per_group=args.min_per_group)
+    labels = {c.url: c.labels_path for c in children if c.role == "prefill"}
+
+    def relabel(path, group: str) -> None:
+        write_labels(path, "prefill", group)
+
+    return lambda gateway: StaticAllocator(
+        gateway.discovery, gateway.tracker, gateway.metrics, mode=args.allocation or "laps",
+        interval_s=args.allocation_interval, config=config, labels=labels, write_labels=relabel)
 
 
 def _terminate_on_sigterm() -> None:
@@ -142,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     args, engine_args = parser.parse_known_args(argv)
     if args.prefill < 1 or args.decode < 1:
         parser.error("need at least one prefill and one decode engine")
+    if not args.allocation_interval > 0 or not args.allocation_ratio >= 1 or args.min_per_group < 1:
+        parser.error("--allocation-interval must be > 0, --allocation-ratio >= 1, --min-per-group >= 1")
+    if args.allocation not in (None, "none") and args.prefill < 2 * args.min_per_group:
+        parser.error(f"--allocation needs at least {2 * args.min_per_group} prefill engines")
     _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="laps-local-"))
     workdir.mkdir(parents=True, exist_ok=True)

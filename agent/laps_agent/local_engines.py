@@ -28,6 +28,7 @@ class EngineChild:
     url: str
     process: subprocess.Popen
     log_path: Path
+    labels_path: Path
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -50,7 +51,9 @@ def write_labels(path: Path, role: str, group: str | None) -> None:
     lines = ['app.kubernetes.io/name="laps"', f'laps.io/role="{role}"']
     if group:
         lines.append(f'laps.io/prefill-group="{group}"')
-    path.write_text("\n".join(lines) + "\n")
+    tmp = path.with_suffix(path.suffix + ".tmp")  # the engine re-reads it at any time: swap whole
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
 
 
 def spawn_engine(name: str, role: str, group: str | None, *, model: str, workdir: Path,
@@ -67,7 +70,7 @@ def spawn_engine(name: str, role: str, group: str | None, *, model: str, workdir
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return EngineChild(name, role, group, f"http://127.0.0.1:{port}", process, log_path)
+    return EngineChild(name, role, group, f"http://127.0.0.1:{port}", process, log_path, labels)
 
 
 def stop_all(children: list[EngineChild], grace_s: float = 15.0) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ESTIMATORS = ("tokenizer", "heuristic", "chars4")
+ESTIMATORS = ("auto", "heuristic", "chars4")  # the gateway's --estimator modes
 # The gateway threshold of a single pool (`vanilla-pd`): every request is "short", so every
 # prefill pod (all in one group) serves every length.
 SINGLE_POOL_THRESHOLD = 2**62
@@ -32,7 +32,8 @@ class SystemConfig:
     long_in_window: str = "cost"
     max_long_wait_ms: float = 2000.0
     groups: bool = True                 # False: one pool of prefill pods, no length classes
-    estimator: str = "tokenizer"        # how the gateway counts prompt tokens
+    estimator: str = "auto"             # how the gateway counts prompt tokens (ESTIMATORS)
+    allocation: str = "none"            # moving pods between groups: "none" | "reference" | "laps"
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -44,14 +45,15 @@ class SystemConfig:
 
     def local_args(self) -> list[str]:
         """`laps local` flags of the gateway side."""
-        return ["--estimator", self.estimator] + ([] if self.groups else ["--single-pool"])
+        return (["--estimator", self.estimator, "--allocation", self.allocation]
+                + ([] if self.groups else ["--single-pool"]))
 
 
 SYSTEMS: dict[str, SystemConfig] = {
     "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
-                              estimator="chars4"),
-    "laps": SystemConfig("laps"),
+                              estimator="chars4", allocation="reference"),
+    "laps": SystemConfig("laps", allocation="laps"),
 }
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,6 +35,7 @@ class Gateway:
     metrics: GatewayMetrics
     tracker: LoadTracker
     proxy: PDProxy
+    allocator: Any = None
 
 
 def error_response(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
@@ -62,19 +65,28 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator) -> FastAPI:
+def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator,
+               allocator: Callable[[Gateway], Any] | None = None) -> FastAPI:
+    """`allocator(gateway)` builds a component with start()/stop()/status() that moves pods
+    between the groups (`laps local`'s allocation loop; on Kubernetes the operator does it)."""
     metrics = GatewayMetrics()
     tracker = LoadTracker(metrics, config.proxy)
     gateway = Gateway(config, discovery, estimator, metrics, tracker,
                       PDProxy(config, discovery, tracker, metrics))
+    if allocator is not None:
+        gateway.allocator = allocator(gateway)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         await discovery.start()
         await gateway.proxy.start()
+        if gateway.allocator is not None:
+            await gateway.allocator.start()
         try:
             yield
         finally:
+            if gateway.allocator is not None:
+                await gateway.allocator.stop()
             await gateway.proxy.aclose()
             await discovery.stop()
 

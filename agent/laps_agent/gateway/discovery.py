@@ -109,6 +109,18 @@ class StaticDiscovery(Discovery):
     def membership(self) -> Membership:
         return self._membership
 
+    @property
+    def spec(self) -> StaticSpec:
+        return self._spec
+
+    async def update(self, spec: StaticSpec) -> None:
+        """Change the membership now (`laps local`'s allocation loop moves pods); with a
+        membership file, the file is rewritten, so a restart keeps the change."""
+        if self._file is not None:
+            spec.write(self._file)
+        self._spec = spec
+        await self._refresh()
+
     async def start(self) -> None:
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False)
         await self._refresh()

@@ -38,6 +38,10 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "laps_gateway_ttft_seconds", "Arrival to end of the prefill phase (first token)",
             ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rebalances = Counter(
+            "laps_gateway_rebalances", "Prefill pods moved between groups by this gateway's own "
+            "allocation loop (laps local; on Kubernetes the operator moves pods)", ["direction"],
+            registry=r)
         self.request_seconds = Histogram(
             "laps_gateway_request_seconds", "Arrival to the last byte of the answer",
             ["class"], buckets=LATENCY_BUCKETS, registry=r)
@@ -49,6 +53,8 @@ class GatewayMetrics:
         self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
         self.ttft_of = {c: self.ttft.labels(c) for c in CLASSES}
         self.request_seconds_of = {c: self.request_seconds.labels(c) for c in CLASSES}
+        for direction in ("short_to_long", "long_to_short"):
+            self.rebalances.labels(direction)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

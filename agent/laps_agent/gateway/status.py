@@ -25,6 +25,8 @@ def laps_status(gateway: Gateway) -> dict:
         requests, tokens = gateway.tracker.group_pending(group)
         groups[group] = {"pods": [_pod(e, loads.get(e.name)) for e in membership.groups.get(group, ())],
                          "pending_requests": requests, "pending_tokens": tokens}
+    allocation = gateway.allocator.status() if gateway.allocator is not None else {"enabled": False}
     return {"enabled": True, "served_model_name": gateway.config.served_model_name,
             "threshold": gateway.config.length_threshold, "groups": groups,
-            "decode": {"pods": [_pod(e, loads.get(e.name)) for e in membership.decode]}}
+            "decode": {"pods": [_pod(e, loads.get(e.name)) for e in membership.decode]},
+            "allocation": allocation}

@@ -10,6 +10,7 @@ modelled), so a simulation and a `laps local --engine emulated` run of one workl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import sys
 import time
@@ -20,29 +21,46 @@ import numpy as np
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
 from laps_agent.results import RequestTable, RunResult, compare_markdown, markdown, save, summarize
 from laps_agent.systems import SYSTEMS, SystemConfig, system
-from laps_agent.workload.plan import Plan, plan_requests
+from laps_agent.workload.plan import Plan, plan_requests, warmup_spec
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
 
-from .cluster import SimCluster, chars4_estimate
+from .cluster import HOP_S, SimCluster, chars4_estimate
 
 _CAPACITY_REQUESTS_PER_POD = 200
 
 
 def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill: int, decode: int,
              threshold: int, engine_args: tuple[str, ...] = (), label: str | None = None,
-             chars_per_token: float | None = None) -> RunResult:
-    """One simulated run of `plan` on a cluster running `sys_config`. `chars_per_token`: of the
-    load generator's prompt text, for the reference's chars/4 estimate (default: measured on the
-    default tokenizer's prompt builder, as `laps bench run` builds prompts)."""
+             chars_per_token: float | None = None, warmup: Plan | None = None,
+             hop_s: float = HOP_S) -> RunResult:
+    """One simulated run of `plan` on a cluster running `sys_config`, after `warmup` (requests
+    replayed first on the same cluster and left out of the result, as `laps bench compare` warms
+    each system up). `chars_per_token`: of the load generator's prompt text, for the reference's
+    chars/4 estimate (default: measured on the default tokenizer's prompt builder, as
+    `laps bench run` builds prompts)."""
     estimate = None
     if sys_config.estimator == "chars4":
         estimate = chars4_estimate(chars_per_token or default_chars_per_token())
     cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
-                         engine_args=engine_args, estimate=estimate)
+                         engine_args=engine_args, estimate=estimate, hop_s=hop_s)
+    skip, offset = 0, 0.0
+    at, prompts, outputs_all = plan.at, plan.prompt_tokens, plan.output_tokens
+    if warmup is not None and len(warmup):
+        skip, offset = len(warmup), warmup.duration_s
+        at = np.concatenate([warmup.at, plan.at + offset])
+        prompts = np.concatenate([warmup.prompt_tokens, plan.prompt_tokens])
+        outputs_all = np.concatenate([warmup.output_tokens, plan.output_tokens])
     started = time.perf_counter()
-    outcome = cluster.run(plan.at, plan.prompt_tokens, plan.output_tokens)
+    outcome = cluster.run(at, prompts, outputs_all)
     wall = time.perf_counter() - started
-    reqs = outcome.requests
+    reqs = outcome.requests[skip:]
+    for r in reqs:  # measured from the start of the measured run
+        r.sent -= offset
+        r.first = None if r.first is None else r.first - offset
+        r.done = None if r.done is None else r.done - offset
+    utilisation = float(np.mean(outcome.prefill_busy)) / outcome.duration if outcome.duration else 0.0
+    outcome.timeline = [dataclasses.replace(s, t=s.t - offset) for s in outcome.timeline if s.t >= offset]
+    outcome.duration -= offset
     nan = float("nan")
     first = np.array([r.first if r.first is not None else nan for r in reqs])
     done = np.array([r.done if r.done is not None else nan for r in reqs])
@@ -65,7 +83,8 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
             "seed": plan.spec.seed, "rate_scale": plan.rate_scale, "phases": [w.to_dict() for w in plan.phases],
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "duration_s": outcome.duration, "sim_wall_s": wall,
-            "prefill_utilisation": float(np.mean(outcome.prefill_busy)) / outcome.duration if outcome.duration else 0.0}
+            "prefill_utilisation": utilisation, "moves": [
+                {"t": t - offset, "pod": m.pod, "from": m.source, "to": m.target} for t, m in cluster.moves]}
     return RunResult(meta, table, outcome.timeline)
 
 
@@ -82,7 +101,8 @@ def measure_capacity(spec: WorkloadSpec, profile: Profile, *, prefill: int, deco
     """Requests/s the baseline (`vanilla-pd`) sustains on this workload's length mix: the
     simulated throughput when a large batch of its requests all arrive at once."""
     n = max(2000, _CAPACITY_REQUESTS_PER_POD * prefill)
-    plan = plan_requests(spec, max_requests=n)
+    base = len(plan_requests(spec))
+    plan = plan_requests(spec, rate_scale=max(1.0, n / max(base, 1)), max_requests=n)
     zeros = np.zeros(len(plan))
     cluster = SimCluster(profile, SYSTEMS["vanilla-pd"], prefill=prefill, decode=decode, threshold=threshold,
                          engine_args=engine_args, sample_every_s=0)
@@ -122,9 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--threshold", type=int, default=None, help="default: the workload's (256)")
+    p.add_argument("--allocation", choices=("laps", "reference", "none"), default=None,
+                   help="override the systems' allocation (as `laps local --allocation`)")
     p.add_argument("--slo", type=_slo, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")
     p.add_argument("--out", type=Path, default=None, help="result directory (default sim-results/<time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (large runs)")
+    p.add_argument("--hop-ms", type=float, default=HOP_S * 1000,
+                   help="one network hop (5 on a request's way to its first token); default 1 ms")
+    p.add_argument("--warmup-s", type=float, default=0.0,
+                   help="replay the first phase this long first, as `laps bench compare` does")
     return p
 
 
@@ -137,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = spec.model_copy(update={"seed": args.seed})
         profile = load_profile(args.profile)
         systems = [system(name.strip()) for name in args.systems.split(",") if name.strip()]
+        if args.allocation is not None:
+            systems = [dataclasses.replace(s, allocation=args.allocation) for s in systems]
     except (WorkloadError, ProfileError, ValueError) as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
         return 2
@@ -149,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capacity of vanilla-pd on this mix: {capacity:.1f} req/s; running at {args.load:.0%} "
               f"= {args.load * capacity:.1f} req/s (rate x{rate_scale:.3f})")
     plan = plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests)
+    warmup = plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale) if args.warmup_s > 0 else None
     out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     labelled = []
     for sys_config in systems:
         result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
-                          threshold=threshold, engine_args=tuple(engine_args))
+                          threshold=threshold, engine_args=tuple(engine_args), warmup=warmup,
+                          hop_s=args.hop_ms / 1000)
         result.meta["slo"] = args.slo
         paths = save(result, out / sys_config.name if len(systems) > 1 else out, slo=args.slo,
                      plots=not args.no_plots)

@@ -9,8 +9,10 @@ batch and step times from the profile). A request's path mirrors the emulated en
   -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
   -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done.
 
-Not modelled: HTTP and event-loop latencies (about a millisecond per hop on loopback), client
-think time, and failures.
+Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through the
+gateway and engines costs on a busy machine): two before the prefill engine has the request
+(client -> gateway -> engine), one for the decode engine's KV fetch, two for the first token's
+way back (decode engine -> gateway -> client). Not modelled: client think time and failures.
 """
 from __future__ import annotations
 
@@ -29,9 +31,12 @@ from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.routing import Endpoint, NoEndpointError, choose_route
 from laps_agent.results.records import TimelineSample
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
+from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
+                                      reference_decide)
 from laps_operator.groups import initial_short_count
 
-_ENGINE, _KV, _SAMPLE = 1, 2, 3
+_ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE = 0, 1, 2, 3, 4
+HOP_S = 0.001
 
 
 @dataclass
@@ -64,7 +69,8 @@ class SimCluster:
     def __init__(self, profile: Profile, system: SystemConfig, *, prefill: int, decode: int,
                  threshold: int = 256, engine_args: Sequence[str] = (),
                  estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
-                 short_pods: int | None = None) -> None:
+                 short_pods: int | None = None, allocation: AllocationConfig | None = None,
+                 interval_s: float = 5.0, hop_s: float = HOP_S) -> None:
         if prefill < 1 or decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
@@ -99,6 +105,11 @@ class SimCluster:
         self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig())
         self.estimate = estimate or (lambda tokens: tokens)
         self.sample_every_s = sample_every_s
+        self.allocation = allocation or AllocationConfig()
+        self.interval_s, self.hop_s = interval_s, hop_s
+        self.moves: list[tuple[float, Move]] = []
+        self._policy = PolicyState()
+        self._window = PressureWindow()
         self._seq = itertools.count()
         self._tiebreak = itertools.count()
 
@@ -115,32 +126,43 @@ class SimCluster:
         self._scheduled: dict[int, float | None] = {}
         self._engines = self.prefill + self.decode
         timeline: list[TimelineSample] = []
-        if n and self.sample_every_s > 0:
+        allocating = self.system.groups and self.system.allocation != "none"
+        if n and (self.sample_every_s > 0 or allocating):
             heapq.heappush(heap, (float(at[0]), next(self._seq), _SAMPLE, None))
+        if n and allocating:
+            heapq.heappush(heap, (float(at[0]) + self.interval_s, next(self._seq), _REBALANCE, None))
         nxt, now, finished = 0, 0.0, 0
         self._finished = 0
         while nxt < n or heap:
             if nxt < n and (not heap or at[nxt] <= heap[0][0]):
                 now = reqs[nxt].sent
-                self._arrive(reqs[nxt], now)
+                self._route(reqs[nxt], now)
                 nxt += 1
                 continue
             now, _, kind, payload = heapq.heappop(heap)
-            if kind == _ENGINE:
+            if kind == _ARRIVE:
+                self._arrive(reqs[payload], now)
+            elif kind == _ENGINE:
                 if self._scheduled.get(payload) != now:
                     continue  # superseded
                 self._scheduled[payload] = None
                 self._poll(payload, now)
             elif kind == _KV:
                 self._kv_arrived(reqs[payload], now)
-            elif kind == _SAMPLE:
+            elif kind == _SAMPLE:  # the timeline, and the allocation's pressure samples (1 s)
                 timeline.append(self._sample(now))
+                self._window.add(self._pressure_sample())
                 if self._finished < n:
-                    heapq.heappush(heap, (now + self.sample_every_s, next(self._seq), _SAMPLE, None))
+                    heapq.heappush(heap, (now + (self.sample_every_s or 1.0), next(self._seq), _SAMPLE, None))
+            elif kind == _REBALANCE:
+                self._rebalance(now)
+                if self._finished < n:
+                    heapq.heappush(heap, (now + self.interval_s, next(self._seq), _REBALANCE, None))
         return SimOutcome(reqs, timeline, now - (float(at[0]) if n else 0.0),
                           [e.busy_seconds for e in self.prefill], [e.busy_seconds for e in self.decode])
 
-    def _arrive(self, r: SimRequest, now: float) -> None:
+    def _route(self, r: SimRequest, now: float) -> None:
+        """The gateway (one hop from the client) routes; the engines get it one hop later."""
         try:
             d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps,
                              self.tracker.loads(), tiebreak=next(self._tiebreak))
@@ -150,6 +172,12 @@ class SimCluster:
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
         r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, r.routed_tokens)
         self.tracker.begin_decode(d.decode.name)
+        if self.hop_s > 0:
+            heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
+        else:
+            self._arrive(r, now)
+
+    def _arrive(self, r: SimRequest, now: float) -> None:
         engine = self.prefill[r.prefill]
         errors = engine.add(ModelRequest(r.index, "prefill", r.prompt_tokens, r.output_tokens, now), now)
         if errors:
@@ -185,13 +213,13 @@ class SimCluster:
             if ev.kind == "error":
                 self._fail(r, ev.time, 400, ev.error)
             elif prefill_side:  # "prefilled": the KV travels to the decode engine
-                t = ev.time + self.profile.transfer_seconds(r.prompt_tokens)
+                t = ev.time + self.profile.transfer_seconds(r.prompt_tokens) + self.hop_s
                 heapq.heappush(self._heap, (t, next(self._seq), _KV, r.index))
             else:
                 if ev.tokens == 1 or r.first is None:
-                    r.first = ev.time
+                    r.first = ev.time + 2 * self.hop_s  # decode engine -> gateway -> client
                 if ev.finished:
-                    r.done, r.status = ev.time, 200
+                    r.done, r.status = ev.time + 2 * self.hop_s, 200
                     self.tracker.end_decode(self.decode_eps[r.decode].name)
                     self._finished += 1
 
@@ -202,6 +230,28 @@ class SimCluster:
         if r.decode >= 0:
             self.tracker.end_decode(self.decode_eps[r.decode].name)
         self._finished += 1
+
+    # ---- allocation (what `laps local`'s StaticAllocator does, on the virtual clock) ----------
+    def _pressure_sample(self) -> dict[str, float]:
+        index = 0 if self.system.allocation == "reference" else 1  # pending requests | tokens
+        return {g: float(self.tracker.group_pending(g)[index]) for g in self.groups}
+
+    def _rebalance(self, now: float) -> None:
+        members = {g: [ep.name for ep in eps] for g, eps in self.groups.items()}
+        pressure = self._window.take()
+        if self.system.allocation == "reference":
+            move = reference_decide(members, pressure, self.allocation.ratio)
+        else:
+            loads = self.tracker.loads()
+            in_flight = {name: float(loads[name].pending_tokens) for name in self._prefill_index if name in loads}
+            decision = decide(members, pressure, in_flight, self._policy, now, self.allocation)
+            self._policy, move = decision.state, decision.move
+        if move is None:
+            return
+        ep = self.prefill_eps[self._prefill_index[move.pod]]
+        self.groups = {move.source: tuple(e for e in self.groups[move.source] if e is not ep),
+                       move.target: self.groups[move.target] + (ep,)}
+        self.moves.append((now, move))
 
     def _sample(self, now: float) -> TimelineSample:
         pending = {g: self.tracker.group_pending(g) for g in ("short", "long")}

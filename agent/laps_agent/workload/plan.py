@@ -145,3 +145,11 @@ def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: 
         at, prompts, outputs = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
         phase_idx, lines = np.empty(0, np.int32), np.empty(0, np.int64)
     return Plan(spec, at, prompts, outputs, phase_idx, lines, windows, sources, rate_scale)
+
+
+def warmup_spec(spec: WorkloadSpec, seconds: float) -> WorkloadSpec:
+    """What `laps bench compare` and `laps sim` replay before a measured run: the workload's first
+    phase for `seconds`, with another seed (connections, queues and the allocation loop settle on
+    the same kind of load, without seeing the measured requests)."""
+    first = spec.phases[0].model_copy(update={"duration_s": seconds, "requests": None, "name": "warm-up"})
+    return spec.model_copy(update={"phases": [first], "seed": spec.seed + 1, "name": f"{spec.name}-warm-up"})

@@ -1,0 +1,170 @@
+"""Allocation policy: which prefill pod, if any, moves between the short and long groups.
+
+Pure (no I/O, no clock of its own): the operator's timer, `laps local` and `laps sim` call
+`decide` once per interval with the groups' pressure and get at most one move back.
+
+The reference rule moves one instance from one group to the other when one side's pending work
+exceeds the other side's by `ratio`. It compares group totals, so a group of 6 pods looks more
+pressured than a group of 2 with the same work per pod, and nothing stops it from moving a pod
+back and forth. Ours, with P_g the pressure of group g (work waiting for it; the caller chooses
+the unit, e.g. token-weighted pending prefill work) and n_g its pods, per-pod pressure
+p_g = P_g / n_g:
+
+1. Unknown pressure (no data, stale data, the source is down): no move, say why.
+2. Trigger: the more pressured group B has p_B >= ratio * p_A and p_B >= min_pressure (below
+   that, nothing is really waiting: idle noise must not move pods).
+3. Bounds: A keeps >= min_per_group pods after the move.
+4. Benefit: the move must lower the worse group's expected per-pod pressure,
+   max(P_A / (n_A - 1), P_B / (n_B + 1)) <= (1 - min_improvement) * p_B.
+   This also rules out ping-pong: right after a move, moving a pod back would restore the old
+   maximum, which is higher, so it never passes this test while pressures stay as they were.
+5. Hysteresis: the same move must be wanted in `confirm` consecutive intervals.
+6. Cooldown: a pod that moved within `pod_cooldown_s` stays; at most one move per interval.
+7. Which pod: the one of A (out of cooldown) with the least in-flight work of A's class, so the
+   work it still holds (it finishes it: the gateway only stops sending it new work of its old
+   class) is the least possible. Ties: the highest name, so StatefulSet scale-downs, which
+   remove the highest ordinals, tend to take recently moved pods first.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+GROUPS = ("short", "long")
+_OTHER = {"short": "long", "long": "short"}
+
+
+@dataclass(frozen=True)
+class AllocationConfig:
+    ratio: float = 2.0              # the reference's trigger ratio, applied per pod
+    min_per_group: int = 1
+    min_pressure: float = 1.0       # per-pod pressure below which nothing is considered waiting
+    min_improvement: float = 0.1    # the move must cut the worse per-pod pressure by this share
+    confirm: int = 2                # consecutive intervals the same move must be wanted
+    pod_cooldown_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.ratio >= 1:
+            raise ValueError(f"ratio must be >= 1, got {self.ratio}")
+        if self.min_per_group < 1:
+            raise ValueError(f"min_per_group must be >= 1, got {self.min_per_group}")
+        if not 0 <= self.min_improvement < 1:
+            raise ValueError(f"min_improvement must be in [0, 1), got {self.min_improvement}")
+        if self.confirm < 1:
+            raise ValueError(f"confirm must be >= 1, got {self.confirm}")
+        if not (self.min_pressure >= 0 and self.pod_cooldown_s >= 0):
+            raise ValueError("min_pressure and pod_cooldown_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class Move:
+    pod: str
+    source: str                      # group it leaves
+    target: str                      # group it joins
+
+    @property
+    def direction(self) -> str:
+        return f"{self.source}_to_{self.target}"
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the policy remembers between intervals (the caller stores it; the operator keeps
+    it in the LAPSCluster's status, so a restarted operator goes on where it was)."""
+    wanted: str | None = None        # direction wanted in the last interval(s)
+    streak: int = 0                  # for how many consecutive intervals
+    moved_at: Mapping[str, float] = field(default_factory=dict)   # pod -> time of its last move
+
+    def forget_pods(self, keep: set[str]) -> PolicyState:
+        return replace(self, moved_at={p: t for p, t in self.moved_at.items() if p in keep})
+
+
+@dataclass(frozen=True)
+class Decision:
+    move: Move | None
+    reason: str
+    state: PolicyState
+    per_pod: Mapping[str, float] | None = None    # p_g, when pressure was known
+
+
+def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] | None,
+           in_flight: Mapping[str, float], state: PolicyState, now: float,
+           config: AllocationConfig) -> Decision:
+    """members: group -> pod names; pressure: group -> P_g (None: unknown); in_flight: pod ->
+    work of its current class it still holds (missing: 0)."""
+    state = state.forget_pods({p for g in GROUPS for p in members.get(g, ())})
+    if pressure is None or any(g not in pressure for g in GROUPS):
+        return Decision(None, "pressure unknown", replace(state, wanted=None, streak=0))
+    n = {g: len(members.get(g, ())) for g in GROUPS}
+    if min(n.values()) == 0:
+        return Decision(None, "a group has no pods", replace(state, wanted=None, streak=0))
+    per_pod = {g: max(float(pressure[g]), 0.0) / n[g] for g in GROUPS}
+    worse = max(GROUPS, key=lambda g: (per_pod[g], g == "long"))
+    source = _OTHER[worse]
+    idle = replace(state, wanted=None, streak=0)
+    if per_pod[worse] < config.min_pressure:
+        return Decision(None, "no group is under pressure", idle, per_pod)
+    if per_pod[worse] < config.ratio * per_pod[source]:
+        return Decision(None, f"balanced within ratio {config.ratio:g}", idle, per_pod)
+    if n[source] - 1 < config.min_per_group:
+        return Decision(None, f"{source} is at its minimum of {config.min_per_group} pods", idle, per_pod)
+    after = max(pressure[source] / (n[source] - 1), pressure[worse] / (n[worse] + 1))
+    if after > (1 - config.min_improvement) * per_pod[worse]:
+        return Decision(None, "a move would not lower the worse group's per-pod pressure enough",
+                        idle, per_pod)
+    direction = f"{source}_to_{worse}"
+    streak = state.streak + 1 if state.wanted == direction else 1
+    wanting = replace(state, wanted=direction, streak=streak)
+    if streak < config.confirm:
+        return Decision(None, f"{direction} wanted ({streak}/{config.confirm})", wanting, per_pod)
+    candidates = [p for p in members[source] if now - state.moved_at.get(p, -float("inf")) >= config.pod_cooldown_s]
+    if not candidates:
+        return Decision(None, f"every {source} pod moved within {config.pod_cooldown_s:g}s", wanting, per_pod)
+    pod = min(candidates, key=lambda p: (in_flight.get(p, 0.0), _descending(p)))
+    moved = PolicyState(None, 0, {**state.moved_at, pod: now})
+    return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.3g}, {worse} per pod "
+                    f"{per_pod[worse]:.3g}: moving one pod lowers the worse to {after:.3g}", moved, per_pod)
+
+
+def _descending(name: str) -> tuple:
+    """Sort key putting the highest name first (ordinals compared as numbers)."""
+    head, _, tail = name.rpartition("-")
+    return (0, -int(tail), head) if tail.isdigit() else (1, tuple(-ord(c) for c in name), "")
+
+
+def reference_decide(members: Mapping[str, Sequence[str]], pending_requests: Mapping[str, float] | None,
+                     ratio: float = 2.0) -> Move | None:
+    """The reference system's rule (Jianshu-She/LAPS MiniLB `_laps_maybe_rebalance`), for
+    comparisons: group TOTALS of pending requests; if short > long * ratio and long has more
+    than one instance, move one long -> short, and vice versa; the last instance of a group
+    moves (its last in the list)."""
+    if pending_requests is None:
+        return None
+    short, long_ = pending_requests.get("short", 0), pending_requests.get("long", 0)
+    if short > long_ * ratio and len(members.get("long", ())) > 1:
+        return Move(members["long"][-1], "long", "short")
+    if long_ > short * ratio and len(members.get("short", ())) > 1:
+        return Move(members["short"][-1], "short", "long")
+    return None
+
+
+class PressureWindow:
+    """Averages pressure samples between two decisions: a decision on one instant's pending work
+    would follow every burst; the mean over the interval follows the load."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._count = 0
+
+    def add(self, sample: Mapping[str, float]) -> None:
+        for group in GROUPS:
+            self._sums[group] = self._sums.get(group, 0.0) + float(sample.get(group, 0.0))
+        self._count += 1
+
+    def take(self) -> dict[str, float] | None:
+        """The mean since the last take (None without samples), and start over."""
+        if not self._count:
+            return None
+        mean = {g: s / self._count for g, s in self._sums.items()}
+        self._sums, self._count = {}, 0
+        return mean
