@@ -18,7 +18,11 @@ p_g = P_g / n_g:
    max(P_A / (n_A - 1), P_B / (n_B + 1)) <= (1 - min_improvement) * p_B.
    This also rules out ping-pong: right after a move, moving a pod back would restore the old
    maximum, which is higher, so it never passes this test while pressures stay as they were.
-5. Hysteresis: the same move must be wanted in `confirm` consecutive intervals.
+5. Hysteresis: the same move must be wanted in `confirm` consecutive intervals, and a move
+   opposite to the previous one must clear ratio^2 instead of ratio. Why the second: rule 4's
+   prediction (P / (n -+ 1)) is linear, while pending work grows faster than linearly as pods
+   saturate, and the pressure is noisy; a move made on a noisy reading can leave a true
+   imbalance of about `ratio` the other way, and moving back at `ratio` would then oscillate.
 6. Cooldown: a pod that moved within `pod_cooldown_s` stays; at most one move per interval.
 7. Which pod: the one of A (out of cooldown) with the least in-flight work of A's class, so the
    work it still holds (it finishes it: the gateway only stops sending it new work of its old
@@ -74,6 +78,7 @@ class PolicyState:
     wanted: str | None = None        # direction wanted in the last interval(s)
     streak: int = 0                  # for how many consecutive intervals
     moved_at: Mapping[str, float] = field(default_factory=dict)   # pod -> time of its last move
+    last_direction: str | None = None  # of the latest move (rule 5: reversing it costs more)
 
     def forget_pods(self, keep: set[str]) -> PolicyState:
         return replace(self, moved_at={p: t for p, t in self.moved_at.items() if p in keep})
@@ -101,18 +106,21 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
     per_pod = {g: max(float(pressure[g]), 0.0) / n[g] for g in GROUPS}
     worse = max(GROUPS, key=lambda g: (per_pod[g], g == "long"))
     source = _OTHER[worse]
+    direction = f"{source}_to_{worse}"
     idle = replace(state, wanted=None, streak=0)
     if per_pod[worse] < config.min_pressure:
         return Decision(None, "no group is under pressure", idle, per_pod)
-    if per_pod[worse] < config.ratio * per_pod[source]:
-        return Decision(None, f"balanced within ratio {config.ratio:g}", idle, per_pod)
+    reverse = state.last_direction is not None and direction != state.last_direction
+    ratio = config.ratio ** 2 if reverse else config.ratio
+    if per_pod[worse] < ratio * per_pod[source]:
+        return Decision(None, f"balanced within ratio {ratio:g}" + (" (a reversal)" if reverse else ""),
+                        idle, per_pod)
     if n[source] - 1 < config.min_per_group:
         return Decision(None, f"{source} is at its minimum of {config.min_per_group} pods", idle, per_pod)
     after = max(pressure[source] / (n[source] - 1), pressure[worse] / (n[worse] + 1))
     if after > (1 - config.min_improvement) * per_pod[worse]:
         return Decision(None, "a move would not lower the worse group's per-pod pressure enough",
                         idle, per_pod)
-    direction = f"{source}_to_{worse}"
     streak = state.streak + 1 if state.wanted == direction else 1
     wanting = replace(state, wanted=direction, streak=streak)
     if streak < config.confirm:
@@ -121,7 +129,7 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
     if not candidates:
         return Decision(None, f"every {source} pod moved within {config.pod_cooldown_s:g}s", wanting, per_pod)
     pod = min(candidates, key=lambda p: (in_flight.get(p, 0.0), _descending(p)))
-    moved = PolicyState(None, 0, {**state.moved_at, pod: now})
+    moved = PolicyState(None, 0, {**state.moved_at, pod: now}, direction)
     return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.3g}, {worse} per pod "
                     f"{per_pod[worse]:.3g}: moving one pod lowers the worse to {after:.3g}", moved, per_pod)
 
