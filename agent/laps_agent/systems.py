@@ -11,7 +11,10 @@ one in the simulator compare the same systems.
   long request's wait, length from the router's chars/4 estimate, prefill pods split half short,
   half long.
 - `laps`: this project: exact token counts at the gateway, the cost rule during the window, the
-  starvation bound, the same half/half split.
+  starvation bound, the same half/half split moved by the allocation policy
+  (laps_operator.allocation).
+- `laps-static` and `laps-reference-rule`: `laps` with the split never moved, or moved by the
+  reference's pending-count rule (to compare allocation alone).
 """
 from __future__ import annotations
 
@@ -54,6 +57,10 @@ SYSTEMS: dict[str, SystemConfig] = {
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
                               estimator="chars4", allocation="reference"),
     "laps": SystemConfig("laps", allocation="laps"),
+    # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how
+    # pods move between the groups.
+    "laps-static": SystemConfig("laps-static", allocation="none"),
+    "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference"),
 }
 
 

@@ -36,6 +36,20 @@ from dataclasses import dataclass, field, replace
 
 GROUPS = ("short", "long")
 _OTHER = {"short": "long", "long": "short"}
+# A pending request's fixed prefill cost in token-equivalents (per-batch overhead / per-token
+# cost: ~170 for Qwen2.5-32B on an H200, ~74 for SmolLM2 on this CPU, see the profiles). Without
+# it a group of many short prompts looks idle next to a few long ones, though short prefills
+# cost mostly that overhead: measured in `laps sim` on shift-85-15-85, counting it gives pods
+# back to the short group when the mix returns to short (at 0 the loop never did).
+REQUEST_COST_TOKENS = 128
+
+
+def group_pressure(pending_requests: float, pending_tokens: float,
+                   request_cost_tokens: float = REQUEST_COST_TOKENS) -> float:
+    """The pressure of a group: its pending prefill work in tokens, each pending request also
+    counting its fixed cost. The one definition `laps local`, `laps sim` and the operator's
+    default query use (over the gateway's laps_gateway_pending_tokens/_requests)."""
+    return float(pending_tokens) + request_cost_tokens * float(pending_requests)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from laps_agent.local_process import LocalProcess
-from laps_agent.results import compare_markdown, markdown, save, summarize
+from laps_agent.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload import WorkloadError, WorkloadSpec, load_workload
 from laps_agent.workload.plan import warmup_spec
@@ -124,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
                            cluster={"prefill": args.prefill, "decode": args.decode})
         save(result, out / sys_config.name, slo=args.slo)
         summary = summarize(result, slo=args.slo, by_phase=len(result.meta.get("phases") or []) > 1)
-        labelled.append((sys_config.name, summary))
+        labelled.append((sys_config.name, summary, moves_by_phase(result) if result.timeline else None))
         print(f"\n## {sys_config.name}\n\n{markdown(summary)}\n", flush=True)
-    table = compare_markdown(labelled)
+    table = compare_markdown([(label, summary) for label, summary, _ in labelled])
+    per_phase = phases_markdown(labelled)
+    if per_phase:
+        table += "\n\n## per phase\n\n" + per_phase
     (out / "compare.md").write_text(table + "\n")
     print(table)
     print(f"\nresults: {out}")

@@ -1,8 +1,8 @@
 """The allocation loop of a gateway with static membership (`laps local`): the operator's policy
 (laps_operator.allocation) over the gateway's own pending work, acting on the static membership.
 
-Every second the group pressure (the gateway's pending prefill tokens per group, as
-`laps_gateway_pending_tokens` exports it) is sampled; every interval the mean goes to the policy.
+Every second the group pressure (`group_pressure` of the gateway's pending prefill requests and
+tokens per group, as `laps_gateway_pending_requests|tokens` export them) is sampled; every interval the mean goes to the policy.
 A move changes the membership at once, so new requests of the pod's old class go elsewhere from
 then on, while what it holds finishes there (its engine keeps scheduling it); the engine's labels
 file is rewritten, so the engine reports its new group as a relabelled pod would. Mode
@@ -21,7 +21,7 @@ from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_operator.allocation import (GROUPS, AllocationConfig, Move, PolicyState, PressureWindow, decide,
-                                      reference_decide)
+                                      group_pressure, reference_decide)
 
 log = logging.getLogger(__name__)
 MODES = ("laps", "reference")
@@ -69,8 +69,9 @@ class StaticAllocator:
                     log.exception("allocation step failed")
 
     def sample(self) -> dict[str, float]:
-        index = 0 if self.mode == "reference" else 1  # pending requests | pending tokens
-        return {g: float(self.tracker.group_pending(g)[index]) for g in GROUPS}
+        if self.mode == "reference":  # the reference counts pending requests
+            return {g: float(self.tracker.group_pending(g)[0]) for g in GROUPS}
+        return {g: group_pressure(*self.tracker.group_pending(g)) for g in GROUPS}
 
     def _members(self) -> dict[str, list[str]]:
         spec = self.discovery.spec

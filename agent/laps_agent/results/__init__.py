@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from .files import load_result, save, to_json
 from .records import CLASSES, RequestRecord, RequestTable, RunResult, TimelineSample
-from .report import compare_markdown, markdown
+from .report import compare_markdown, markdown, moves_by_phase, phases_markdown
 from .summary import ClassStats, Summary, summarize
 
 __all__ = ["CLASSES", "ClassStats", "RequestRecord", "RequestTable", "RunResult", "Summary",
-           "TimelineSample", "compare_markdown", "load_result", "markdown", "save", "summarize", "to_json"]
+           "TimelineSample", "compare_markdown", "load_result", "markdown", "moves_by_phase", "phases_markdown", "save",
+           "summarize", "to_json"]

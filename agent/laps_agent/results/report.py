@@ -102,3 +102,41 @@ def compare_markdown(labelled: list[tuple[str, Summary]]) -> str:
             cells = [fmt(v) + (ratio(v, values[0][j]) if i else "") for j, v in enumerate(values[i])]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def moves_by_phase(result) -> dict[str, int]:
+    """Pod moves between the groups in each phase, counted from the run's timeline (changes of
+    the short group's size between consecutive samples)."""
+    windows = result.meta.get("phases") or []
+    counts = {w["name"]: 0 for w in windows}
+    for before, after in zip(result.timeline, result.timeline[1:]):
+        if before.pods.get("short") != after.pods.get("short"):
+            name = next((w["name"] for w in windows if w["start_s"] <= after.t < w["end_s"]), None)
+            if name is not None:
+                counts[name] += abs(after.pods.get("short", 0) - before.pods.get("short", 0))
+    return counts
+
+
+def phases_markdown(labelled: list[tuple[str, Summary, dict[str, int] | None]]) -> str:
+    """Per phase, a row per configuration: p90 TTFT per class (ratio to the first configuration),
+    SLO attainment per class, failed requests and pod moves (when known)."""
+    if not labelled or not labelled[0][1].phases:
+        return ""
+    lines = []
+    for phase in labelled[0][1].phases:
+        lines += ["", f"### phase {phase}", "",
+                  "| configuration | short TTFT p90 (ms) | long TTFT p90 (ms) | short SLO | long SLO | failed | moves |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        base = labelled[0][1].phases[phase]
+        for i, (label, summary, moves) in enumerate(labelled):
+            stats = summary.phases.get(phase)
+            if stats is None:
+                continue
+            cells = []
+            for cls in ("short", "long"):
+                v = stats[cls].ttft_p90
+                cells.append(_ms(v) + (ratio(v, base[cls].ttft_p90) if i else ""))
+            slo = [_pct(stats[cls].slo_attainment) for cls in ("short", "long")]
+            moved = "–" if moves is None else str(moves.get(phase, 0))
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} | {slo[0]} | {slo[1]} | {stats['all'].failed} | {moved} |")
+    return "\n".join(lines).lstrip("\n")

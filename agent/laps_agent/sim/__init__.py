@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
-from laps_agent.results import RequestTable, RunResult, compare_markdown, markdown, save, summarize
+from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
+                                phases_markdown, save, summarize)
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload.plan import Plan, plan_requests, warmup_spec
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
@@ -188,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         paths = save(result, out / sys_config.name if len(systems) > 1 else out, slo=args.slo,
                      plots=not args.no_plots)
         summary = summarize(result, slo=args.slo, by_phase=len(plan.phases) > 1)
-        labelled.append((sys_config.name, summary))
+        labelled.append((sys_config.name, summary, moves_by_phase(result)))
         print(f"\n## {sys_config.name}: {len(plan)} requests, {args.prefill} prefill + {args.decode} decode, "
               f"profile {profile.name}; simulated {result.meta['duration_s']:.0f} s in "
               f"{result.meta['sim_wall_s']:.1f} s\n")
         print(markdown(summary))
         print(f"\nfiles: {', '.join(str(v) for v in paths.values())}")
     if len(labelled) > 1:
-        print("\n" + compare_markdown(labelled))
+        print("\n" + compare_markdown([(label, summary) for label, summary, _ in labelled]))
+        per_phase = phases_markdown(labelled)
+        if per_phase:
+            print("\n## per phase\n\n" + per_phase)
     return 0

@@ -32,7 +32,7 @@ from laps_agent.gateway.routing import Endpoint, NoEndpointError, choose_route
 from laps_agent.results.records import TimelineSample
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
-                                      reference_decide)
+                                      group_pressure, reference_decide)
 from laps_operator.groups import initial_short_count
 
 _ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE = 0, 1, 2, 3, 4
@@ -233,8 +233,9 @@ class SimCluster:
 
     # ---- allocation (what `laps local`'s StaticAllocator does, on the virtual clock) ----------
     def _pressure_sample(self) -> dict[str, float]:
-        index = 0 if self.system.allocation == "reference" else 1  # pending requests | tokens
-        return {g: float(self.tracker.group_pending(g)[index]) for g in self.groups}
+        if self.system.allocation == "reference":  # the reference counts pending requests
+            return {g: float(self.tracker.group_pending(g)[0]) for g in self.groups}
+        return {g: group_pressure(*self.tracker.group_pending(g)) for g in self.groups}
 
     def _rebalance(self, now: float) -> None:
         members = {g: [ep.name for ep in eps] for g, eps in self.groups.items()}
