@@ -1,0 +1,83 @@
+"""`laps local`'s own allocation loop (the operator's policy over the gateway's pending work):
+under a load of long prompts a short engine moves to the long group, /laps_status says so, the
+moved engine reports its new group, and long work then reaches it."""
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+
+import httpx
+import yaml
+
+from tests.support.waiting import poll
+
+PROFILE = {
+    "name": "test-slow-long", "description": "for tests", "provenance": "synthetic",
+    "model": {"name": "emulated-test", "kv_bytes_per_token": 1000},
+    "engine": {"kv_capacity_tokens": 262144, "page_size": 16, "context_length": 16384,
+               "max_running_requests": 64},
+    # long prompts take ~0.2 s each: a handful a second saturate one pod
+    "prefill": {"overhead_s": 0.010, "per_token_s": 0.0001},
+    "decode": {"overhead_s": 0.005},
+    "transfer": {"bytes_per_s": 1.0e9},
+}
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    match = re.search(re.escape(name) + r"\{" + re.escape(want) + r"\} ([0-9.e+-]+)", text)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(PROFILE))
+    stack = laps_local("--engine", "emulated", "--profile", str(path), "--prefill", "4", "--decode", "1",
+                       "--allocation-interval", "1", timeout=120)
+    status = httpx.get(stack.base + "/laps_status").json()
+    assert status["allocation"]["enabled"] and status["allocation"]["mode"] == "laps"
+    before = {g: [p["url"] for p in status["groups"][g]["pods"]] for g in ("short", "long")}
+    assert [len(before["short"]), len(before["long"])] == [2, 2]
+
+    stop = threading.Event()
+
+    async def long_load() -> None:  # ~20 long prompts/s: the two long engines fall behind
+        async with httpx.AsyncClient(base_url=stack.url, timeout=120) as client:
+            tasks = set()
+            while not stop.is_set():
+                tasks.add(asyncio.create_task(client.post("/completions", json={
+                    "model": "emulated-test", "prompt": list(range(100, 2100)), "max_tokens": 2})))
+                await asyncio.sleep(0.05)  # the load's pace, not synchronisation
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    loader = threading.Thread(target=lambda: asyncio.run(long_load()), daemon=True)
+    loader.start()
+    try:
+        moved = poll(lambda: httpx.get(stack.base + "/laps_status").json()["allocation"]["moves"],
+                     timeout=60, interval=0.5, message="a move by the allocation loop")
+    finally:
+        stop.set()
+        loader.join(120)
+    first = moved[0]
+    assert (first["from"], first["to"]) == ("short", "long") and first["pod"] in before["short"]
+    status = httpx.get(stack.base + "/laps_status").json()
+    groups = {g: [p["url"] for p in status["groups"][g]["pods"]] for g in ("short", "long")}
+    assert first["pod"] in groups["long"] and first["pod"] not in groups["short"]
+    assert status["allocation"]["last_decision"]["pressure"]["long"] > 0
+    # the engine reports its new group, as a relabelled pod does
+    assert httpx.get(first["pod"] + "/get_server_info").json()["prefill_group"] == "long"
+    gateway = httpx.get(stack.base + "/metrics").text
+    assert _metric(gateway, "laps_gateway_rebalances_total", direction="short_to_long") >= 1
+
+    # long work now reaches the moved engine
+    def long_batches() -> float:
+        return _metric(httpx.get(first["pod"] + "/metrics").text,
+                       "laps_engine_prefill_latency_seconds_count", **{"class": "long"})
+
+    seen = long_batches()
+    for _ in range(6):  # least-pending routing over three idle long engines reaches all of them
+        reply = httpx.post(stack.url + "/completions", json={
+            "model": "emulated-test", "prompt": list(range(100, 1100)), "max_tokens": 1}, timeout=60)
+        assert reply.status_code == 200
+    assert long_batches() > seen
