@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-timeout", type=float, default=30.0,
                    help="seconds a PD hand-off may take before both sides give up and free it")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="weights, activations and KV: auto = bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--length-threshold", type=int, default=256)
     p.add_argument("--laps-scheduler", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--wait-window-ms", type=float, default=5.0)
@@ -101,7 +103,7 @@ def build(args: argparse.Namespace):
     import torch
 
     from laps_agent.engine.engine import Engine, EngineConfig
-    from laps_agent.engine.loader import default_model_path, load_model
+    from laps_agent.engine.loader import default_model_path, load_model, resolve_dtype
     from laps_agent.engine.metrics import EngineMetrics
     from laps_agent.engine.runner import ModelRunner
     from laps_agent.engine.server import EngineServer, ServerSettings
@@ -117,9 +119,10 @@ def build(args: argparse.Namespace):
         torch.set_num_threads(args.torch_threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     path = args.model or str(default_model_path())
-    log.info("loading model %s on %s ...", path, device)
+    dtype = resolve_dtype(args.dtype, device)
+    log.info("loading model %s on %s (%s) ...", path, device, str(dtype).removeprefix("torch."))
     started = time.monotonic()
-    loaded = load_model(path, device=device)
+    loaded = load_model(path, device=device, dtype=dtype)
     params = sum(p.numel() for p in loaded.model.parameters())
     log.info("model %s loaded: %.1fM parameters, %d layers, context %d (%.1fs)", loaded.name, params / 1e6,
              loaded.config.num_layers, loaded.config.max_position_embeddings, time.monotonic() - started)

@@ -12,7 +12,7 @@ from laps_agent.engine.engine_config import EngineConfig, PrefillRecord, kv_rese
 from laps_agent.engine.kv_cache import KVCacheFull, PagedKVAllocator
 from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
 from laps_agent.engine.runner import ForwardItem
-from laps_agent.engine.sampling import StopState, sample_tokens
+from laps_agent.engine.sampling import StopState, sample_each
 from laps_agent.scheduling.buckets import bucket_for_batch
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
@@ -137,12 +137,12 @@ class EngineCore:
         started = time.monotonic()
         try:
             logits, stats = self.runner.forward(items, bucketed=bucketed)
-            tokens = sample_tokens(logits, [l.work.params for l in lives], [0] * len(lives))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the forward pass itself: the batch cannot go on
             log.exception("prefill batch failed")
             for live in lives:
                 self._fail(live.work.rid, f"prefill failed: {exc}")
             return
+        tokens = sample_each(logits, [l.work.params for l in lives], [0] * len(lives))
         seconds = time.monotonic() - started
         self.scheduler.observe_prefill(batch, seconds)
         record = PrefillRecord(cls=lives[0].cls if queue != "fifo" else None, size=len(lives),
@@ -151,7 +151,9 @@ class EngineCore:
         if self.on_prefill is not None:
             self.on_prefill(record)
         for live, token in zip(lives, tokens):
-            if live.work.kind == "prefill":
+            if isinstance(token, Exception):  # this request alone fails; its neighbours go on
+                self._fail(live.work.rid, str(token), status=400)
+            elif live.work.kind == "prefill":
                 self._hand_off(live, token)
             else:
                 self._take_token(live, token, first=True)
@@ -189,16 +191,18 @@ class EngineCore:
                                      pages=self._pages(live.work.rid, pos + 1)))
         try:
             logits, _ = self.runner.forward(items, bucketed=False)
-            tokens = sample_tokens(logits, [l.work.params for l in lives],
-                                   [len(l.stop.output_ids) for l in lives])
         except Exception as exc:  # noqa: BLE001
             log.exception("decode step failed")
             for rid in rids:
                 self._fail(rid, f"decode failed: {exc}")
             return
+        tokens = sample_each(logits, [l.work.params for l in lives], [len(l.stop.output_ids) for l in lives])
         self.steps += 1
         for live, token in zip(lives, tokens):
-            self._take_token(live, token, first=False)
+            if isinstance(token, Exception):
+                self._fail(live.work.rid, str(token), status=400)
+            else:
+                self._take_token(live, token, first=False)
 
     def _take_token(self, live: _Live, token: int, *, first: bool) -> None:
         rid = live.work.rid
@@ -231,14 +235,15 @@ class EngineCore:
         if rid in self._running:
             self._running.remove(rid)
 
-    def _fail(self, rid: str, message: str) -> None:
+    def _fail(self, rid: str, message: str, status: int = 500) -> None:
         live = self._live.get(rid)
         self.scheduler.abort(rid)
         if rid in self._imports:
             self._imports.remove(rid)
         self._release(rid)
         if live is not None:
-            self._emit(live, EngineOutput(rid, finished=True, finish_reason="error", error=message))
+            self._emit(live, EngineOutput(rid, finished=True, finish_reason="error", error=message,
+                                          error_status=status))
 
     def _fail_all(self, message: str) -> None:
         for rid in list(self._live):

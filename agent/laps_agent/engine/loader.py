@@ -7,10 +7,13 @@ from pathlib import Path
 
 import torch
 
-from .model import CausalLM
+from .model import CausalLM, rope_inverse_frequencies
 from .model_config import ModelConfig, UnsupportedModelError
 from .model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
 from .tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -44,13 +47,27 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu",
         raise ModelLoadError(f"{path}: {err}") from err
     if config.eos_token_ids and not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = frozenset(config.eos_token_ids)
-    model = build_model(config, state)
-    model.to(device=device, dtype=dtype)
-    model.inv_freq = model.inv_freq.float()  # .to(dtype) would round the RoPE frequencies
+    model = build_model(config, state, dtype)
+    model.to(device=device)
+    # The RoPE frequencies stay fp32 whatever the weights' dtype (a bf16 table is off by ~1.75
+    # rad at position 4000): computed afresh, never rounded through `dtype`.
+    model.inv_freq = rope_inverse_frequencies(config).to(device)
     return LoadedModel(model=model, config=config, tokenizer=tokenizer, name=name)
 
 
-def build_model(config: ModelConfig, state: dict[str, torch.Tensor]) -> CausalLM:
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`--dtype`: auto = bfloat16 on CUDA (what flash-attn needs), float32 on CPU (bf16 is 1.5-2.6x
+    slower than fp32 on CPUs without bf16 units, as this one)."""
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose from auto, {', '.join(DTYPES)}") from None
+
+
+def build_model(config: ModelConfig, state: dict[str, torch.Tensor],
+                dtype: torch.dtype = torch.float32) -> CausalLM:
     model = CausalLM(config)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -64,7 +81,9 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor]) -> CausalLM
     for key, shape in expected.items():
         if tuple(state[key].shape) != tuple(shape):
             raise ModelLoadError(f"{key}: shape {tuple(state[key].shape)} != expected {tuple(shape)}")
-    model.load_state_dict({k: state[k].float() for k in expected}, strict=False, assign=True)
+    for key in expected:  # one tensor at a time: the full-precision copy goes as soon as it is cast
+        state[key] = state[key].to(dtype)
+    model.load_state_dict({k: state[k] for k in expected}, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval().requires_grad_(False)

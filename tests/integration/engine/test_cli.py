@@ -21,3 +21,13 @@ def test_bad_flag_values_are_refused(tiny_engine_model):
     assert result.returncode == 2 and "wait_max_batch" in result.stderr
     result = run_engine("--model", str(tiny_engine_model), "--batch-prefill-seq-lengths", "16,x")
     assert result.returncode == 2 and "comma-separated integers" in result.stderr
+
+
+def test_an_engine_serves_in_bfloat16(engine_launcher, tiny_engine_model):
+    import httpx
+
+    engine = engine_launcher(tiny_engine_model, "mixed", ("--dtype", "bfloat16", "--kv-pages", "64"))
+    assert "(bfloat16)" in engine.log_tail()  # what it loaded, in its start-up line
+    reply = httpx.post(engine.url + "/generate", json={
+        "input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=60)
+    assert reply.status_code == 200 and len(reply.json()["output_ids"]) == 4

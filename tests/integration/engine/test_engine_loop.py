@@ -194,3 +194,22 @@ def test_an_empty_prompt_fails_alone(make_engine):
     got = collect(outs, 2)
     assert got["empty"][-1].finish_reason == "error"
     assert got["ok"][-1].finish_reason in ("length", "stop")
+
+
+def test_a_request_that_cannot_be_sampled_fails_alone(make_engine):
+    """Sampling parameters that pass validation can still break sampling (a temperature so small
+    that the scaled logits overflow float32): that request fails with a 400 naming why; the
+    others of its prefill batch, greedy and seeded, complete all their decode steps."""
+    engine, records = make_engine()
+    outs: queue.Queue = queue.Queue()
+    works = [GenerateWork("greedy", prompt(12), SamplingParams(max_new_tokens=6, temperature=0.0)),
+             GenerateWork("seeded", prompt(20, 40), SamplingParams(max_new_tokens=6, temperature=0.8, seed=3)),
+             GenerateWork("bad", prompt(16, 80), SamplingParams(max_new_tokens=6, temperature=1e-40))]
+    engine.submit_many([(w, outs.put) for w in works])
+    got = collect(outs, len(works))
+    assert len(records) == 1 and records[0].size == 3  # one prefill batch for all three
+    bad = got["bad"][-1]
+    assert bad.finish_reason == "error" and bad.error_status == 400 and "temperature" in bad.error
+    for rid in ("greedy", "seeded"):
+        assert not got[rid][-1].error
+        assert got[rid][-1].finish_reason == "length" and got[rid][-1].completion_tokens == 6

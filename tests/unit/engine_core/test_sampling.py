@@ -95,3 +95,16 @@ def test_streamed_text_equals_the_decoded_text(tiny_loaded, text):
     streamed = "".join(state.add(t) for t in ids)
     assert streamed == tok.decode(ids)
     assert "\ufffd" not in streamed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_seeded_sampling_works_on_cuda_logits():
+    """A seeded request's generator lives on the logits' device (a CPU generator cannot drive
+    multinomial over CUDA logits, which used to fail the whole batch)."""
+    logits = torch.randn(3, 500, device="cuda")
+    params = [SamplingParams(temperature=0.9, seed=7), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.9, top_p=0.8, top_k=50, seed=7)]
+    first = sample_tokens(logits, params, [0, 0, 0])
+    assert first == sample_tokens(logits, params, [0, 0, 0])  # seeded: reproducible
+    assert first[1] == int(logits[1].argmax())
