@@ -60,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucketed-prefill", choices=("auto", "always", "never"), default="auto",
                    help="short batches in padded buckets: auto = with CUDA graphs, or when padding is <= 25%%")
     p.add_argument("--labels-file", default="/etc/podinfo/labels")
-    p.add_argument("--kv-pages", type=int, default=None, help="KV pool size in pages (default: 2x context)")
+    p.add_argument("--kv-pages", type=int, default=None,
+                   help="KV pool size in pages (default: on CUDA from --mem-fraction of the free device "
+                        "memory, on CPU 2x the context)")
+    p.add_argument("--mem-fraction", type=float, default=0.85,
+                   help="CUDA: share of the device memory left free after loading the model that the KV "
+                        "pool takes (the rest is activations and CUDA graphs)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--max-running-requests", type=int, default=None,
                    help="default 32 (emulated: the profile's value)")
@@ -129,10 +134,15 @@ def build(args: argparse.Namespace):
     context = loaded.config.max_position_embeddings
     if args.context_length:
         context = min(context, args.context_length)
-    num_pages = args.kv_pages or -(-2 * min(context, 8192) // args.page_size)
+    num_pages = args.kv_pages or _default_kv_pages(args, loaded, device, context)
     runner = ModelRunner(loaded, num_pages=num_pages, page_size=args.page_size, grid=grid,
                          cuda_graphs=(device == "cuda" and grid is not None))
     log.info("KV pool: %d pages x %d tokens", num_pages, args.page_size)
+    if runner.graphs is not None:  # at start-up, not on the first requests that need them
+        started = time.monotonic()
+        runner.capture_graphs(lambda done, total, bucket: log.info(
+            "captured CUDA graph %d/%d: batch %d x %d tokens", done, total, bucket.batch_size, bucket.seq_len))
+        log.info("CUDA graphs captured in %.1fs", time.monotonic() - started)
     config = EngineConfig(role=args.role, scheduler=sched, batch_prefill=grid is not None,
                           bucketed_prefill=args.bucketed_prefill,
                           max_running_requests=args.max_running_requests or 32, context_len=context)
@@ -145,6 +155,22 @@ def build(args: argparse.Namespace):
                               bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
                               labels_file=args.labels_file)
     return EngineServer(engine, settings, metrics), engine
+
+
+def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: int) -> int:
+    """CUDA: --mem-fraction of what the model left free; CPU: twice the context (RAM is shared
+    with other engines on the node, so no grab-what-is-free there)."""
+    if device != "cuda":
+        return -(-2 * min(context, 8192) // args.page_size)
+    import torch
+
+    from laps_agent.engine.runner import kv_pages_for_memory
+
+    free, _ = torch.cuda.mem_get_info()
+    cfg = loaded.config
+    dtype_bytes = next(loaded.model.parameters()).element_size()
+    return kv_pages_for_memory(free, args.mem_fraction, layers=cfg.num_layers, kv_heads=cfg.num_kv_heads,
+                               head_dim=cfg.head_dim, dtype_bytes=dtype_bytes, page_size=args.page_size)
 
 
 async def serve(server, host: str, port: int, bootstrap_port: int | None) -> None:

@@ -12,7 +12,7 @@ absorbs the K/V writes of padding and dummy tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -74,6 +74,20 @@ def build_bucket_inputs(items: Sequence[ForwardItem], plan: PaddingPlan, *, page
     return BucketInputs(input_ids, positions, slots, page_table, kv_lens)
 
 
+def kv_pages_for_memory(free_bytes: int, fraction: float, *, layers: int, kv_heads: int, head_dim: int,
+                        dtype_bytes: int, page_size: int) -> int:
+    """KV pages that `fraction` of `free_bytes` holds (K and V of every layer, plus the scratch
+    page the runner keeps). Raises ValueError when not even one page fits."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--mem-fraction must be in (0, 1], got {fraction}")
+    page_bytes = 2 * layers * page_size * kv_heads * head_dim * dtype_bytes
+    pages = int(free_bytes * fraction) // page_bytes - 1
+    if pages < 1:
+        raise ValueError(f"{free_bytes * fraction / 2**20:.0f} MiB leaves no room for one KV page "
+                         f"({page_bytes / 2**20:.2f} MiB)")
+    return pages
+
+
 def _pages_needed(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
@@ -109,14 +123,19 @@ class ModelRunner:
             self.graphs = BucketGraphs(self, max_pages=_pages_needed(max_context, page_size))
 
     # ------------------------------------------------------------------ public API
-    def capture_graphs(self) -> list[Bucket]:
-        """Capture the CUDA graph of every grid bucket now (engine start-up) instead of on first
-        use; returns the buckets captured. No-op without graphs (CPU)."""
+    def capture_graphs(self, progress: Callable[[int, int, Bucket], None] | None = None) -> list[Bucket]:
+        """Capture the CUDA graph of every grid bucket now (engine start-up) instead of on the
+        request path; `progress(done, total, bucket)` after each. Returns the buckets captured;
+        no-op without graphs (CPU)."""
         if self.graphs is None or self.grid is None:
             return []
+        buckets = list(self.grid.buckets)
         with torch.inference_mode():
-            self.graphs.capture_all(self.grid.buckets)
-        return list(self.grid.buckets)
+            for i, bucket in enumerate(buckets, 1):
+                self.graphs.capture_all([bucket])
+                if progress is not None:
+                    progress(i, len(buckets), bucket)
+        return buckets
 
     @torch.inference_mode()
     def forward(self, items: Sequence[ForwardItem], *, bucketed: bool = False

@@ -84,3 +84,19 @@ def test_cached_prefix_beyond_graph_page_table_falls_back_to_eager_bucket(tiny_m
     assert stats.path == "bucket"
     full = ModelRunner(loaded, num_pages=128, page_size=PAGE).forward([ForwardItem(ids, 0, pages)])[0]
     assert (logits - full).abs().max().item() <= ATOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_engine_start_up_captures_every_bucket_and_sizes_kv_from_memory(tiny_model_dir):
+    """`laps engine` on CUDA: every bucket's graph is captured while starting (not on the request
+    path), and the KV pool takes --mem-fraction of the free memory."""
+    from laps_agent.engine.cli import build, build_parser
+
+    args = build_parser().parse_args(["--model", str(tiny_model_dir), "--device", "cuda",
+                                      "--batch-prefill-batch-sizes", "1,2", "--batch-prefill-seq-lengths", "16,32",
+                                      "--mem-fraction", "0.05", "--labels-file", "/nonexistent"])
+    _, engine = build(args)
+    graphs = engine.runner.graphs
+    assert graphs is not None and len(graphs.captured) == 4
+    assert engine.kv.num_pages > 2 * 4096 // 16  # far more than the CPU default on any GPU

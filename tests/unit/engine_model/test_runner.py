@@ -206,3 +206,16 @@ def test_any_batch_of_cached_prefixes_and_suffixes_matches_full_prefills(tiny_lo
         got, stats = runner.forward(batch, bucketed=bucketed)
         assert stats.path == ("bucket" if bucketed else "eager")
         assert (got - want).abs().max().item() <= ATOL
+
+
+def test_kv_pool_size_follows_free_memory():
+    from laps_agent.engine.runner import kv_pages_for_memory
+
+    # SmolLM2-like: 30 layers x 3 KV heads x 64 dims, fp32, pages of 16: 737,280 bytes a page
+    shape = dict(layers=30, kv_heads=3, head_dim=64, dtype_bytes=4, page_size=16)
+    assert kv_pages_for_memory(10 * 737_280, 1.0, **shape) == 9  # one page is the scratch page
+    assert kv_pages_for_memory(2**30, 0.5, **shape) == 2**29 // 737_280 - 1
+    with pytest.raises(ValueError, match="no room for one KV page"):
+        kv_pages_for_memory(737_280, 1.0, **shape)
+    with pytest.raises(ValueError, match="mem-fraction"):
+        kv_pages_for_memory(2**30, 1.5, **shape)
