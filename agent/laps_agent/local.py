@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-threshold", type=int, default=256)
     p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
+    p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
+                   help="the gateway's admission control: pending prompt tokens per prefill pod "
+                        "beyond which a class gets 429 (0: no bound; default: laps gateway's)")
     p.add_argument("--single-pool", action="store_true",
                    help="no length classes: every prefill engine serves every length (vanilla PD)")
     alloc = p.add_argument_group("allocation (moving prefill engines between the groups)")
@@ -127,8 +130,10 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
 
     spec = StaticSpec(urls("prefill", "short"), urls("prefill", "long"), urls("decode"))
     threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
+    bound = {} if args.max_pending_tokens_per_pod is None else {
+        "max_pending_tokens_per_pod": max(args.max_pending_tokens_per_pod, 0)}
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
-                           length_threshold=threshold)
+                           length_threshold=threshold, **bound)
     app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
     sock = bind_listening_socket(args.host, args.port)

@@ -9,7 +9,7 @@ one in the simulator compare the same systems.
 - `reference`: the reference LAPS system (Jianshu-She/LAPS): dual queue + fixed waiting window
   where a waiting long batch always runs while the window holds short ones and nothing bounds a
   long request's wait, length from the router's chars/4 estimate, prefill pods split half short,
-  half long.
+  half long and moved by its pending-count rule, no admission control (it queues without limit).
 - `laps`: this project: exact token counts at the gateway, the cost rule during the window, the
   starvation bound, the same half/half split moved by the allocation policy
   (laps_operator.allocation).
@@ -37,6 +37,9 @@ class SystemConfig:
     groups: bool = True                 # False: one pool of prefill pods, no length classes
     estimator: str = "auto"             # how the gateway counts prompt tokens (ESTIMATORS)
     allocation: str = "none"            # moving pods between groups: "none" | "reference" | "laps"
+    # The gateway's admission control per group (None: the gateway's default bound; 0: none, as
+    # the reference router, which queues without limit).
+    max_pending_tokens_per_pod: int | None = None
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -48,14 +51,16 @@ class SystemConfig:
 
     def local_args(self) -> list[str]:
         """`laps local` flags of the gateway side."""
-        return (["--estimator", self.estimator, "--allocation", self.allocation]
+        bound = ([] if self.max_pending_tokens_per_pod is None
+                 else ["--max-pending-tokens-per-pod", str(self.max_pending_tokens_per_pod)])
+        return (["--estimator", self.estimator, "--allocation", self.allocation, *bound]
                 + ([] if self.groups else ["--single-pool"]))
 
 
 SYSTEMS: dict[str, SystemConfig] = {
     "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
-                              estimator="chars4", allocation="reference"),
+                              estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0),
     "laps": SystemConfig("laps", allocation="laps"),
     # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how
     # pods move between the groups.

@@ -72,7 +72,13 @@ class EngineServer:
 
     # ---- request plumbing ------------------------------------------------------------------
     def tokenize(self, parsed: api.ParsedRequest) -> list[int]:
-        ids = parsed.input_ids if parsed.input_ids is not None else self.tokenizer.encode(parsed.text or "")
+        if parsed.input_ids is not None:
+            ids = parsed.input_ids
+        else:
+            try:
+                ids = self.tokenizer.encode(parsed.text or "")
+            except (TypeError, ValueError) as exc:  # text it cannot encode is the client's error
+                raise api.ApiError(400, f"the tokenizer cannot encode the prompt: {exc}") from None
         if not ids:
             raise api.ApiError(400, "the prompt is empty")
         vocab = self.tokenizer.vocab_size
@@ -151,10 +157,16 @@ class EngineServer:
     # ---- endpoints -------------------------------------------------------------------------
     async def serve(self, request: Request, kind: str) -> Response:
         started = time.monotonic()
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(api.ApiError(400, f"malformed JSON body: {exc}"))
+        except RecursionError:
+            return error(api.ApiError(400, "malformed JSON body: nested too deeply"))
+        where = api.unencodable_text(raw, body)
+        if where is not None:  # checked up front: templates, stop strings and the tokenizer fail on it
+            return error(api.ApiError(400, api.unencodable_message(where)))
         try:
             if kind == "generate":
                 parsed = api.parse_generate(body)
@@ -171,6 +183,9 @@ class EngineServer:
         except api.ApiError as exc:
             return error(exc)
         except BootstrapError as exc:
+            # On a decode engine: its KV never came from the prefill engine (the prefill side is
+            # overloaded or gone; the gateway blames the prefill pod for it). On a prefill
+            # engine: no decode engine collected the KV. docs/contracts.md, engine errors.
             return error(api.ApiError(504, str(exc), "bootstrap_error"))
         except ClientGone:
             return Response(status_code=499)

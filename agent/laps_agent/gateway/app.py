@@ -12,19 +12,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from laps_agent.engine.api_models import unencodable_message, unencodable_text
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery
 from laps_agent.gateway.estimate import TokenEstimator
+from laps_agent.gateway.failures import GatewayError, UpstreamStatus
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.proxy import (GatewayError, PDProxy, ProxyCall, Reply, StreamReply,
-                                      UpstreamStatus)
+from laps_agent.gateway.proxy import PDProxy, ProxyCall, Reply, StreamReply
 from laps_agent.gateway.relay import HangupGuard, RelayResponse
 from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
-from laps_agent.gateway.status import laps_status
+from laps_agent.gateway.status import laps_status, readiness
 
 log = logging.getLogger(__name__)
-_ERROR_STATUSES = (400, 404, 413, 422, 502, 503, 504)
+_ERROR_STATUSES = (400, 404, 413, 422, 429, 502, 503, 504)
 
 
 @dataclass
@@ -39,7 +40,8 @@ class Gateway:
 
 
 def error_response(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    kind = ("overloaded_error" if status == 429 else
+            "invalid_request_error" if status < 500 else "server_error")
     headers = {"retry-after": str(retry_after)} if retry_after is not None else None
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
                         status_code=status, headers=headers)
@@ -121,11 +123,19 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
         return {"object": "list", "data": [{"id": config.served_model_name, "object": "model",
                                             "created": 0, "owned_by": "laps"}]}
 
-    @app.get("/health")
-    async def health() -> dict:
-        m = discovery.membership()
-        ready = bool(m.decode) and any(m.groups.values())
-        return {"status": "ok", "ready": ready}
+    @app.get("/health", responses={503: {"description": "not ready: no usable prefill or decode pod"}})
+    async def health() -> Response:
+        """Readiness: whether this gateway can route a request at all."""
+        ready, reason = readiness(discovery.membership(), gateway.tracker.loads())
+        if ready:
+            return JSONResponse({"status": "ok", "ready": True})
+        return JSONResponse({"status": "unavailable", "ready": False, "reason": reason},
+                            status_code=503)
+
+    @app.get("/live")
+    async def live() -> dict:
+        """Liveness: the process serves HTTP (whatever its pods do)."""
+        return {"status": "ok"}
 
     @app.get("/laps_status")
     async def status() -> dict:
@@ -150,6 +160,9 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
         raise GatewayError(400, "bad_json", "request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "bad_json", "request body must be a JSON object")
+    where = unencodable_text(raw, body)
+    if where is not None:  # the engines' tokenizer could not encode it either
+        raise GatewayError(400, "invalid_request", unencodable_message(where))
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:
@@ -160,6 +173,8 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
                            f"this gateway serves {config.served_model_name!r}")
     try:
         tokens = gateway.estimator.estimate(body, kind)
+    except (TypeError, UnicodeError) as exc:  # the tokenizer cannot encode it: nor can the engine
+        raise GatewayError(400, "invalid_request", f"the tokenizer cannot encode the prompt: {exc}") from None
     except ValueError as exc:  # an estimate is advisory: never fail a valid request over it
         log.warning("token estimate failed (%s); using the body size", exc)
         tokens = len(raw) // 4

@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--eject-after-failures", type=int,
                         default=ProxyConfig.eject_after_failures)
     limits.add_argument("--eject-seconds", type=float, default=ProxyConfig.eject_seconds)
+    limits.add_argument("--max-ejection-percent", type=int, default=ProxyConfig.max_ejection_percent,
+                        help="most of a prefill group or of the decode pool that passive health "
+                             "checks may eject; never its last healthy pod (0: never eject)")
+    limits.add_argument("--max-pending-tokens-per-pod", type=int,
+                        default=GatewayConfig.max_pending_tokens_per_pod,
+                        help="admission control: a prefill group takes new requests while its "
+                             "pending prompt tokens are below this many per routable pod; beyond, "
+                             "its class gets 429 + Retry-After (0: no bound)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -48,10 +56,12 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         served_model_name=args.served_model_name, length_threshold=args.length_threshold,
         max_body_bytes=args.max_body_bytes,
+        max_pending_tokens_per_pod=max(args.max_pending_tokens_per_pod, 0),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
                           max_retries=args.max_retries,
                           eject_after_failures=args.eject_after_failures,
-                          eject_seconds=args.eject_seconds))
+                          eject_seconds=args.eject_seconds,
+                          max_ejection_percent=min(max(args.max_ejection_percent, 0), 100)))
 
 
 def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Discovery:

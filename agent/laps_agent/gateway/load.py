@@ -7,15 +7,19 @@ the decode engine's answer, or the attempt failing or being cancelled. A *decode
 requests count until the whole answer has been relayed.
 
 Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
-unhealthy for `eject_seconds`; one success resets its count."""
+unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
+prefill group, or the decode pool; gateway/outlier.py): a pod whose ejection would take out its
+pool's last healthy pod, or more than `max_ejection_percent` of the pool, stays routable and
+its count starts over."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.outlier import may_eject
 from laps_agent.gateway.routing import EndpointLoad
 
 
@@ -107,10 +111,25 @@ class LoadTracker:
         if self._failures.get(endpoint):
             self._failures[endpoint] = 0
 
-    def record_failure(self, endpoint: str) -> None:
+    def record_failure(self, endpoint: str, pool: str, members: Sequence[str]) -> bool:
+        """Count a failure of `endpoint`, one of `members` (the names of its pool `pool`:
+        "short" | "long" | "decode"). Returns whether this failure ejected it."""
         count = self._failures.get(endpoint, 0) + 1
         self._failures[endpoint] = count
-        if count >= self._config.eject_after_failures:
-            self._failures[endpoint] = 0
-            self._ejected_until[endpoint] = self._clock() + self._config.eject_seconds
-            self._load(endpoint).healthy = False
+        if count < self._config.eject_after_failures:
+            return False
+        self._failures[endpoint] = 0
+        loads = self.loads()  # lifts ejections that ran out, so they do not count against the cap
+        if not loads.get(endpoint, _HEALTHY).healthy:
+            return False  # already out (a late failure of a call made before its ejection)
+        ejected = sum(1 for name in set(members) if not loads.get(name, _HEALTHY).healthy)
+        if not may_eject(len(set(members) | {endpoint}), ejected, self._config.max_ejection_percent):
+            self._metrics.ejections.labels(pool, "capped").inc()
+            return False
+        self._ejected_until[endpoint] = self._clock() + self._config.eject_seconds
+        self._load(endpoint).healthy = False
+        self._metrics.ejections.labels(pool, "ejected").inc()
+        return True
+
+
+_HEALTHY = EndpointLoad()

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 GROUPS = ("short", "long")
 CLASSES = ("short", "long")
+POOLS = ("short", "long", "decode")   # what outlier ejection is capped per
 # Seconds; spans a sub-millisecond stub round trip up to multi-minute CPU generations.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0, 60.0, 120.0, 300.0)
@@ -32,6 +33,13 @@ class GatewayMetrics:
         self.retries = Counter(
             "laps_gateway_retries", "Attempts repeated on other pods after a connection failure",
             registry=r)
+        self.rejected = Counter(
+            "laps_gateway_rejected", "Requests refused by admission control (429) because the "
+            "prefill group of their class was over its pending-token bound", ["class"], registry=r)
+        self.ejections = Counter(
+            "laps_gateway_ejections", "Pods taken out of routing by passive health checks "
+            "(outcome=ejected), or kept in because the ejection cap of their pool forbade it "
+            "(outcome=capped)", ["pool", "outcome"], registry=r)
         self.errors = Counter(
             "laps_gateway_errors", "Requests answered with an error, by reason", ["reason"],
             registry=r)
@@ -51,6 +59,10 @@ class GatewayMetrics:
         self.pending_tokens_of = {g: self.pending_tokens.labels(g) for g in GROUPS}
         self.requests_of = {(c, g): self.requests.labels(c, g) for c in CLASSES for g in GROUPS}
         self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
+        self.rejected_of = {c: self.rejected.labels(c) for c in CLASSES}
+        for pool in POOLS:
+            for outcome in ("ejected", "capped"):
+                self.ejections.labels(pool, outcome)
         self.ttft_of = {c: self.ttft.labels(c) for c in CLASSES}
         self.request_seconds_of = {c: self.request_seconds.labels(c) for c in CLASSES}
         for direction in ("short_to_long", "long_to_short"):

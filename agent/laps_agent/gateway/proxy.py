@@ -4,7 +4,12 @@ The same JSON body, plus `bootstrap_host`/`bootstrap_port`/`bootstrap_room`, goe
 concurrently; the decode pod's answer goes back to the client. Nothing is sent to the client
 before the decode pod's first byte (streaming) or whole answer (non-streaming), so until then a
 connection-level failure of either pod is retried on other pods. A failing prefill call cancels
-the decode call (which would otherwise wait for a KV hand-off that never comes) and vice versa."""
+the decode call (which would otherwise wait for a KV hand-off that never comes) and vice versa.
+
+Overload: before the first attempt the request's prefill group must admit it (admission.py), or
+it gets 429 without reaching an engine. An engine's error answer is judged by failures.py, which
+also decides whose failure it is (a decode engine that waited in vain for its KV blames the
+prefill pod); health records count it against that pod's pool, whose ejection is capped."""
 from __future__ import annotations
 
 import asyncio
@@ -17,30 +22,24 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from laps_agent.gateway.admission import admit
 from laps_agent.gateway.config import GatewayConfig
-from laps_agent.gateway.discovery import Discovery
+from laps_agent.gateway.discovery import Discovery, Membership
+from laps_agent.gateway.failures import GatewayError, UpstreamStatus, judge_status
 from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
+from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
+                                        choose_route)
 from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                                          UpstreamResponse, UpstreamTimeout)
 
-# Statuses that say "this pod cannot take work now", so another pod may succeed.
-_RETRYABLE_STATUSES = frozenset({502, 503, 504})
+_IDLE = EndpointLoad()
 
 
 @functools.lru_cache(maxsize=4096)
 def _address(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     return parts.hostname, parts.port or 80
-
-
-class GatewayError(Exception):
-    """A request the gateway answers itself with `status` and an OpenAI-style error body."""
-
-    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
 
 
 class _Retryable(Exception):
@@ -98,24 +97,43 @@ class PDProxy:
         if self._pool is not None:
             await self._pool.aclose()
 
-    def route(self, tokens: int, exclude: set[str]) -> RouteDecision:
-        membership = self._discovery.membership()
+    def route(self, tokens: int, exclude: set[str], membership: Membership | None = None) -> RouteDecision:
+        membership = membership or self._discovery.membership()
         return choose_route(tokens, self._config.length_threshold, membership.groups,
                             membership.decode, self._tracker.loads(), exclude=frozenset(exclude),
                             tiebreak=next(self._tiebreak))
+
+    def admit(self, d: RouteDecision, membership: Membership) -> None:
+        """Admission control of the group that would serve the request (its class's own, or
+        the other one on fallback, which must not be swamped either): 429 when it is full."""
+        loads = self._tracker.loads()
+        pods = sum(1 for e in membership.groups.get(d.group, ()) if loads.get(e.name, _IDLE).healthy)
+        verdict = admit(self._tracker.group_pending(d.group)[1], pods,
+                        self._config.max_pending_tokens_per_pod)
+        if verdict.admitted:
+            return
+        self._metrics.rejected_of[d.cls].inc()
+        raise GatewayError(
+            429, "overloaded",
+            f"the {d.group} prefill group is overloaded: {verdict.pending_tokens} prompt tokens "
+            f"pending, its bound is {verdict.bound} ({self._config.max_pending_tokens_per_pod} per "
+            f"pod x {pods} pods); {d.cls} requests are refused until it drains, retry later",
+            self._config.retry_after_s)
 
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
         failure: GatewayError | None = None
         for attempt in range(self._config.proxy.max_retries + 1):
+            membership = self._discovery.membership()
             try:
-                decision = self.route(call.tokens, exclude)
+                decision = self.route(call.tokens, exclude, membership)
             except NoEndpointError as exc:
                 message = f"no healthy pod can take this request ({exc})"
                 if failure is not None:
                     message += f"; last failure: {failure.message}"
                 raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s) from None
             if attempt == 0:
+                self.admit(decision, membership)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
                 if decision.fallback:
                     self._metrics.fallbacks_of[decision.cls].inc()
@@ -135,7 +153,7 @@ class PDProxy:
         ticket = self._tracker.begin_prefill(d.group, d.prefill.name, call.tokens)
         self._tracker.begin_decode(d.decode.name)
         prefill = asyncio.create_task(self._prefill(d, call, payload, ticket))
-        decode = asyncio.create_task(self._decode(d.decode, call, payload))
+        decode = asyncio.create_task(self._decode(d, call, payload))
         handed_over = False
         try:
             done, _ = await asyncio.wait((prefill, decode), return_when=asyncio.FIRST_COMPLETED)
@@ -186,35 +204,46 @@ class PDProxy:
             response = await self._pool.post(*_address(pod.url), call.path, payload)
             body = await response.read()
         except UpstreamError as exc:
-            raise self._transport_failure(pod, "prefill", exc) from None
+            raise self._transport_failure(d, "prefill", exc) from None
         if response.status >= 300:
-            raise self._status_failure(pod, "prefill", response.status, body)
+            raise self._status_failure(d, "prefill", response.status, body)
         self._tracker.record_success(pod.name)
         self._end_prefill_phase(call, d, ticket)
 
-    async def _decode(self, pod: Endpoint, call: ProxyCall, payload: bytes):
+    async def _decode(self, d: RouteDecision, call: ProxyCall, payload: bytes):
+        pod = d.decode
         response: UpstreamResponse | None = None
         try:
             response = await self._pool.post(*_address(pod.url), call.path, payload)
             if response.status != 200 or not call.stream:
                 body = await response.read()
                 if response.status >= 300:
-                    raise self._status_failure(pod, "decode", response.status, body)
+                    raise self._status_failure(d, "decode", response.status, body)
                 self._tracker.record_success(pod.name)
                 return Reply(response.status, body,
                              response.headers.get(b"content-type", b"application/json").decode())
             chunks = response.chunks()
             first = await anext(chunks, b"")
         except UpstreamError as exc:
-            raise self._transport_failure(pod, "decode", exc) from None
+            raise self._transport_failure(d, "decode", exc) from None
         finally:
             if response is not None and (not call.stream or response.status != 200):
                 response.release()
         self._tracker.record_success(pod.name)
         return response, chunks, first
 
-    def _transport_failure(self, pod: Endpoint, role: str, exc: UpstreamError) -> Exception:
-        self._tracker.record_failure(pod.name)
+    def _record_failure(self, d: RouteDecision, role: str) -> Endpoint:
+        """Count a failure against the request's `role` pod, within its pool (ejection cap)."""
+        membership = self._discovery.membership()
+        if role == "prefill":
+            pod, pool, members = d.prefill, d.group, membership.groups.get(d.group, ())
+        else:
+            pod, pool, members = d.decode, "decode", membership.decode
+        self._tracker.record_failure(pod.name, pool, [e.name for e in members])
+        return pod
+
+    def _transport_failure(self, d: RouteDecision, role: str, exc: UpstreamError) -> Exception:
+        pod = self._record_failure(d, role)
         detail = f"{role} pod {pod.name}: {exc}"
         if isinstance(exc, UpstreamTimeout):
             return GatewayError(504, "upstream_timeout", f"timed out waiting for {detail}")
@@ -222,13 +251,16 @@ class PDProxy:
         kind = "upstream_connection" if isinstance(exc, UpstreamConnectError) else "upstream_broken"
         return _Retryable((pod.name,), GatewayError(502, kind, detail))
 
-    def _status_failure(self, pod: Endpoint, role: str, status: int, body: bytes) -> Exception:
-        if status in _RETRYABLE_STATUSES:
-            self._tracker.record_failure(pod.name)
-            return _Retryable((pod.name,), GatewayError(
-                502, "upstream_unavailable", f"{role} pod {pod.name} answered {status}"))
-        # The engine's own verdict on the request (e.g. prompt too long): the client's to see.
-        return UpstreamStatus(status, body)
+    def _status_failure(self, d: RouteDecision, role: str, status: int, body: bytes) -> Exception:
+        blame = judge_status(role, status, body, prefill=d.prefill.name, group=d.group,
+                             decode=d.decode.name)
+        if blame is None:
+            # The engine's own verdict on the request (e.g. prompt too long): the client's to see.
+            return UpstreamStatus(status, body)
+        pod = self._record_failure(d, blame.role)
+        error = GatewayError(blame.status, blame.reason, blame.message,
+                             self._config.retry_after_s if blame.status == 503 else None)
+        return _Retryable((pod.name,), error) if blame.retry else error
 
     def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,
                response: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes) -> StreamReply:
@@ -252,7 +284,7 @@ class PDProxy:
                     yield chunk
             except UpstreamError as exc:
                 # Bytes already reached the client: no retry possible, so end with a clear event.
-                self._tracker.record_failure(d.decode.name)
+                self._record_failure(d, "decode")
                 self._metrics.errors.labels("upstream_broken").inc()
                 yield sse_error(f"decode pod {d.decode.name} broke off the stream: "
                                 f"{type(exc).__name__}")
@@ -260,11 +292,3 @@ class PDProxy:
                 await close()
 
         return StreamReply(relay(), close)
-
-
-class UpstreamStatus(Exception):
-    """An engine refused the request itself (4xx/5xx not meaning 'try elsewhere')."""
-
-    def __init__(self, status: int, body: bytes):
-        super().__init__(f"upstream answered {status}")
-        self.status, self.body = status, body

@@ -1,9 +1,12 @@
-"""The `/laps_status` document: threshold, groups with their pods, pending work per group."""
+"""The `/laps_status` document (threshold, groups with their pods, pending work and admission
+bound per group) and readiness (can this gateway route at all)."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from laps_agent.gateway.discovery import GROUP_NAMES
+from laps_agent.gateway.admission import group_bound
+from laps_agent.gateway.discovery import GROUP_NAMES, Membership
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
 
 if TYPE_CHECKING:
@@ -17,14 +20,36 @@ def _pod(endpoint: Endpoint, load: EndpointLoad | None) -> dict:
             "pending_requests": load.pending_requests, "pending_tokens": load.pending_tokens}
 
 
+def _usable(endpoints: Sequence[Endpoint], loads: Mapping[str, EndpointLoad]) -> int:
+    return sum(1 for e in endpoints if (loads.get(e.name) or EndpointLoad()).healthy)
+
+
+def _shortage(name: str, endpoints: Sequence[Endpoint]) -> str:
+    if not endpoints:
+        return f"no {name} pod discovered"
+    return f"no usable {name} pod ({len(endpoints)} discovered, all ejected after failures)"
+
+
+def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tuple[bool, str]:
+    """(ready, reason): ready when at least one prefill pod (either group: a class whose group
+    is empty falls back to the other) and one decode pod are discovered and not ejected."""
+    prefill = [e for group in GROUP_NAMES for e in membership.groups.get(group, ())]
+    missing = [_shortage(name, pods) for name, pods in (("prefill", prefill), ("decode", membership.decode))
+               if not _usable(pods, loads)]
+    return (not missing), "; ".join(missing)
+
+
 def laps_status(gateway: Gateway) -> dict:
     membership = gateway.discovery.membership()
     loads = gateway.tracker.loads()
     groups = {}
     for group in GROUP_NAMES:
         requests, tokens = gateway.tracker.group_pending(group)
-        groups[group] = {"pods": [_pod(e, loads.get(e.name)) for e in membership.groups.get(group, ())],
-                         "pending_requests": requests, "pending_tokens": tokens}
+        pods = membership.groups.get(group, ())
+        groups[group] = {"pods": [_pod(e, loads.get(e.name)) for e in pods],
+                         "pending_requests": requests, "pending_tokens": tokens,
+                         "max_pending_tokens": group_bound(
+                             gateway.config.max_pending_tokens_per_pod, _usable(pods, loads))}
     allocation = gateway.allocator.status() if gateway.allocator is not None else {"enabled": False}
     return {"enabled": True, "served_model_name": gateway.config.served_model_name,
             "threshold": gateway.config.length_threshold, "groups": groups,

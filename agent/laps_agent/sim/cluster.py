@@ -9,7 +9,8 @@ batch and step times from the profile). A request's path mirrors the emulated en
   -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
   -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done.
 
-Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through the
+Admission control is the gateway's (`admission.admit` on the group's pending tokens: a refused
+request fails with 429 at once). Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through the
 gateway and engines costs on a busy machine): two before the prefill engine has the request
 (client -> gateway -> engine), one for the decode engine's KV fetch, two for the first token's
 way back (decode engine -> gateway -> client). Not modelled: client think time and failures.
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
+from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, admit
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
@@ -70,7 +72,8 @@ class SimCluster:
                  threshold: int = 256, engine_args: Sequence[str] = (),
                  estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
-                 interval_s: float = 5.0, hop_s: float = HOP_S) -> None:
+                 interval_s: float = 5.0, hop_s: float = HOP_S,
+                 max_pending_tokens_per_pod: int | None = None) -> None:
         if prefill < 1 or decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
@@ -107,6 +110,8 @@ class SimCluster:
         self.sample_every_s = sample_every_s
         self.allocation = allocation or AllocationConfig()
         self.interval_s, self.hop_s = interval_s, hop_s
+        bound = system.max_pending_tokens_per_pod if max_pending_tokens_per_pod is None else max_pending_tokens_per_pod
+        self.max_pending_tokens_per_pod = DEFAULT_MAX_PENDING_TOKENS_PER_POD if bound is None else bound
         self.moves: list[tuple[float, Move]] = []
         self._policy = PolicyState()
         self._window = PressureWindow()
@@ -168,6 +173,11 @@ class SimCluster:
                              self.tracker.loads(), tiebreak=next(self._tiebreak))
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
+            return
+        verdict = admit(self.tracker.group_pending(d.group)[1], len(self.groups[d.group]),
+                        self.max_pending_tokens_per_pod)
+        if not verdict.admitted:  # the gateway's admission control: refused before any engine
+            self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
             return
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
         r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, r.routed_tokens)

@@ -1,6 +1,6 @@
-"""A real prefill engine is killed while the gateway serves a run of requests: every request
-either succeeds or gets a clear error (none vanish), and requests after the kill still succeed
-on the surviving engine."""
+"""A real prefill engine is killed while the gateway serves a run of requests: not one request
+is lost. No byte of a prefill engine's answer ever reaches a client (the decode engine's does),
+so every attempt the kill broke is retried on the surviving engine, and every request succeeds."""
 from __future__ import annotations
 
 import asyncio
@@ -32,13 +32,13 @@ async def test_killing_a_prefill_engine_loses_no_request(engine_launcher, tiny_e
         except httpx.HTTPError as exc:
             return f"vanished: {exc!r}"
         if reply.status_code != 200:
-            return "clear error" if reply.json()["error"]["message"] else "unclear error"
+            return f"failed {reply.status_code}: {reply.text}"
         if not body["stream"]:
             return "ok" if reply.json()["choices"][0]["text"] is not None else reply.text
         events = [e[6:] for e in reply.text.split("\n\n") if e.startswith("data: ")]
-        if events and events[-1] == "[DONE]":
+        if events and events[-1] == "[DONE]" and not any("error" in json.loads(e) for e in events[:-1]):
             return "ok"
-        return "clear error" if events and "error" in json.loads(events[-1]) else f"cut: {reply.text}"
+        return f"cut: {reply.text}"
 
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as client:
         gate = asyncio.Semaphore(4)
@@ -51,7 +51,6 @@ async def test_killing_a_prefill_engine_loses_no_request(engine_launcher, tiny_e
 
         await asyncio.gather(*(limited(i) for i in range(total)))
         after = [await one(client, total + i) for i in range(4)]
-    counts = {k: outcomes.count(k) for k in set(outcomes)}
     assert len(outcomes) == total
-    assert set(counts) <= {"ok", "clear error"}, counts
+    assert outcomes == ["ok"] * total, [o for o in outcomes if o != "ok"]
     assert after == ["ok"] * 4  # retried around / ejected: the survivor serves everything

@@ -28,3 +28,15 @@ def test_gateway_cli_rejects_incomplete_static_flags():
                              "--decode", "not-a-url", "--prefill-short", "http://127.0.0.1:1"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "http://host:port" in result.stderr
+
+
+def test_gateway_flags_set_admission_control_and_the_ejection_cap():
+    from laps_agent.gateway.cli import build_parser, config_from_args
+    from laps_agent.gateway.config import GatewayConfig, ProxyConfig
+
+    default = config_from_args(build_parser().parse_args([]))
+    assert default.max_pending_tokens_per_pod == GatewayConfig.max_pending_tokens_per_pod > 0
+    assert default.proxy.max_ejection_percent == ProxyConfig.max_ejection_percent == 50
+    config = config_from_args(build_parser().parse_args(
+        ["--max-pending-tokens-per-pod", "0", "--max-ejection-percent", "30"]))
+    assert (config.max_pending_tokens_per_pod, config.proxy.max_ejection_percent) == (0, 30)

@@ -2,6 +2,7 @@
 arrives, the gateway answers without a 5xx, in front of live stub engines."""
 from __future__ import annotations
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -33,7 +34,8 @@ def fuzz_gateway():
     gateway = ServerThread(app).start()
     servers.append(gateway)
     try:
-        poll(lambda: app.state.gateway.discovery.membership().decode, message="stub pods")
+        # Ready (a prefill and a decode pod), so /health answers 200 rather than 503 "not ready".
+        poll(lambda: httpx.get(gateway.url + "/health").status_code == 200, message="stub pods")
         yield gateway.url
     finally:
         for server in reversed(servers):

@@ -1,0 +1,78 @@
+"""Whose failure is an engine's error answer, and what the client hears (pure).
+
+A PD request runs on two pods, and the pod that answers with an error is not always the one at
+fault. A decode engine answers 504 with error type `bootstrap_error` when the KV it waits for
+never came from the prefill engine within the engines' --bootstrap-timeout: the *prefill* side
+is overloaded (its queue outlasted the timeout) or gone. Counting that against the decode pod
+once ejected the only decode pod and turned an overloaded long group into a total outage. So it
+counts against the prefill pod, is not retried (the request already waited a whole timeout, and
+another attempt would add to the overload), and the client gets a 503 naming the group.
+Symmetrically a prefill engine's 504 `bootstrap_error` says no decode engine collected the KV:
+the decode pod's failure. Both the status and the error type are checked, so a 504 from
+anything else (a proxy in between, a test double) keeps meaning "this pod failed"."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# Statuses that say "this pod cannot take work now", so another pod may succeed.
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+KV_TIMEOUT_STATUS, KV_ERROR_TYPE = 504, "bootstrap_error"
+
+
+class GatewayError(Exception):
+    """A request the gateway answers itself with `status` and an OpenAI-style error body."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
+
+
+class UpstreamStatus(Exception):
+    """An engine refused the request itself (4xx/5xx not meaning 'try elsewhere')."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"upstream answered {status}")
+        self.status, self.body = status, body
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    role: str           # "prefill" | "decode": the pod whose failure record counts it
+    retry: bool         # nothing reached the client and another pair of pods may succeed
+    status: int         # what the client gets if it is not retried (or retries run out)
+    reason: str         # laps_gateway_errors_total{reason}
+    message: str
+
+
+def engine_error(body: bytes) -> tuple[str | None, str]:
+    """(type, message) of an engine's OpenAI-shaped error body; (None, "") for anything else."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None, ""
+    if not isinstance(error, dict):
+        return None, ""
+    kind, message = error.get("type"), error.get("message")
+    return (kind if isinstance(kind, str) else None), (message if isinstance(message, str) else "")
+
+
+def judge_status(role: str, status: int, body: bytes, *, prefill: str, group: str,
+                 decode: str) -> Blame | None:
+    """`role`'s pod answered `status`/`body` for a request routed to prefill pod `prefill` of
+    prefill group `group` and decode pod `decode`. None: the engine's own verdict on the request
+    (a 4xx, a 500), which the client sees as it is."""
+    if status not in RETRYABLE_STATUSES:
+        return None
+    kind, detail = engine_error(body)
+    detail = f": {detail}" if detail else ""
+    if status == KV_TIMEOUT_STATUS and kind == KV_ERROR_TYPE:
+        if role == "decode":
+            return Blame("prefill", False, 503, "prefill_overloaded",
+                         f"the {group} prefill group is overloaded: prefill pod {prefill} did not "
+                         f"hand the KV over in time (decode pod {decode} gave up waiting{detail})")
+        return Blame("decode", True, 502, "upstream_unavailable",
+                     f"decode pod {decode} did not collect the KV from prefill pod {prefill} "
+                     f"in time{detail}")
+    name = prefill if role == "prefill" else decode
+    return Blame(role, True, 502, "upstream_unavailable", f"{role} pod {name} answered {status}{detail}")
