@@ -33,13 +33,21 @@ class Applied:
     detail: str = ""
 
 
-def contains(live: Any, desired: Any) -> bool:
-    """True when `live` already holds everything in `desired` (extra server-set fields ignored)."""
+# Maps whose values are resource quantities (container `resources`, pod `overhead`): the API
+# server stores them canonicalised (`cpu: 1000m` reads back as "1", `memory: 1024Mi` as "1Gi").
+_QUANTITY_MAPS = frozenset({"requests", "limits", "overhead"})
+
+
+def contains(live: Any, desired: Any, *, quantities: bool = False) -> bool:
+    """True when `live` already holds everything in `desired` (extra server-set fields ignored).
+    With `quantities` (set below the keys of _QUANTITY_MAPS), scalars compare as quantities."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(_holds(live, k, v) for k, v in desired.items())
+        return isinstance(live, dict) and all(_holds(live, k, v, quantities) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
                 and all(contains(a, b) for a, b in zip(live, desired)))
+    if quantities and _scalar(desired) and _scalar(live):
+        return same_quantity(live, desired)
     if _number(desired) and _number(live):
         return live == desired
     if _scalar(desired) and _scalar(live) and type(desired) is not type(live):
@@ -48,12 +56,26 @@ def contains(live: Any, desired: Any) -> bool:
     return live == desired
 
 
-def _holds(live: dict[str, Any], key: str, desired: Any) -> bool:
+def same_quantity(a: Any, b: Any) -> bool:
+    """Kubernetes quantities compared by value ("1000m" == "1", "1Gi" == "1024Mi"); anything
+    that is not a quantity compares as text."""
+    if str(a) == str(b):
+        return True
+    from kubernetes.utils.quantity import parse_quantity  # the client's own parser
+
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except (ValueError, TypeError, ArithmeticError):
+        return False
+
+
+def _holds(live: dict[str, Any], key: str, desired: Any, quantities: bool = False) -> bool:
     if key not in live:
         # A real API server omits empty lists and maps (`volumes: []`) when it serialises an
-        # object; counting that as a difference would patch on every reconcile.
-        return desired == [] or desired == {}
-    return contains(live[key], desired)
+        # object; counting that as a difference would patch on every reconcile. A null asks for
+        # the key to be absent, which it is.
+        return desired == [] or desired == {} or desired is None
+    return contains(live[key], desired, quantities=quantities or key in _QUANTITY_MAPS)
 
 
 def _number(value: Any) -> bool:
@@ -137,15 +159,15 @@ def _removals(last: dict[str, Any], desired: dict[str, Any], live: dict[str, Any
     return out
 
 
-def _changes(live: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+def _changes(live: dict[str, Any], desired: dict[str, Any], quantities: bool = False) -> dict[str, Any]:
     """Desired values that `live` does not hold yet, as narrowly as maps allow."""
     out: dict[str, Any] = {}
     for key, want in desired.items():
-        if _holds(live, key, want):
+        if _holds(live, key, want, quantities):
             continue
         have = live.get(key)
         if isinstance(want, dict) and isinstance(have, dict):
-            out[key] = _changes(have, want)
+            out[key] = _changes(have, want, quantities or key in _QUANTITY_MAPS)
         else:
             out[key] = want
     return out

@@ -20,6 +20,7 @@ from .naming import (
     component_labels,
     role_selector,
 )
+from .pressure import scrape_interval_seconds
 from .spec import ClusterSpec, PoolSpec, ResourcesSpec
 
 PODINFO_DIR = "/etc/podinfo"
@@ -218,7 +219,12 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
         "env": [_field_env("POD_NAMESPACE", "metadata.namespace")],
         "volumeMounts": mounts,
         "resources": _resources(spec.gateway.resources),
+        # /health answers 503 until the gateway can route (a prefill and a decode pod known):
+        # out of the Service until then, never restarted for it. /live answers while the
+        # process serves; only a hung gateway fails it (three times in a row: 30 s).
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/live", "port": "http"}, "periodSeconds": 10,
+                          "timeoutSeconds": 5, "failureThreshold": 3},
     }
     return {
         "apiVersion": "apps/v1",
@@ -265,11 +271,21 @@ def build_pod_monitor(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
         "metadata": _meta(cluster, cluster.name, "config"),
         "spec": {
             "selector": {"matchLabels": {CLUSTER_LABEL: cluster.name}},
-            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            # The allocation loop averages the gateways' pending work over its interval: scrape
+            # at least twice per interval (pressure.scrape_interval_seconds).
+            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": _scrape_interval(spec)}],
             # Pods carry their role and group; keep them on the series for per-group dashboards.
             "podTargetLabels": [ROLE_LABEL, GROUP_LABEL],
         },
     }
+
+
+def _scrape_interval(spec: ClusterSpec) -> str:
+    alloc = spec.laps.allocation
+    if not alloc.enabled:
+        return "15s"
+    ms = int(round(scrape_interval_seconds(alloc.interval_seconds) * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def build_children(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any]]:

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     kopf.configure(verbose=level == "debug", quiet=level in ("warning", "error"))
     if level == "error":
         logging.getLogger().setLevel(logging.ERROR)
+    # httpx logs every request at INFO: the allocation loop's reads of Prometheus or the
+    # gateways would drown everything else.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,

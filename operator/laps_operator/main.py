@@ -1,29 +1,39 @@
-"""kopf handlers: thin wrappers that call `reconcile` and turn outcomes into Events and retries.
+"""kopf handlers: thin wrappers that call `reconcile`/`allocate` and turn outcomes into Events
+and retries.
 
 Run with `laps operator` (see `cli`). Handlers are sync functions: kopf runs them in worker
-threads, where the official `kubernetes` client's blocking calls belong.
+threads, where the official `kubernetes` client's blocking calls belong. The resync and the
+allocation loop run in threads of `workers` (started from the cluster watch below), not as kopf
+timers: those would put a finalizer on every LAPSCluster (see workers.py). Every writer holds
+the cluster's lock and works on the live object (see writers.py).
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import kopf
 import kubernetes
 
-from . import metrics
+from . import metrics, writers
+from .allocate import AllocationLoop
 from .groups import GroupPlan
 from .kube import Kube, KubeError
 from .naming import CLUSTER_LABEL, MANAGER, ROLE_LABEL
-from .reconcile import cluster_ref, cr_ref, delete_children, reconcile, refresh_cluster, sync_groups
-from .spec import GROUP, PLURAL, VERSION, InvalidSpecError, parse_spec
+from .reconcile import cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
+from .spec import GROUP, PLURAL, VERSION
+from .workers import ClusterLoops, Ticker
 
+T = TypeVar("T")
 MANAGED = {"app.kubernetes.io/managed-by": MANAGER}
 RETRYABLE = {409, 429, 500, 502, 503, 504}
 # How often every cluster is reconciled even without a change to it, so that a child deleted or
-# edited by hand comes back. Environment, not a flag: kopf reads it when this module is imported.
+# edited by hand comes back. Environment, not a flag: read when this module is imported.
 RESYNC_SECONDS = float(os.environ.get("LAPS_OPERATOR_RESYNC_SECONDS", "60"))
+LOOPS = ClusterLoops()
+log = logging.getLogger(__name__)
 
 
 def load_kube() -> Kube:
@@ -43,8 +53,34 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix="laps.io", key="last-handled-configuration")
     settings.posting.reporting_component = MANAGER
     settings.posting.level = logging.INFO
+    # No handler needs one any more, so kopf removes this finalizer from clusters that an older
+    # operator gave it, and adds it to none.
     settings.persistence.finalizer = "laps.io/operator"
     memo.kube = load_kube()
+
+
+@kopf.on.cleanup()
+def stop_loops(**_: Any) -> None:
+    LOOPS.stop_all()
+
+
+def _guarded(kube: Kube, namespace: str, name: str, fn: Callable[[], T]) -> T:
+    """Run one writer; count its failure or success towards the WritesFailing condition."""
+    try:
+        result = fn()
+    except KubeError as exc:
+        if writers.record_failure(kube, namespace, name, exc):
+            _event_on(kube, namespace, name, "Warning", "WritesFailing", str(exc)[:500])
+        raise
+    if writers.record_success(kube, namespace, name):
+        _event_on(kube, namespace, name, "Normal", "WritesRecovered", "writes succeed again")
+    return result
+
+
+def _event_on(kube: Kube, namespace: str, name: str, type_: str, reason: str, message: str) -> None:
+    live = kube.get(writers.cr_ref(namespace, name))
+    if live is not None:
+        kopf.event(live, type=type_, reason=reason, message=message)
 
 
 def _retry_or_raise(exc: KubeError) -> NoReturn:
@@ -59,53 +95,117 @@ def _retry_or_raise(exc: KubeError) -> NoReturn:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
-        outcome = reconcile(memo.kube, dict(body))
+        # The live object, read under the cluster's lock: never this (possibly older) body.
+        outcome = _guarded(memo.kube, namespace, name, lambda: reconcile(memo.kube, namespace, name))
     except KubeError as exc:
+        if exc.status == 404 and memo.kube.get(writers.cr_ref(namespace, name)) is None:
+            return  # deleted while we wrote: nothing left to reconcile
         _retry_or_raise(exc)
+    if outcome.gone:
+        return
+    LOOPS.wake(namespace, name, "allocation")   # a sleeping allocation loop sees the new spec now
+    live = outcome.cluster or body
     if outcome.invalid is not None:
         metrics.RECONCILES.labels(result="invalid").inc()
-        kopf.event(body, type="Warning", reason="InvalidSpec", message=outcome.invalid)
+        kopf.event(live, type="Warning", reason="InvalidSpec", message=outcome.invalid)
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
     metrics.RECONCILES.labels(result="ok").inc()
     for action, reason in (("created", "Created"), ("patched", "Updated"), ("deleted", "Deleted")):
         names = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action == action]
         if names:
-            kopf.event(body, type="Normal", reason=reason, message=f"{action} " + ", ".join(names))
+            kopf.event(live, type="Normal", reason=reason, message=f"{action} " + ", ".join(names))
     for skipped in (a for a in outcome.applied if a.action == "skipped"):
-        kopf.event(body, type="Warning", reason="Skipped",
+        kopf.event(live, type="Warning", reason="Skipped",
                    message=f"{skipped.ref.kind}/{skipped.ref.name}: {skipped.detail}")
-    _report_groups(body, outcome.plan)
+    _report_groups(live, outcome.plan)
     if outcome.phase != outcome.previous_phase:
-        kopf.event(body, type="Normal", reason="Phase",
+        kopf.event(live, type="Normal", reason="Phase",
                    message=f"phase {outcome.previous_phase or 'none'} -> {outcome.phase}")
     logger.info("reconciled: phase %s", outcome.phase)
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def resync_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Periodic reconcile: repairs drift; quiet unless it had to change something."""
-    if (body.get("status") or {}).get("phase") == "Invalid":
-        return  # reported when the spec changed; nothing to repair until it changes again
-    try:
-        outcome = reconcile(memo.kube, dict(body))
-    except KubeError as exc:
-        _retry_or_raise(exc)
-    metrics.RECONCILES.labels(result="invalid" if outcome.invalid else "ok").inc()
-    repaired = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action in ("created", "patched")]
-    if repaired:
-        kopf.event(body, type="Normal", reason="Repaired", message="restored " + ", ".join(repaired))
-        logger.info("resync restored %s", ", ".join(repaired))
-    _report_groups(body, outcome.plan)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL)
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def delete_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Optional: runs only when kopf sees the deletion (no finalizer waits for it). The owner
+    references let the garbage collector remove the children either way."""
+    LOOPS.stop(body["metadata"]["namespace"], body["metadata"]["name"])
     try:
         removed = delete_children(memo.kube, cluster_ref(dict(body)))
     except KubeError as exc:
         _retry_or_raise(exc)
     logger.info("deleted %d children", len(removed))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Start a cluster's resync and allocation loops when it appears, stop them when it goes."""
+    meta = body.get("metadata") or {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if not namespace or not name or not hasattr(memo, "kube"):
+        return
+    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+        LOOPS.stop(namespace, name)
+        metrics.forget_cluster(namespace, name)
+        writers.forget(namespace, name)
+        return
+    kube: Kube = memo.kube
+    if LOOPS.ensure(namespace, name, meta.get("uid") or "", lambda: {
+        "resync": Ticker(f"resync {namespace}/{name}", lambda: _resync(kube, namespace, name), RESYNC_SECONDS),
+        "allocation": Ticker(f"allocation {namespace}/{name}",
+                             _allocation_tick(kube, AllocationLoop(kube, namespace, name)), 0.0),
+    }):
+        metrics.start_cluster(namespace, name)
+
+
+def _resync(kube: Kube, namespace: str, name: str) -> float | None:
+    """Periodic reconcile: repairs drift; quiet unless it had to change something."""
+    try:
+        outcome = _guarded(kube, namespace, name, lambda: reconcile(kube, namespace, name, skip_invalid=True))
+    except KubeError as exc:
+        metrics.RECONCILES.labels(result="error").inc()
+        log.warning("resync of %s/%s failed: %s", namespace, name, exc)
+        return min(RESYNC_SECONDS, 5.0)
+    if outcome.gone:
+        return None
+    if outcome.phase == "Invalid" and outcome.previous_phase == "Invalid" and not outcome.applied:
+        return RESYNC_SECONDS   # reported when the spec changed; nothing to repair until it changes again
+    metrics.RECONCILES.labels(result="invalid" if outcome.invalid else "ok").inc()
+    changed = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action in ("created", "patched")]
+    meta, status = outcome.cluster["metadata"], outcome.cluster.get("status") or {}
+    if changed and meta.get("generation") != status.get("observedGeneration"):
+        # A spec change the update handler has not reached yet: the resync applied it first.
+        kopf.event(outcome.cluster, type="Normal", reason="Updated",
+                   message=f"applied generation {meta.get('generation')}: " + ", ".join(changed))
+    elif changed:
+        kopf.event(outcome.cluster, type="Normal", reason="Repaired", message="restored " + ", ".join(changed))
+        log.info("resync of %s/%s restored %s", namespace, name, ", ".join(changed))
+    _report_groups(outcome.cluster, outcome.plan)
+    return RESYNC_SECONDS
+
+
+def _allocation_tick(kube: Kube, loop: AllocationLoop) -> Callable[[], float | None]:
+    def tick() -> float | None:
+        try:
+            delay, outcome = _guarded(kube, loop.namespace, loop.name, loop.tick)
+        except KubeError as exc:
+            log.warning("allocation step of %s/%s failed: %s", loop.namespace, loop.name, exc)
+            return 2.0
+        if outcome is None or outcome.cluster is None:
+            return delay
+        live, move, reading = outcome.cluster, outcome.move, outcome.reading
+        if move is not None:
+            kopf.event(live, type="Normal", reason="Rebalanced",
+                       message=f"pod {move.pod} moved {move.source} -> {move.target}: {outcome.reason}")
+            log.info("%s/%s: moved %s %s -> %s (%s)", loop.namespace, loop.name, move.pod, move.source,
+                     move.target, outcome.reason)
+        if outcome.became_unavailable and reading is not None:
+            kopf.event(live, type="Warning", reason="PressureUnavailable", message=reading.message[:500])
+        if outcome.recovered:
+            kopf.event(live, type="Normal", reason="PressureRecovered", message="pressure is known again")
+        return delay
+    return tick
 
 
 @kopf.on.event("v1", "pods", labels={ROLE_LABEL: "prefill", **MANAGED})
@@ -116,21 +216,14 @@ def prefill_pod_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, 
     cluster, namespace = body["metadata"]["labels"].get(CLUSTER_LABEL), body["metadata"].get("namespace")
     if not cluster or not namespace or not hasattr(memo, "kube"):
         return
-    kube: Kube = memo.kube
     try:
-        live = kube.get(cr_ref(namespace, cluster))
-        if live is None:
-            return
-        try:
-            spec = parse_spec(live.get("spec"))
-        except InvalidSpecError:
-            return  # the cluster's own handler reports this
-        plan = sync_groups(kube, cluster_ref(live), spec)
+        synced = _guarded(memo.kube, namespace, cluster, lambda: sync_groups_of(memo.kube, namespace, cluster))
     except KubeError as exc:
         if exc.status in RETRYABLE:
             raise kopf.TemporaryError(f"API server said {exc}", delay=1) from exc
         raise
-    _report_groups(live, plan)
+    if synced is not None:
+        _report_groups(synced[0], synced[1])
 
 
 @kopf.on.event("apps/v1", "statefulsets", labels=MANAGED)
@@ -147,21 +240,14 @@ def workload_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
             raise kopf.TemporaryError(f"API server said {exc}", delay=1) from exc
         raise
     if phases and phases[0] != phases[1]:
-        live = memo.kube.get(cr_ref(namespace, cluster))
-        if live is not None:
-            kopf.event(live, type="Normal", reason="Phase", message=f"phase {phases[0] or 'none'} -> {phases[1]}")
+        _event_on(memo.kube, namespace, cluster, "Normal", "Phase", f"phase {phases[0] or 'none'} -> {phases[1]}")
 
 
 def _report_groups(cluster_body: Any, plan: GroupPlan | None) -> None:
-    if plan is None:
+    if plan is None or cluster_body is None:
         return
     for pod, group in sorted(plan.label_changes.items()):
         kopf.event(cluster_body, type="Normal", reason="GroupAssigned", message=f"pod {pod} -> {group}")
     for pod, (old, new) in sorted(plan.moved.items()):
         kopf.event(cluster_body, type="Normal", reason="GroupRebalanced",
                    message=f"pod {pod} moved {old} -> {new} so that each group keeps a pod")
-
-
-# The allocation loop (pressure from Prometheus -> at most one move per interval) belongs here as
-# a kopf timer on LAPSCluster once it exists: it will call a pure policy, then `sync_groups`-style
-# actuation through status + labels, and bump metrics.REBALANCES / metrics.PRESSURE.

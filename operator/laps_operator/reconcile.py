@@ -4,8 +4,6 @@ kopf handlers in `main` call these and turn the outcome into Events and retries.
 """
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,14 +13,14 @@ from .builders import build_children, optional_children
 from .groups import GroupPlan, PodView, plan_groups
 from .kube import Kube, Ref
 from .naming import GROUP_LABEL, ClusterRef, role_selector
-from .spec import GROUP, VERSION, ClusterSpec, InvalidSpecError, parse_spec
+from .spec import ClusterSpec, InvalidSpecError, parse_spec
 from .status import groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
+from .writers import cluster_lock, cr_ref, retry_on_conflict
+from .writers import forget as forget_writers
+from .writers import patch_status as _patch_status
 
-API_VERSION = f"{GROUP}/{VERSION}"
-
-# Pod events and cluster reconciles run in kopf's worker threads; one cluster's group plan must
-# be read, decided and written by one of them at a time or two could hand out the same slot.
-_cluster_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+# Every function here that writes holds the cluster's lock (writers.cluster_lock) from its read
+# of the live LAPSCluster to its last write; callers pass names, never a body that may be stale.
 
 
 @dataclass
@@ -32,6 +30,8 @@ class Outcome:
     phase: str = ""
     previous_phase: str = ""
     invalid: str | None = None
+    gone: bool = False                 # the cluster no longer exists (or is being deleted)
+    cluster: dict[str, Any] | None = None   # the live object it reconciled (for Events)
 
 
 def cluster_ref(body: dict[str, Any]) -> ClusterRef:
@@ -39,16 +39,34 @@ def cluster_ref(body: dict[str, Any]) -> ClusterRef:
     return ClusterRef(meta["name"], meta.get("namespace") or "default", meta.get("uid") or "")
 
 
-def cr_ref(namespace: str, name: str) -> Ref:
-    return Ref(API_VERSION, "LAPSCluster", namespace, name)
+def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any], resource_version: str | None = None) -> None:
+    _patch_status(kube, ref.namespace, ref.name, status, resource_version)
 
 
-def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any]) -> None:
-    kube.patch(cr_ref(ref.namespace, ref.name), {"status": status}, subresource="status")
+def _gone(live: dict[str, Any] | None) -> bool:
+    return live is None or bool((live.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
-    """Bring the children of one LAPSCluster in line with its spec and write its status."""
+def reconcile(kube: Kube, namespace: str, name: str, *, skip_invalid: bool = False) -> Outcome:
+    """Bring the children of one LAPSCluster in line with its *live* spec and write its status.
+    `skip_invalid`: leave a cluster already marked Invalid alone (the resync: nothing to repair
+    until its spec changes, and that change gets a reconcile of its own)."""
+    with cluster_lock(namespace, name):
+        return retry_on_conflict(lambda: _reconcile_live(kube, namespace, name, skip_invalid))
+
+
+def _reconcile_live(kube: Kube, namespace: str, name: str, skip_invalid: bool) -> Outcome:
+    live = kube.get(cr_ref(namespace, name))
+    if _gone(live):
+        return Outcome(gone=True)
+    if skip_invalid and (live.get("status") or {}).get("phase") == "Invalid":
+        return Outcome(phase="Invalid", previous_phase="Invalid", cluster=live)
+    outcome = _reconcile(kube, live)
+    outcome.cluster = live
+    return outcome
+
+
+def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
     ref = cluster_ref(body)
     generation = body["metadata"].get("generation")
     old_status = body.get("status") or {}
@@ -59,7 +77,7 @@ def reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
         # Nothing is created or changed for a spec we cannot fully honour.
         status = invalid_status(old_status, generation=generation, message=str(exc), now=now_rfc3339())
         if not contains(old_status, _without_times(status)):
-            patch_status(kube, ref, status)
+            patch_status(kube, ref, status, body["metadata"].get("resourceVersion"))
         outcome.invalid, outcome.phase = str(exc), "Invalid"
         return outcome
 
@@ -73,65 +91,96 @@ def reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
     return outcome
 
 
+def prefill_pods(kube: Kube, ref: ClusterRef) -> list[PodView]:
+    pods = kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "prefill"))
+    return [
+        PodView(
+            name=p["metadata"]["name"],
+            group_label=(p["metadata"].get("labels") or {}).get(GROUP_LABEL),
+            terminating=bool(p["metadata"].get("deletionTimestamp")),
+        )
+        for p in pods
+    ]
+
+
+def label_pod(kube: Kube, namespace: str, pod: str, group: str) -> None:
+    kube.patch(Ref("v1", "Pod", namespace, pod), {"metadata": {"labels": {GROUP_LABEL: group}}})
+
+
 def sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | None:
     """Plan group membership, record it in status, then label the pods that differ.
 
     Status is written before labels: if the operator dies in between, the next run finds the
     plan recorded and finishes the labelling instead of planning anew.
     """
-    with _cluster_locks[(ref.namespace, ref.name)]:
-        live = kube.get(cr_ref(ref.namespace, ref.name))
-        if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        recorded = ((live.get("status") or {}).get("groups")) or {}
-        pods = kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "prefill"))
-        views = [
-            PodView(
-                name=p["metadata"]["name"],
-                group_label=(p["metadata"].get("labels") or {}).get(GROUP_LABEL),
-                terminating=bool(p["metadata"].get("deletionTimestamp")),
-            )
-            for p in pods
-        ]
-        plan = plan_groups(ref.prefill, spec.prefill.replicas, views, recorded)
-        wanted = groups_status(plan.groups)
-        if not contains(live.get("status") or {}, wanted):
-            patch_status(kube, ref, wanted)
-        for pod, group in sorted(plan.label_changes.items()):
-            kube.patch(Ref("v1", "Pod", ref.namespace, pod), {"metadata": {"labels": {GROUP_LABEL: group}}})
-        metrics.record_groups(ref.namespace, ref.name, plan.sizes)
-        return plan
+    with cluster_lock(ref.namespace, ref.name):
+        return retry_on_conflict(lambda: _sync_groups(kube, ref, spec))
+
+
+def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | None:
+    live = kube.get(cr_ref(ref.namespace, ref.name))
+    if _gone(live):
+        return None
+    recorded = ((live.get("status") or {}).get("groups")) or {}
+    plan = plan_groups(ref.prefill, spec.prefill.replicas, prefill_pods(kube, ref), recorded)
+    wanted = groups_status(plan.groups)
+    if not contains(live.get("status") or {}, wanted):
+        # Conditional: a membership computed from an older recording must not replace a newer one.
+        patch_status(kube, ref, wanted, live["metadata"].get("resourceVersion"))
+    for pod, group in sorted(plan.label_changes.items()):
+        label_pod(kube, ref.namespace, pod, group)
+    metrics.record_groups(ref.namespace, ref.name, plan.sizes)
+    return plan
 
 
 def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation: int | None) -> str:
     """Recompute readiness from the workloads and write status if it changed; returns the phase."""
     ns = ref.namespace
-    with _cluster_locks[(ns, ref.name)]:
+    with cluster_lock(ns, ref.name):
         prefill = kube.get(Ref("apps/v1", "StatefulSet", ns, ref.prefill))
         decode = kube.get(Ref("apps/v1", "Deployment", ns, ref.decode))
         gateway = kube.get(Ref("apps/v1", "Deployment", ns, ref.gateway))
         readiness = workload_readiness(spec, prefill, decode, gateway)
-        live = kube.get(cr_ref(ns, ref.name)) or {}
-        old_status = live.get("status") or {}
-        status = reconciled_status(old_status, generation=generation, readiness=readiness, now=now_rfc3339())
-        if not contains(old_status, _without_times(status)):
-            patch_status(kube, ref, status)
-        return status["phase"]
+
+        def write() -> str:
+            live = kube.get(cr_ref(ns, ref.name)) or {}
+            old_status = live.get("status") or {}
+            status = reconciled_status(old_status, generation=generation, readiness=readiness, now=now_rfc3339())
+            if not contains(old_status, _without_times(status)):
+                patch_status(kube, ref, status, (live.get("metadata") or {}).get("resourceVersion"))
+            return status["phase"]
+
+        return retry_on_conflict(write)
 
 
 def refresh_cluster(kube: Kube, namespace: str, name: str) -> tuple[str, str] | None:
     """(old phase, new phase) after re-reading a cluster's workloads; None if it is gone/invalid."""
-    live = kube.get(cr_ref(namespace, name))
-    if live is None or (live.get("metadata") or {}).get("deletionTimestamp"):
-        return None
-    try:
-        spec = parse_spec(live.get("spec"))
-    except InvalidSpecError:
-        return None
-    ref = cluster_ref(live)
-    old_phase = (live.get("status") or {}).get("phase") or ""
-    generation = (live.get("status") or {}).get("observedGeneration")
-    return old_phase, refresh_status(kube, ref, spec, generation=generation)
+    with cluster_lock(namespace, name):
+        live = kube.get(cr_ref(namespace, name))
+        if _gone(live):
+            return None
+        try:
+            spec = parse_spec(live.get("spec"))
+        except InvalidSpecError:
+            return None
+        ref = cluster_ref(live)
+        old_phase = (live.get("status") or {}).get("phase") or ""
+        generation = (live.get("status") or {}).get("observedGeneration")
+        return old_phase, refresh_status(kube, ref, spec, generation=generation)
+
+
+def sync_groups_of(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], GroupPlan] | None:
+    """The group sync a pod event asks for, on the live cluster; None if gone or invalid."""
+    with cluster_lock(namespace, name):
+        live = kube.get(cr_ref(namespace, name))
+        if _gone(live):
+            return None
+        try:
+            spec = parse_spec(live.get("spec"))
+        except InvalidSpecError:
+            return None  # the cluster's own handler reports this
+        plan = sync_groups(kube, cluster_ref(live), spec)
+        return (live, plan) if plan is not None else None
 
 
 def delete_children(kube: Kube, ref: ClusterRef) -> list[Applied]:
@@ -153,7 +202,7 @@ def delete_children(kube: Kube, ref: ClusterRef) -> list[Applied]:
         if done:
             removed.append(done)
     metrics.forget_cluster(ref.namespace, ref.name)
-    _cluster_locks.pop((ref.namespace, ref.name), None)
+    forget_writers(ref.namespace, ref.name)
     return removed
 
 

@@ -17,6 +17,7 @@ Usage (sync or async tests alike; the server runs in its own thread and event lo
 - `.api_client()`: a configured `kubernetes.client.ApiClient` (closed at teardown).
 - `.apply_crd(path)`: creates (or replaces) the CRDs of a YAML file through the API.
 - `.find(resource, namespace, name)`: a stored object; resource like "apps/v1/statefulsets".
+- `.history(resource, namespace, name)`: every stored version of it, oldest first.
 - `.emulate_endpoint_slices()`: opt in to an EndpointSlice controller (Services + pods with
   status.podIP and a Ready condition -> slices labelled kubernetes.io/service-name).
 - `.emulator`: the `KubeEmulator`; `.emulator.requests` is the request log (KMock Requests:
@@ -40,10 +41,11 @@ A test stops the processes it starts; at teardown the server ends open watches, 
 from __future__ import annotations
 
 import asyncio
+import copy
 import pathlib
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -103,6 +105,15 @@ class _ServingThread(threading.Thread):
         self.join(timeout=30)
 
 
+def _plain(value: Any) -> Any:
+    """KMock's stored versions as plain dicts and lists (JSON-serialisable copies)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return copy.deepcopy(value)
+
+
 def _kubeconfig_text(url: str) -> str:
     return yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
@@ -140,6 +151,18 @@ class KubeApi:
         """The stored object (e.g. `find("apps/v1/statefulsets", "ns", "x")`), or None."""
         ref = kmock.resource(resource)
         return self.call(lambda: self.emulator.store.find(ref, namespace, name))
+
+    def history(self, resource: str, namespace: str | None, name: str) -> list[dict]:
+        """Every stored version of an object, oldest first (deletions left out): what a test
+        asserts on when no intermediate state may ever have been written (e.g. a revert)."""
+        ref = kmock.resource(resource)
+
+        def read() -> list[dict]:
+            key = (ref, namespace, name)
+            if key not in self.emulator.store.objects:
+                return []
+            return [_plain(v) for v in self.emulator.store.objects[key].history.raw if v is not None]
+        return self.call(read)
 
     def emulate_endpoint_slices(self) -> None:
         """Opt in to an EndpointSlice controller: from now on, every Service with a selector

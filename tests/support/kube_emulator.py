@@ -17,6 +17,8 @@ replaces its object verbs with ones that follow the real API server:
   object, else merges: field ownership is not emulated); a failed JSON-patch `test` is 422.
 * PUT replaces the object; a stale `metadata.resourceVersion` (PUT, PATCH, scale, or a DELETE
   precondition) is 409 Conflict.
+* resource quantities of pods and pod templates are stored canonicalised (`cpu: 1000m` reads
+  back as "1"; kube_emulator_quantities.py).
 * the `status` subresource split: on a kind that has it, create and the main endpoint ignore
   `.status` and `/status` changes only `.status`; `generation` bumps only when the spec part
   changes. The `scale` subresource of built-in workloads reads and writes spec.replicas.
@@ -58,6 +60,7 @@ import attrs
 import kmock
 from kmock._internal import parsing, rendering
 
+from tests.support import kube_emulator_quantities as quantities
 from tests.support import kube_emulator_rules as rules
 from tests.support.kube_emulator_crds import CRDS, CrdRegistry
 from tests.support.kube_emulator_openapi import openapi_group_version, openapi_root
@@ -101,6 +104,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # for a resource go to one dispatcher (user reactions, if any, still come first).
         kmock.KubernetesScaffold.__attrs_post_init__(self)
         self.store = ObjectStore(self._objects, self._info)
+        for workload in quantities.WORKLOADS:   # stored canonicalised, as kube-apiserver does
+            self.store.validators[workload] = quantities.canonicalise_workload
         self.crds = CrdRegistry(self.resources, self.store)
         self.fallback["get /openapi/v3"] << (lambda: openapi_root(self._resources._resources))
         self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi

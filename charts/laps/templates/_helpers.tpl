@@ -33,11 +33,19 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{/* The rules the operator needs. It must hold every permission it grants to the gateway Role
-     (Kubernetes forbids escalation), hence endpointslices here. */}}
+     (Kubernetes forbids escalation), hence endpointslices here. Without Prometheus the
+     allocation loop lists the gateway pods (pods: list) and reads their /metrics over the pod
+     network: a NetworkPolicy around the gateways must let the operator in. */}}
 {{- define "laps.operatorRules" -}}
 - apiGroups: [laps.io]
   resources: [lapsclusters, lapsclusters/status]
   verbs: [get, list, watch, patch, update]
+{{- /* Children carry ownerReferences with blockOwnerDeletion: true, which the
+       OwnerReferencesPermissionEnforcement admission plugin allows only to whoever may update
+       the owner's finalizers. */}}
+- apiGroups: [laps.io]
+  resources: [lapsclusters/finalizers]
+  verbs: [update, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, patch]

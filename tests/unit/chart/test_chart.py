@@ -111,3 +111,16 @@ def test_chart_ships_the_same_crd_as_crds_dir():
     assert chart_crds == sorted(p.name for p in (ROOT / "crds").glob("*.yaml")) != []
     for name in chart_crds:
         assert (CHART / "crds" / name).read_text() == (ROOT / "crds" / name).read_text()
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["team-a"]}], ids=["cluster-wide", "namespaced"])
+def test_operator_may_set_owner_references_that_block_owner_deletion(values):
+    # Children carry blockOwnerDeletion: true; with the OwnerReferencesPermissionEnforcement
+    # admission plugin that needs update on the owner's finalizers subresource.
+    docs = render(values)
+    (role,) = by_kind(docs, "ClusterRole" if not values else "Role")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert ("laps.io", "lapsclusters/finalizers", "update") in granted
+    assert ("laps.io", "lapsclusters/status", "patch") in granted
+    assert ("", "pods", "list") in granted   # the allocation loop finds the gateway pods

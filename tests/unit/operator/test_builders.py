@@ -229,7 +229,8 @@ def test_config_map_holds_the_effective_laps_config():
     cm = build_config_map(CLUSTER, spec_of(laps={"allocation": {"enabled": True, "ratio": 3}}))
     config = json.loads(cm["data"]["laps.json"])
     assert config["laps"]["lengthThreshold"] == 256
-    assert config["laps"]["allocation"] == {"enabled": True, "intervalSeconds": 5.0, "ratio": 3.0, "minPerGroup": 1}
+    assert config["laps"]["allocation"] == {"enabled": True, "intervalSeconds": 5.0, "ratio": 3.0, "minPerGroup": 1,
+                                            "cooldownSeconds": 60.0, "confirmIntervals": 2}
     assert config["services"]["prefillShort"] == "demo-prefill-short"
     assert config["monitoring"]["prometheusURL"] == ""
 
@@ -274,3 +275,25 @@ def test_rendered_gateway_args_are_what_laps_gateway_accepts():
     assert (args.prefill_short_service, args.prefill_long_service, args.decode_service) == (
         "demo-prefill-short", "demo-prefill-long", "demo-decode")
     assert args.served_model_name == "smol" and args.length_threshold == 256 and args.port == 8000
+
+
+def test_gateway_is_ready_on_health_and_alive_on_live():
+    c = container(build_gateway_deployment(CLUSTER, spec_of()))
+    # /health: 200 once it can route, 503 before (out of the Service, not restarted);
+    # /live: 200 while the process serves (only a hung gateway is restarted).
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/live", "port": "http"}
+    assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] >= 30
+    assert c["ports"][0]["name"] == "http"
+
+
+@pytest.mark.parametrize(("allocation", "interval"), [
+    ({}, "15s"),                                                   # loop off: the usual 15 s
+    ({"enabled": True, "intervalSeconds": 5}, "2500ms"),           # twice per interval
+    ({"enabled": True, "intervalSeconds": 1}, "1s"),               # at most once a second
+    ({"enabled": True, "intervalSeconds": 120}, "15s"),            # at least every 15 s
+])
+def test_pod_monitor_scrapes_at_least_twice_per_allocation_interval(allocation, interval):
+    pm = build_pod_monitor(CLUSTER, spec_of(monitoring={"podMonitor": True}, prefill={"replicas": 2},
+                                            laps={"allocation": allocation}))
+    assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == interval

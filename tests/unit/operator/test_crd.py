@@ -172,3 +172,22 @@ def test_rendered_manifests_of_every_example_validate_against_kubernetes_1_37(pa
             assert child["apiVersion"] == "monitoring.coreos.com/v1"
             continue
         kubernetes_validate.validate(child, "1.37", strict=True)
+
+
+def test_status_of_the_allocation_loop_validates():
+    doc = {**MINIMAL, "status": {
+        "pressure": {"short": 3.0, "long": 4000.0, "perPod": {"short": 1.5, "long": 2000.0}, "source": "prometheus"},
+        "lastRebalanceTime": "2026-11-21T22:00:00Z",
+        "conditions": [{"type": "PressureUnavailable", "status": "False", "reason": "Recovered", "message": "ok",
+                        "lastTransitionTime": "2026-11-21T22:00:00Z"}],
+        "allocation": {
+            "lastDecision": "balanced within ratio 2",
+            "policy": {"wanted": None, "streak": 0, "lastDirection": "short_to_long",
+                       "movedAt": {"c-prefill-1": 1795365000.5}},
+            "history": [{"time": "2026-11-21T22:00:00Z", "pod": "c-prefill-1", "from": "short", "to": "long",
+                         "reason": "short per pod 0, long per pod 2e+03"}],
+        },
+    }}
+    assert errors(doc) == []
+    too_long = {**doc, "status": {"allocation": {"history": [{"pod": "p"}] * 11}}}
+    assert any("history" in e for e in errors(too_long))

@@ -192,3 +192,38 @@ def test_patched_object_is_desired_minus_dropped_fields_plus_others(last, desire
             assert after[key] == value
     # Applying again changes nothing: no write on the next reconcile.
     assert three_way_patch(desired, desired, after) == {}
+
+
+def canonicalised(live: dict[str, Any]) -> dict[str, Any]:
+    """The quantities as the API server stores them (`cpu: 1000m` -> "1", `2048Mi` -> "2Gi")."""
+    live = copy.deepcopy(live)
+    resources = live["spec"]["template"]["spec"]["containers"][0]["resources"]
+    resources["requests"] = {"cpu": "1", "memory": "2Gi"}
+    resources["limits"] = {"memory": "4294967296"}
+    return live
+
+
+def test_quantities_the_server_canonicalised_need_no_write():
+    # Before: a patch (and a "Repaired" Event) on every resync, for values that were equal.
+    resources = {"requests": {"cpu": "1000m", "memory": "2048Mi"}, "limits": {"memory": "4Gi"}}
+    desired = statefulset(prefill={"replicas": 2, "resources": resources})
+    live = canonicalised(as_stored(desired))
+    assert three_way_patch(last_applied_of(live), desired, live) == {}
+
+
+def test_a_real_quantity_change_is_still_patched():
+    desired = statefulset(prefill={"replicas": 2, "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}})
+    live = canonicalised(as_stored(statefulset(prefill={"replicas": 2, "resources": {"requests": {"cpu": "1"}}})))
+    patch = three_way_patch(last_applied_of(live), desired, live)
+    # (lists are replaced whole: the container comes with everything it wants)
+    assert patch["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1500m"
+
+
+def test_only_resource_maps_compare_as_quantities():
+    assert contains({"resources": {"limits": {"cpu": "1"}}}, {"resources": {"limits": {"cpu": "1000m"}}})
+    assert contains({"overhead": {"memory": "1Gi"}}, {"overhead": {"memory": "1024Mi"}})
+    # Elsewhere "1000m" and "1" are different strings (an argument, an annotation).
+    assert not contains({"args": ["--x", "1"]}, {"args": ["--x", "1000m"]})
+    assert not contains({"annotations": {"a": "1"}}, {"annotations": {"a": "1000m"}})
+    assert not contains({"requests": {"cpu": "1"}}, {"requests": {"cpu": "2"}})
+    assert not contains({"requests": {"cpu": "lots"}}, {"requests": {"cpu": "1"}})

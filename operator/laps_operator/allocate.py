@@ -1,0 +1,233 @@
+"""The allocation loop's step, free of kopf: pressure in, at most one move out.
+
+Each interval `AllocationLoop.tick` reads the pressure (outside the cluster's lock: a slow
+Prometheus must not hold up the other writers), then `step` holds the lock, re-reads the live
+LAPSCluster and its prefill pods, asks the pure policy (`allocation.decide`) and writes:
+
+1. status, conditionally on the resourceVersion it read: the pressure, the policy's memory
+   (status.allocation.policy, so a restarted operator goes on where it was), the decision,
+   the PressureUnavailable condition and, for a move, the new membership (status.groups, which
+   is what gives a recreated pod its group back), the bounded history and lastRebalanceTime;
+2. then the moved pod's `laps.io/prefill-group` label. Status first, as in the group sync: if
+   the operator dies in between, the next group sync finds the move recorded and labels the pod.
+
+The moved pod finishes what it holds (its engine keeps scheduling it); the gateway stops sending
+it work of its old class once the EndpointSlices follow the label.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import metrics, pressure
+from .allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
+from .apply import contains
+from .kube import Kube
+from .reconcile import cluster_ref, label_pod, prefill_pods, sync_groups
+from .spec import ClusterSpec, InvalidSpecError, parse_spec
+from .status import condition, groups_status, set_condition
+from .writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
+
+PRESSURE_UNAVAILABLE = "PressureUnavailable"
+HISTORY = 10
+OFF_RECHECK_S = 10.0     # how often a loop that is off looks again (a spec change wakes it sooner)
+SAMPLE_S = 1.0           # fallback mode: one gateway sample per second, averaged per interval
+
+
+def config_of(spec: ClusterSpec) -> AllocationConfig:
+    alloc = spec.laps.allocation
+    return AllocationConfig(ratio=alloc.ratio, min_per_group=alloc.min_per_group,
+                            confirm=alloc.confirm_intervals, pod_cooldown_s=alloc.cooldown_seconds)
+
+
+def active(spec: ClusterSpec) -> bool:
+    return spec.laps.allocation.enabled and spec.prefill.replicas >= 2
+
+
+def state_from_status(status: Mapping[str, Any] | None) -> PolicyState:
+    raw = ((status or {}).get("allocation") or {}).get("policy") or {}
+    moved = {str(k): float(v) for k, v in (raw.get("movedAt") or {}).items() if isinstance(v, (int, float))}
+    return PolicyState(wanted=raw.get("wanted"), streak=int(raw.get("streak") or 0), moved_at=moved,
+                       last_direction=raw.get("lastDirection"))
+
+
+def state_to_status(state: PolicyState) -> dict[str, Any]:
+    return {"wanted": state.wanted, "streak": state.streak, "lastDirection": state.last_direction,
+            "movedAt": {pod: round(t, 3) for pod, t in sorted(state.moved_at.items())}}
+
+
+def rfc3339(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _round(value: float) -> float:
+    return round(float(value), 3)
+
+
+def allocation_status(old: Mapping[str, Any] | None, groups: Mapping[str, list[str]], reading: pressure.Reading,
+                      decision: Decision, now: float) -> dict[str, Any]:
+    """The status after one decision (pure). `groups` is the membership the decision saw."""
+    old = old or {}
+    stamp = rfc3339(now)
+    allocation: dict[str, Any] = {"policy": state_to_status(decision.state),
+                                  "lastDecision": decision.reason if reading.known
+                                  else f"pressure unknown: {reading.message}"}
+    status: dict[str, Any] = {"allocation": allocation}
+    if reading.known:
+        status["pressure"] = {**{g: _round(reading.totals[g]) for g in GROUPS}, "source": reading.source,
+                              "perPod": {g: _round(v) for g, v in (decision.per_pod or {}).items()} or None}
+        was = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
+        if was is None or was.get("status") == "True":
+            reason, message = ("Recovered", "pressure is known again") if was else ("PressureKnown", "pressure is known")
+            status["conditions"] = set_condition(old.get("conditions"), PRESSURE_UNAVAILABLE, False, reason, message,
+                                                 generation=None, now=stamp)
+    else:
+        status["pressure"] = {"short": None, "long": None, "perPod": None, "source": reading.source}
+        status["conditions"] = set_condition(old.get("conditions"), PRESSURE_UNAVAILABLE, True, reading.reason,
+                                             reading.message, generation=None, now=stamp)
+    move = decision.move
+    if move is not None:
+        moved = {g: [p for p in groups.get(g, ()) if p != move.pod] for g in GROUPS}
+        moved[move.target].append(move.pod)
+        status.update(groups_status({g: sorted(moved[g], key=_ordinal_key) for g in GROUPS}))
+        status["lastRebalanceTime"] = stamp
+        history = list((old.get("allocation") or {}).get("history") or [])
+        history.append({"time": stamp, "pod": move.pod, "from": move.source, "to": move.target,
+                        "reason": decision.reason})
+        allocation["history"] = history[-HISTORY:]
+    return status
+
+
+def _ordinal_key(name: str) -> tuple:
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)
+
+
+def _without_times(status: dict[str, Any]) -> dict[str, Any]:
+    out = dict(status)
+    if "conditions" in out:
+        out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in out["conditions"]]
+    return out
+
+
+@dataclass
+class StepOutcome:
+    cluster: dict[str, Any] | None = None     # the live object (for Events); None: gone
+    move: Move | None = None
+    reason: str = ""
+    reading: pressure.Reading | None = None
+    became_unavailable: bool = False
+    recovered: bool = False
+
+
+def step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float) -> StepOutcome:
+    """One decision on `reading` for the live cluster, under its lock; see the module docstring."""
+    with cluster_lock(namespace, name):
+        return retry_on_conflict(lambda: _step(kube, namespace, name, reading, now))
+
+
+def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float) -> StepOutcome:
+    live = kube.get(cr_ref(namespace, name))
+    if live is None or live["metadata"].get("deletionTimestamp"):
+        return StepOutcome()
+    try:
+        spec = parse_spec(live.get("spec"))
+    except InvalidSpecError:
+        return StepOutcome(live, reason="invalid spec")
+    if not active(spec):
+        return StepOutcome(live, reason="allocation is off")
+    ref = cluster_ref(live)
+    plan = sync_groups(kube, ref, spec)   # membership and labels consistent before deciding
+    if plan is None:
+        return StepOutcome()
+    live = kube.get(cr_ref(namespace, name)) or live   # what the sync may just have written
+    old = live.get("status") or {}
+    present = {p.name for p in prefill_pods(kube, ref) if not p.terminating}
+    members = {g: [p for p in plan.groups[g] if p in present] for g in GROUPS}
+    # In-flight work per pod is not exported per pod yet: all equal, so ties (the highest
+    # ordinal) choose among the pods out of cooldown.
+    decision = decide(members, reading.totals, {}, state_from_status(old), now, config_of(spec))
+    status = allocation_status(old, plan.groups, reading, decision, now)
+    if not contains(old, _without_times(status)):
+        patch_status(kube, namespace, name, status, live["metadata"].get("resourceVersion"))
+    if decision.move is not None and decision.move.pod in present:
+        label_pod(kube, namespace, decision.move.pod, decision.move.target)
+    _record_metrics(namespace, name, reading, decision, status.get("groupSizes") or plan.sizes)
+    was = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
+    was_unavailable = bool(was and was.get("status") == "True")
+    return StepOutcome(live, decision.move, decision.reason, reading,
+                       became_unavailable=not reading.known and not was_unavailable,
+                       recovered=reading.known and was_unavailable)
+
+
+def stand_down(kube: Kube, namespace: str, name: str) -> None:
+    """The loop was turned off: an unavailable pressure no longer matters to anyone."""
+    with cluster_lock(namespace, name):
+        live = kube.get(cr_ref(namespace, name))
+        if live is None:
+            return
+        conditions = set_condition((live.get("status") or {}).get("conditions"), PRESSURE_UNAVAILABLE, False,
+                                   "AllocationOff", "the allocation loop is off", generation=None,
+                                   now=rfc3339(time.time()))
+        patch_status(kube, namespace, name, {"conditions": conditions}, live["metadata"].get("resourceVersion"))
+    metrics.record_pressure(namespace, name, None)
+
+
+def _record_metrics(namespace: str, name: str, reading: pressure.Reading, decision: Decision,
+                    sizes: Mapping[str, int]) -> None:
+    metrics.record_groups(namespace, name, dict(sizes))
+    metrics.record_pressure(namespace, name, reading.totals)
+    if decision.move is not None:
+        metrics.record_decision(namespace, name, "moved", decision.move.direction)
+    else:
+        metrics.record_decision(namespace, name, "held" if reading.known else "unknown")
+
+
+class AllocationLoop:
+    """One cluster's loop: `tick()` runs when due and returns the seconds until it is due
+    again. It re-reads the spec every tick, so interval changes apply from the next decision."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str, clock=time.monotonic, wall=time.time) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self.clock, self.wall = clock, wall
+        self.window = pressure.GatewayWindow()
+        self.last_decision: float | None = None
+
+    def tick(self) -> tuple[float | None, StepOutcome | None]:
+        """(seconds to the next tick or None when the cluster is gone, the step's outcome if one ran)."""
+        live = self.kube.get(cr_ref(self.namespace, self.name))
+        if live is None or live["metadata"].get("deletionTimestamp"):
+            return None, None
+        try:
+            spec = parse_spec(live.get("spec"))
+        except InvalidSpecError:
+            return OFF_RECHECK_S, None
+        if not active(spec):
+            self.window, self.last_decision = pressure.GatewayWindow(), None
+            unavailable = condition((live.get("status") or {}).get("conditions"), PRESSURE_UNAVAILABLE)
+            if unavailable and unavailable.get("status") == "True":
+                stand_down(self.kube, self.namespace, self.name)
+            return OFF_RECHECK_S, None
+        interval = spec.laps.allocation.interval_seconds
+        url = spec.monitoring.prometheus_url
+        now = self.clock()
+        if self.last_decision is None:
+            self.last_decision = now   # the first decision one interval after the loop starts
+        if not url:
+            self.window.add(pressure.scrape_gateways(self.kube, cluster_ref(live), spec.gateway.port))
+        due = self.last_decision + interval
+        if now < due:
+            return min(due - now, SAMPLE_S if not url else due - now), None
+        window = pressure.window_seconds(interval)
+        if url:
+            query = spec.monitoring.pressure_query or pressure.default_query(cluster_ref(live), window)
+            reading = pressure.query_prometheus(url, query, self.wall(), max_age_s=2 * window)
+        else:
+            reading = self.window.take()
+        outcome = step(self.kube, self.namespace, self.name, reading, self.wall())
+        self.last_decision = max(due, now - interval)   # no burst of catch-up decisions after a stall
+        until_due = max(0.0, self.last_decision + interval - self.clock())
+        return (min(until_due, SAMPLE_S) if not url else until_due), outcome

@@ -1,0 +1,168 @@
+"""The allocation loop's actuator: what one step writes, in which order, for a move, for
+unknown pressure and after a conflict (against an in-memory Kube; the e2e tests run it for real)."""
+from __future__ import annotations
+
+import pytest
+from laps_operator.allocate import (
+    OFF_RECHECK_S,
+    PRESSURE_UNAVAILABLE,
+    AllocationLoop,
+    allocation_status,
+    config_of,
+    state_from_status,
+    state_to_status,
+    step,
+)
+from laps_operator.allocation import Decision, Move, PolicyState
+from laps_operator.kube import KubeError
+from laps_operator.pressure import Reading, unknown
+from laps_operator.spec import parse_spec
+from laps_operator.status import condition
+
+from tests.unit.operator.fake_kube import FakeKube, cluster, prefill_pod
+
+NOW = 1_800_000_000.0
+GROUPS = {"short": ["c-prefill-0", "c-prefill-1"], "long": ["c-prefill-2", "c-prefill-3"]}
+LONG_HEAVY = Reading({"short": 0.0, "long": 4000.0})
+
+
+def make_kube(status: dict | None = None, **cluster_kw) -> FakeKube:
+    kube = FakeKube()
+    kube.add(cluster(status={"groups": GROUPS, "groupSizes": {"short": 2, "long": 2}, **(status or {})}, **cluster_kw))
+    for group, pods in GROUPS.items():
+        for pod in pods:
+            kube.add(prefill_pod(pod, group))
+    return kube
+
+
+def live_status(kube: FakeKube) -> dict:
+    return kube.objects[("LAPSCluster", "ns", "c")]["status"]
+
+
+def labels(kube: FakeKube) -> dict[str, str]:
+    return {name: obj["metadata"]["labels"]["laps.io/prefill-group"]
+            for (kind, _, name), obj in kube.objects.items() if kind == "Pod"}
+
+
+def test_a_move_records_status_first_then_relabels_the_pod():
+    kube = make_kube()
+    outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
+
+    assert outcome.move == Move("c-prefill-1", "short", "long")  # equal in-flight: the highest ordinal
+    (status_write, label_write) = kube.writes
+    assert status_write[0] == "patch/status" and label_write[0] == "patch"
+    # Conditional on the version it read, so a concurrent writer's change is never overwritten.
+    assert status_write[2]["metadata"]["resourceVersion"]
+    assert label_write[1].name == "c-prefill-1"
+    assert label_write[2] == {"metadata": {"labels": {"laps.io/prefill-group": "long"}}}
+
+    status = live_status(kube)
+    assert status["groups"] == {"short": ["c-prefill-0"], "long": ["c-prefill-1", "c-prefill-2", "c-prefill-3"]}
+    assert status["groupSizes"] == {"short": 1, "long": 3}
+    assert status["pressure"] == {"short": 0.0, "long": 4000.0, "perPod": {"short": 0.0, "long": 2000.0},
+                                  "source": "prometheus"}
+    assert status["lastRebalanceTime"] == "2027-01-15T08:00:00Z"
+    [entry] = status["allocation"]["history"]
+    assert (entry["pod"], entry["from"], entry["to"], entry["time"]) == ("c-prefill-1", "short", "long",
+                                                                         "2027-01-15T08:00:00Z")
+    assert "long per pod 2e+03" in entry["reason"]
+    # (merge patch: the null `wanted` removes the key)
+    assert status["allocation"]["policy"] == {"streak": 0, "lastDirection": "short_to_long",
+                                              "movedAt": {"c-prefill-1": NOW}}
+    assert condition(status["conditions"], PRESSURE_UNAVAILABLE)["status"] == "False"
+    assert labels(kube)["c-prefill-1"] == "long"
+
+
+def test_unknown_pressure_moves_nothing_and_says_why_until_it_returns():
+    kube = make_kube()
+    down = unknown("PrometheusUnreachable", "cannot query http://prom:9090: ConnectError")
+    outcome = step(kube, "ns", "c", down, NOW)
+    assert outcome.move is None and outcome.became_unavailable
+    assert [w[0] for w in kube.writes] == ["patch/status"]   # no label touched
+    status = live_status(kube)
+    cond = condition(status["conditions"], PRESSURE_UNAVAILABLE)
+    assert (cond["status"], cond["reason"]) == ("True", "PrometheusUnreachable")
+    assert "ConnectError" in cond["message"]
+    assert "short" not in status["pressure"] and "long" not in status["pressure"]
+    assert status["allocation"]["lastDecision"].startswith("pressure unknown: cannot query")
+
+    # Still down: nothing new to write.
+    again = step(kube, "ns", "c", down, NOW + 1)
+    assert not again.became_unavailable and len(kube.writes) == 1
+
+    back = step(kube, "ns", "c", Reading({"short": 0.0, "long": 0.0}), NOW + 2)
+    assert back.recovered and back.move is None
+    cond = condition(live_status(kube)["conditions"], PRESSURE_UNAVAILABLE)
+    assert (cond["status"], cond["reason"]) == ("False", "Recovered")
+    assert live_status(kube)["allocation"]["lastDecision"] == "no group is under pressure"
+
+
+def test_a_conflicting_write_is_recomputed_from_the_live_object():
+    kube = make_kube()
+    kube.fail_next.append(KubeError(409, "the object has been modified"))
+    outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
+    assert outcome.move is not None
+    assert [w[0] for w in kube.writes] == ["patch/status", "patch"]  # once each, after the retry
+    assert len(live_status(kube)["allocation"]["history"]) == 1
+
+
+def test_the_cooldown_survives_a_restart_through_status():
+    # A previous operator moved c-prefill-1 ten seconds ago; the cooldown is 60 s.
+    recorded = {"allocation": {"policy": {"lastDirection": "long_to_short", "movedAt": {"c-prefill-1": NOW - 10}}}}
+    kube = make_kube(status=recorded, allocation={"cooldownSeconds": 60, "ratio": 1.5})
+    outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
+    assert outcome.move == Move("c-prefill-0", "short", "long")
+
+
+def test_allocation_off_writes_nothing():
+    kube = make_kube(allocation={"enabled": False})
+    assert step(kube, "ns", "c", LONG_HEAVY, NOW).move is None
+    assert kube.writes == []
+
+
+def test_history_keeps_the_last_ten_moves():
+    old = {"allocation": {"history": [{"pod": f"p-{i}"} for i in range(10)]}}
+    decision = Decision(Move("c-prefill-1", "short", "long"), "why", PolicyState(), {"short": 0.0, "long": 1.0})
+    status = allocation_status(old, GROUPS, LONG_HEAVY, decision, NOW)
+    history = status["allocation"]["history"]
+    assert len(history) == 10 and history[0]["pod"] == "p-1" and history[-1]["pod"] == "c-prefill-1"
+
+
+def test_policy_state_round_trips_through_status():
+    state = PolicyState("long_to_short", 1, {"c-prefill-3": NOW}, "short_to_long")
+    assert state_from_status({"allocation": {"policy": state_to_status(state)}}) == state
+    assert state_from_status({}) == PolicyState()
+
+
+def test_spec_knobs_reach_the_policy_and_the_rest_keep_their_defaults():
+    spec = parse_spec({"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 4}, "laps": {"allocation": {
+        "enabled": True, "ratio": 3, "minPerGroup": 2, "cooldownSeconds": 5, "confirmIntervals": 4}}})
+    config = config_of(spec)
+    assert (config.ratio, config.min_per_group, config.pod_cooldown_s, config.confirm) == (3.0, 2, 5.0, 4)
+    assert (config.min_pressure, config.min_improvement) == (1.0, 0.1)
+
+
+@pytest.mark.parametrize("replicas", [1])
+def test_a_single_pod_pool_has_no_loop(replicas):
+    kube = make_kube(replicas=replicas, allocation={"enabled": False})
+    assert step(kube, "ns", "c", LONG_HEAVY, NOW).reason == "allocation is off"
+
+
+def test_the_loop_follows_an_interval_change_at_its_next_tick():
+    kube = make_kube(allocation={"intervalSeconds": 60})
+    spec = kube.objects[("LAPSCluster", "ns", "c")]["spec"]
+    spec["monitoring"] = {"prometheusURL": "http://127.0.0.1:9"}   # nothing listens: pressure unknown
+    clock = [1000.0]
+    loop = AllocationLoop(kube, "ns", "c", clock=lambda: clock[0], wall=lambda: NOW)
+    assert loop.tick() == (60.0, None)           # the first decision one interval after the start
+    spec["laps"]["allocation"]["intervalSeconds"] = 2   # the user shortens it (a watch event wakes the loop)
+    clock[0] += 2
+    delay, outcome = loop.tick()
+    assert delay == 2.0 and outcome is not None and outcome.reading.reason == "PrometheusUnreachable"
+    spec["laps"]["allocation"]["enabled"] = False
+    assert loop.tick() == (OFF_RECHECK_S, None)
+    # Turned off: a PressureUnavailable left behind no longer says anything.
+    cond = condition(live_status(kube)["conditions"], PRESSURE_UNAVAILABLE)
+    assert (cond["status"], cond["reason"]) == ("False", "AllocationOff")
+    del kube.objects[("LAPSCluster", "ns", "c")]
+    assert loop.tick() == (None, None)            # gone: the loop ends

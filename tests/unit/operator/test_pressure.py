@@ -1,0 +1,178 @@
+"""Pressure readings: Prometheus instant-query answers and the gateways' own /metrics, and
+every way a reading becomes "unknown" (which means: no move)."""
+from __future__ import annotations
+
+import http.server
+import re
+import threading
+
+import pytest
+from laps_operator.allocation import REQUEST_COST_TOKENS
+from laps_operator.naming import ClusterRef
+from laps_operator.pressure import (
+    GatewayWindow,
+    Reading,
+    default_query,
+    gateway_pod_regex,
+    parse_gateway_metrics,
+    parse_prometheus,
+    scrape_gateways,
+    scrape_interval_seconds,
+    unknown,
+    window_seconds,
+)
+
+from tests.unit.operator.fake_kube import FakeKube
+
+NOW = 1_800_000_000.0
+
+
+def vector(*samples: tuple[dict, float], stamp: float = NOW) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": metric, "value": [stamp, str(value)]} for metric, value in samples]}}
+
+
+def test_a_vector_with_both_groups_gives_their_totals():
+    reading = parse_prometheus(200, vector(({"group": "short"}, 12.5), ({"group": "long"}, 4000)), NOW, 10)
+    assert reading.known and reading.totals == {"short": 12.5, "long": 4000.0}
+
+
+def test_series_of_one_group_are_summed_and_other_labels_ignored():
+    # A custom query that forgot `sum by (group)`: one series per gateway replica.
+    body = vector(({"group": "short", "pod": "g-1"}, 1), ({"group": "short", "pod": "g-2"}, 2),
+                  ({"group": "long", "pod": "g-1"}, 5), ({"group": "other"}, 99), ({}, 7))
+    assert parse_prometheus(200, body, NOW, 10).totals == {"short": 3.0, "long": 5.0}
+
+
+@pytest.mark.parametrize(("status_code", "body", "reason", "says"), [
+    (200, vector(({"group": "short"}, 1)), "GroupMissing", "group long"),
+    (200, vector(), "NoSeries", "no series"),
+    (200, vector(({"group": "short"}, 1), ({"group": "long"}, 2), stamp=NOW - 60), "Stale", "60s old"),
+    (400, {"status": "error", "errorType": "bad_data", "error": "parse error at char 5"}, "PrometheusError",
+     "bad_data: parse error"),
+    (503, {"status": "error", "errorType": "unavailable", "error": "not ready"}, "PrometheusError", "HTTP 503"),
+    (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}, "BadQuery", "instant vector"),
+    (200, vector(({"group": "short"}, float("nan")), ({"group": "long"}, 1)), "NoSeries", "nan"),
+    (200, [1, 2], "PrometheusError", "not a JSON object"),
+])
+def test_doubtful_answers_are_unknown_with_a_reason(status_code, body, reason, says):
+    reading = parse_prometheus(status_code, body, NOW, max_age_s=10)
+    assert not reading.known
+    assert reading.reason == reason and says in reading.message
+
+
+def test_default_query_sums_every_gateway_replica_of_the_cluster_over_the_window():
+    query = default_query(ClusterRef("chat", "serving", "u"), window_seconds(5))
+    selector = '{namespace="serving",pod=~"chat-gateway-[a-z0-9]+-[a-z0-9]+"}[5000ms]'
+    # allocation.group_pressure: tokens, plus REQUEST_COST_TOKENS per pending request.
+    assert query == (f"sum by (group) (avg_over_time(laps_gateway_pending_tokens{selector})) + "
+                     f"{REQUEST_COST_TOKENS} * sum by (group) (avg_over_time(laps_gateway_pending_requests{selector}))")
+
+
+def test_gateway_pod_regex_selects_this_clusters_deployment_pods_only():
+    # What PromQL's fully anchored regex does, with the PromQL string's escapes undone.
+    pattern = re.compile(gateway_pod_regex(ClusterRef("a.b", "ns", "u")).replace("\\\\", "\\"))
+    assert pattern.fullmatch("a.b-gateway-7d9f8c6b5-x2x7z")
+    assert not pattern.fullmatch("axb-gateway-7d9f8c6b5-x2x7z")          # the dot is literal
+    assert not pattern.fullmatch("a.b-gateway-b-gateway-7d9f8c6b5-x2x7z")  # cluster "a.b-gateway-b"
+    assert not pattern.fullmatch("a.b-prefill-0")
+
+
+def test_window_and_scrape_interval_leave_two_scrapes_per_window():
+    for interval in (1, 2, 5, 30, 120):
+        assert window_seconds(interval) >= 2 * scrape_interval_seconds(interval)
+        assert window_seconds(interval) >= interval
+    assert (window_seconds(1), scrape_interval_seconds(1)) == (2.0, 1.0)
+    assert (window_seconds(5), scrape_interval_seconds(5)) == (5.0, 2.5)
+
+
+def gateway_metrics_text(short: float, long: float, requests: tuple[int, int] = (0, 0)) -> str:
+    from laps_agent.gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics()   # the gateway's own registry: the real exposition format
+    metrics.pending_tokens_of["short"].set(short)
+    metrics.pending_tokens_of["long"].set(long)
+    metrics.pending_requests_of["short"].set(requests[0])
+    metrics.pending_requests_of["long"].set(requests[1])
+    return metrics.render().decode()
+
+
+def test_the_fallback_parser_reads_a_real_gateway_exposition():
+    assert parse_gateway_metrics(gateway_metrics_text(3, 700, (1, 2))) == {
+        "short": 3.0 + REQUEST_COST_TOKENS, "long": 700.0 + 2 * REQUEST_COST_TOKENS}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("# nothing here\n", "no laps_gateway_pending_tokens"),
+    ('laps_gateway_pending_tokens{group="short"} 1\n', "group long"),
+    ('laps_gateway_pending_tokens{group="short"} 1\nlaps_gateway_pending_tokens{group="long"} 1\n',
+     "no laps_gateway_pending_requests"),
+])
+def test_the_fallback_parser_refuses_incomplete_metrics(text, says):
+    with pytest.raises(ValueError, match=says):
+        parse_gateway_metrics(text)
+
+
+def test_gateway_window_averages_and_one_failed_sample_spoils_it():
+    window = GatewayWindow()
+    assert window.take().reason == "NoSamples"
+    window.add(Reading({"short": 0, "long": 100}, source="gateways"))
+    window.add(Reading({"short": 10, "long": 300}, source="gateways"))
+    assert window.take().totals == {"short": 5.0, "long": 200.0}
+    window.add(Reading({"short": 0, "long": 100}, source="gateways"))
+    window.add(unknown("GatewayUnreachable", "pod g-1", "gateways"))
+    assert window.take().reason == "GatewayUnreachable"
+    assert window.take().reason == "NoSamples"   # take() starts over
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    text = ""
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = self.text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    servers = []
+
+    def start(text: str) -> int:
+        handler = type("Handler", (_Metrics,), {"text": text})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server.server_address[1]
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def gateway_pod(name: str, port: int, phase: str = "Running") -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": {
+        "laps.io/cluster": "c", "laps.io/role": "gateway"}},
+        "spec": {"containers": [{"name": "gateway", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {"phase": phase, "podIP": "127.0.0.1"}}
+
+
+def test_scrape_sums_the_running_gateway_pods_and_an_unreachable_one_makes_it_unknown(metrics_server):
+    kube = FakeKube()
+    ref = ClusterRef("c", "ns", "u")
+    assert scrape_gateways(kube, ref, 8000).reason == "NoGateway"
+    kube.add(gateway_pod("c-gateway-1-a", metrics_server(gateway_metrics_text(1, 100, (0, 1)))))
+    kube.add(gateway_pod("c-gateway-1-b", metrics_server(gateway_metrics_text(2, 50))))
+    kube.add(gateway_pod("c-gateway-1-c", 1, phase="Pending"))   # not running: not asked
+    reading = scrape_gateways(kube, ref, 8000)
+    assert reading.totals == {"short": 3.0, "long": 150.0 + REQUEST_COST_TOKENS} and reading.source == "gateways"
+
+    kube.add(gateway_pod("c-gateway-1-d", 9))   # nothing listens on port 9
+    down = scrape_gateways(kube, ref, 8000)
+    assert down.reason == "GatewayUnreachable" and "c-gateway-1-d" in down.message
