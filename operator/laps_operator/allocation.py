@@ -144,8 +144,8 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
         return Decision(None, f"every {source} pod moved within {config.pod_cooldown_s:g}s", wanting, per_pod)
     pod = min(candidates, key=lambda p: (in_flight.get(p, 0.0), _descending(p)))
     moved = PolicyState(None, 0, {**state.moved_at, pod: now}, direction)
-    return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.3g}, {worse} per pod "
-                    f"{per_pod[worse]:.3g}: moving one pod lowers the worse to {after:.3g}", moved, per_pod)
+    return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.0f}, {worse} per pod "
+                    f"{per_pod[worse]:.0f}: moving one pod lowers the worse to {after:.0f}", moved, per_pod)
 
 
 def _descending(name: str) -> tuple:

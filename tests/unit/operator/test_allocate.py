@@ -65,7 +65,7 @@ def test_a_move_records_status_first_then_relabels_the_pod():
     [entry] = status["allocation"]["history"]
     assert (entry["pod"], entry["from"], entry["to"], entry["time"]) == ("c-prefill-1", "short", "long",
                                                                          "2027-01-15T08:00:00Z")
-    assert "long per pod 2e+03" in entry["reason"]
+    assert "long per pod 2000" in entry["reason"]
     # (merge patch: the null `wanted` removes the key)
     assert status["allocation"]["policy"] == {"streak": 0, "lastDirection": "short_to_long",
                                               "movedAt": {"c-prefill-1": NOW}}
