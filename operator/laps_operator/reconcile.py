@@ -153,16 +153,24 @@ def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation
         return retry_on_conflict(write)
 
 
+def _live_valid(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], ClusterSpec] | None:
+    """The live cluster and its parsed spec; None when it is gone or its spec is invalid."""
+    live = kube.get(cr_ref(namespace, name))
+    if _gone(live):
+        return None
+    try:
+        return live, parse_spec(live.get("spec"))
+    except InvalidSpecError:
+        return None
+
+
 def refresh_cluster(kube: Kube, namespace: str, name: str) -> tuple[str, str] | None:
     """(old phase, new phase) after re-reading a cluster's workloads; None if it is gone/invalid."""
     with cluster_lock(namespace, name):
-        live = kube.get(cr_ref(namespace, name))
-        if _gone(live):
+        found = _live_valid(kube, namespace, name)
+        if found is None:
             return None
-        try:
-            spec = parse_spec(live.get("spec"))
-        except InvalidSpecError:
-            return None
+        live, spec = found
         ref = cluster_ref(live)
         old_phase = (live.get("status") or {}).get("phase") or ""
         generation = (live.get("status") or {}).get("observedGeneration")
@@ -170,15 +178,13 @@ def refresh_cluster(kube: Kube, namespace: str, name: str) -> tuple[str, str] | 
 
 
 def sync_groups_of(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], GroupPlan] | None:
-    """The group sync a pod event asks for, on the live cluster; None if gone or invalid."""
+    """The group sync a pod event asks for, on the live cluster; None if gone or invalid (the
+    cluster's own handler reports an invalid spec)."""
     with cluster_lock(namespace, name):
-        live = kube.get(cr_ref(namespace, name))
-        if _gone(live):
+        found = _live_valid(kube, namespace, name)
+        if found is None:
             return None
-        try:
-            spec = parse_spec(live.get("spec"))
-        except InvalidSpecError:
-            return None  # the cluster's own handler reports this
+        live, spec = found
         plan = sync_groups(kube, cluster_ref(live), spec)
         return (live, plan) if plan is not None else None
 

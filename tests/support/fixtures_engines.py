@@ -96,19 +96,24 @@ def start_engine(model: str | Path, role: str = "mixed", extra_args: Sequence[st
     return engine
 
 
-def _wait_healthy(engine: EngineProcess, timeout: float) -> None:
+def wait_healthy(url: str, process: subprocess.Popen, log_tail, timeout: float) -> None:
+    """Poll `url`/health until 200; fail with the engine's log if it exits or times out."""
     deadline = time.monotonic() + timeout
     while True:
-        if not engine.alive():
-            raise RuntimeError(f"engine exited with {engine.process.returncode}:\n{engine.log_tail()}")
+        if process.poll() is not None:
+            raise RuntimeError(f"engine exited with {process.returncode}:\n{log_tail()}")
         try:
-            if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"engine not healthy within {timeout}s:\n{engine.log_tail()}")
+            raise TimeoutError(f"engine not healthy within {timeout}s:\n{log_tail()}")
         time.sleep(0.1)  # poll interval, bounded by the deadline
+
+
+def _wait_healthy(engine: EngineProcess, timeout: float) -> None:
+    wait_healthy(engine.url, engine.process, engine.log_tail, timeout)
 
 
 class EngineLauncher:

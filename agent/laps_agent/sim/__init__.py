@@ -100,13 +100,15 @@ def default_chars_per_token() -> float:
 def measure_capacity(spec: WorkloadSpec, profile: Profile, *, prefill: int, decode: int, threshold: int,
                      engine_args: tuple[str, ...] = ()) -> float:
     """Requests/s the baseline (`vanilla-pd`) sustains on this workload's length mix: the
-    simulated throughput when a large batch of its requests all arrive at once."""
+    simulated throughput when a large batch of its requests all arrive at once (without the
+    gateway's admission control, which would refuse most of such a burst at once: capacity is
+    what the engines serve, not what the gateway turns away)."""
     n = max(2000, _CAPACITY_REQUESTS_PER_POD * prefill)
     base = len(plan_requests(spec))
     plan = plan_requests(spec, rate_scale=max(1.0, n / max(base, 1)), max_requests=n)
     zeros = np.zeros(len(plan))
     cluster = SimCluster(profile, SYSTEMS["vanilla-pd"], prefill=prefill, decode=decode, threshold=threshold,
-                         engine_args=engine_args, sample_every_s=0)
+                         engine_args=engine_args, sample_every_s=0, max_pending_tokens_per_pod=0)
     outcome = cluster.run(zeros, plan.prompt_tokens, plan.output_tokens)
     return len(plan) / outcome.duration if outcome.duration > 0 else float("inf")
 

@@ -2,7 +2,6 @@
 `openai` client: answers, streaming, metrics, and batches that take the time their profile says."""
 from __future__ import annotations
 
-import re
 import time
 
 import httpx
@@ -11,6 +10,8 @@ import pytest
 import yaml
 
 from laps_agent.emulated.profile import load_profile
+
+from tests.support.metrics_text import metric_value as _metric
 
 # Round numbers, so the expected batch time is plain arithmetic; graphs on, as on a GPU.
 PROFILE = {
@@ -24,12 +25,6 @@ PROFILE = {
     "transfer": {"latency_s": 0.002, "bytes_per_s": 1.0e9},
 }
 
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" ([0-9.e+-]+)"
-    match = re.search(pattern, text)
-    return float(match.group(1)) if match else 0.0
 
 
 @pytest.fixture
@@ -80,7 +75,7 @@ def test_a_batch_takes_the_time_its_profile_gives(emulated_stack):
     client = openai.OpenAI(base_url=stack.url, api_key="unused", timeout=60, max_retries=0)
     for tokens, bucket in ((100, (1, 128)), (30, (1, 32))):
         before = _metric(httpx.get(short_engine + "/metrics").text,
-                         "laps_engine_prefill_latency_seconds_sum", **{"class": "short"})
+                         "laps_engine_prefill_latency_seconds_sum", 0.0, **{"class": "short"})
         started = time.monotonic()
         stream = client.completions.create(model="emulated-test", prompt=list(range(1000, 1000 + tokens)),
                                            max_tokens=2, stream=True)

@@ -4,12 +4,12 @@ moved engine reports its new group, and long work then reaches it."""
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 
 import httpx
 import yaml
 
+from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
 PROFILE = {
@@ -23,11 +23,6 @@ PROFILE = {
     "transfer": {"bytes_per_s": 1.0e9},
 }
 
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    match = re.search(re.escape(name) + r"\{" + re.escape(want) + r"\} ([0-9.e+-]+)", text)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
@@ -73,7 +68,7 @@ def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
     # long work now reaches the moved engine
     def long_batches() -> float:
         return _metric(httpx.get(first["pod"] + "/metrics").text,
-                       "laps_engine_prefill_latency_seconds_count", **{"class": "long"})
+                       "laps_engine_prefill_latency_seconds_count", 0.0, **{"class": "long"})
 
     seen = long_batches()
     for _ in range(6):  # least-pending routing over three idle long engines reaches all of them

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,9 @@ import kubernetes
 import yaml
 
 from laps_agent.local_engines import free_port
+from tests.support.fixtures_engines import wait_healthy
 from tests.support.fixtures_gateway_k8s import sync_endpoint_slices
+from tests.support.metrics_text import metric_value
 from tests.support.waiting import stop_process
 
 NS = "default"
@@ -61,12 +62,8 @@ class Engine:
         return f"http://127.0.0.1:{self.port}"
 
     def metric(self, name: str, **labels: str) -> float:
-        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
-            series, _, value = line.rpartition(" ")
-            if series == (f"{name}{{{want}}}" if want else name):
-                return float(value)
-        return 0.0
+        """0 while the series is absent (a histogram child before its first observation)."""
+        return metric_value(httpx.get(self.url + "/metrics", timeout=5).text, name, 0.0, **labels)
 
 
 def write_labels(path: Path, labels: dict[str, str]) -> None:
@@ -95,19 +92,8 @@ def start_engines(names_roles: list[tuple[str, str]], workdir: Path, threshold: 
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
         engines.append(Engine(name, role, port, bootstrap, labels, log, process))
-    deadline = time.monotonic() + 120
     for engine in engines:
-        while True:
-            if engine.process.poll() is not None:
-                raise RuntimeError(f"engine {engine.name} exited:\n{engine.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(engine.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"engine {engine.name} not healthy:\n{engine.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)   # poll interval, bounded by the deadline
+        wait_healthy(engine.url, engine.process, lambda e=engine: e.log_path.read_text()[-3000:], 120)
     return engines
 
 

@@ -5,14 +5,8 @@ import json
 
 import httpx
 
+from tests.support.metrics_text import metric_value as _metric
 
-def _metric(text: str, name: str, **labels) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    prefix = f"{name}{{{want}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(prefix + " "):
-            return float(line.split()[-1])
-    return 0.0
 
 
 def test_non_streaming_completion_pairs_prefill_and_decode(pd_stack):

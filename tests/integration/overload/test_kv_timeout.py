@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
 
@@ -19,14 +19,6 @@ def _profile(name: str, prefill_overhead_s: float) -> dict:
             "prefill": {"overhead_s": prefill_overhead_s, "per_token_s": 0.0},
             "decode": {"overhead_s": 0.001}, "transfer": {"bytes_per_s": 1.0e10}}
 
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """A sample of a /metrics page; fails if the series is not there (a typo must not read as 0)."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    raise AssertionError(f"no series {name}{labels} on the page")
 
 
 @pytest.fixture

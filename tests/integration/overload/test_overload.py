@@ -11,8 +11,8 @@ import asyncio
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
 # Prefill costs 1 ms per token (a 1000-token prompt: 1 s, a 20-token one: 25 ms); no waiting
@@ -28,14 +28,6 @@ PROFILE = {
 }
 LONG_TOKENS, SHORT_TOKENS, BOUND_PER_POD = 1000, 20, 2500  # the long group takes 3 at a time
 
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """A sample of a /metrics page; fails if the series is not there (a typo must not read as 0)."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    raise AssertionError(f"no series {name}{labels} on the page")
 
 
 def _body(tokens: int, i: int) -> dict:

@@ -1,0 +1,89 @@
+"""`laps sim` on small plans: the capacity it measures is sustainable, admission control refuses
+only beyond it, warm-up requests stay out of the result, allocation follows the load, and the
+same inputs give the same result."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from laps_agent.emulated.profile import load_profile
+from laps_agent.sim import measure_capacity, simulate
+from laps_agent.sim.cluster import SimCluster
+from laps_agent.systems import SYSTEMS
+from laps_agent.workload import parse_workload, plan_requests
+from laps_agent.workload.plan import warmup_spec
+
+PROFILE = load_profile("gpu-h200-qwen2.5-32b")
+
+
+def workload(rate: float, *, seconds: float = 20, short_share: float | None = None, seed: int = 5):
+    lengths = {"distribution": "lmsys"} if short_share is None else {
+        "distribution": "mixture", "components": [
+            {"weight": short_share, "distribution": "uniform", "min": 16, "max": 256},
+            {"weight": 1 - short_share, "distribution": "lognormal", "median": 1500, "sigma": 0.5,
+             "min": 257, "max": 6000}]}
+    return parse_workload({"name": "t", "seed": seed, "phases": [{
+        "name": "p", "duration_s": seconds, "arrival": {"process": "poisson", "rate": rate},
+        "prompt_tokens": lengths, "output_tokens": {"distribution": "fixed", "value": 8}}]})
+
+
+def run(spec, system="laps", prefill=4, decode=1, **kw):
+    return simulate(plan_requests(spec), PROFILE, SYSTEMS[system] if isinstance(system, str) else system,
+                    prefill=prefill, decode=decode, threshold=256, **kw)
+
+
+def test_the_measured_capacity_is_sustainable_and_not_inflated_by_refusals():
+    capacity = measure_capacity(workload(1.0), PROFILE, prefill=4, decode=1, threshold=256)
+    assert 50 < capacity < 200  # 4 H200 pods of a 32B model on LMSYS-like prompts
+    half = run(workload(0.5 * capacity), "vanilla-pd")
+    assert (half.records.status == 200).all()  # half the capacity: everything served
+    assert np.percentile(half.records.ttft_s, 99) < 2.0
+
+
+def test_admission_control_refuses_only_beyond_the_bound():
+    capacity = measure_capacity(workload(1.0), PROFILE, prefill=4, decode=1, threshold=256)
+    flood = workload(3 * capacity)
+    bounded = run(flood, "laps")
+    statuses = set(bounded.records.status.tolist())
+    assert statuses == {200, 429}  # the overload is refused, the rest served
+    unbounded = run(flood, "reference")  # the reference router queues without limit
+    assert set(unbounded.records.status.tolist()) == {200}
+
+
+def test_warm_up_requests_stay_out_of_the_result():
+    spec = workload(20)
+    plan = plan_requests(spec)
+    warm = plan_requests(warmup_spec(spec, 10))
+    result = simulate(plan, PROFILE, SYSTEMS["laps"], prefill=4, decode=1, threshold=256, warmup=warm)
+    assert len(result.records) == len(plan)
+    assert result.records.sent_s.min() >= 0 and np.allclose(result.records.sent_s, plan.at)
+    assert all(s.t >= 0 for s in result.timeline)
+
+
+def test_allocation_moves_pods_toward_the_loaded_group():
+    cluster = SimCluster(PROFILE, SYSTEMS["laps"], prefill=8, decode=2)
+    plan = plan_requests(workload(30, seconds=120, short_share=0.1))  # long prompts dominate
+    cluster.run(plan.at, plan.prompt_tokens, plan.output_tokens)
+    assert cluster.moves and all(m.direction == "short_to_long" for _, m in cluster.moves)
+    assert len(cluster.groups["long"]) > 4
+    static = SimCluster(PROFILE, dataclasses.replace(SYSTEMS["laps"], allocation="none"), prefill=8, decode=2)
+    static.run(plan.at, plan.prompt_tokens, plan.output_tokens)
+    assert not static.moves and len(static.groups["long"]) == 4
+
+
+def test_same_inputs_same_result():
+    spec = workload(40)
+    a, b = run(spec), run(spec)
+    assert np.array_equal(a.records.ttft_s, b.records.ttft_s, equal_nan=True)
+
+
+@pytest.mark.parametrize("system", ["vanilla-pd", "reference", "laps"])
+def test_every_request_is_accounted_for(system):
+    result = run(workload(60), system)
+    records = result.records
+    assert len(records) == len(plan_requests(workload(60)))
+    ok = records.status == 200
+    assert np.isfinite(records.ttft_s[ok]).all() and (records.ttft_s[ok] > 0).all()
+    assert (records.e2e_s[ok] >= records.ttft_s[ok]).all()
