@@ -5,9 +5,10 @@ Starts N prefill and M decode engines (`laps engine` processes: builtin, or emul
 and this gateway with a static membership (half of the prefill engines short, the rest long, as
 the operator splits a new cluster; each engine also gets a labels file naming its group, so it
 reports the same group itself), shows progress while the engines load, prints the
-OpenAI-compatible URL and serves until Ctrl-C or SIGTERM. Then it stops every engine it started.
+OpenAI-compatible URL and serves until Ctrl-C or SIGTERM. Then it answers the requests in flight
+(laps_agent/drain.py; a second Ctrl-C stops at once) and stops every engine it started.
 Flags it does not know are passed to every engine (LAPS knobs such as --wait-window-ms,
---no-laps-scheduler, --kv-pages)."""
+--no-laps-scheduler, --kv-pages, --drain-grace-s)."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all, write_labels
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.systems import SINGLE_POOL_THRESHOLD
 from laps_operator.groups import initial_short_count
 
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", help="default: what the engines report")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
-    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
     p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
@@ -143,7 +145,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
     _say(f"model {config.served_model_name!r}: {pool}, {len(spec.decode)} decode engines"
          + (f" (emulated: {args.profile or 'cpu-smollm2'})" if args.engine == "emulated" else ""))
     _say(f"OpenAI-compatible API: http://{host}:{port}/v1   (Ctrl-C stops everything)")
-    run_forever(app, sock, log_level="warning")  # returns on SIGINT/SIGTERM
+    # Returns on SIGINT/SIGTERM once the requests in flight are answered (laps_agent/drain.py).
+    run_forever(app, sock, drain=app.state.gateway.drain, log_level="warning")
 
 
 def _allocator(args, children: list[EngineChild]):
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     model = _model_path(args)
     children: list[EngineChild] = []
     try:
-        from laps_agent.engine.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
+        from laps_agent.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
 
         try:
             tokenizer = load_tokenizer(model)

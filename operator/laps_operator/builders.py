@@ -54,6 +54,20 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _pre_stop(spec: ClusterSpec) -> dict[str, Any]:
+    """Container fields for a graceful shutdown: a preStop delay, during which the pod serves on
+    while the endpoints controllers take it out of every Service (and the gateways' discovery);
+    then SIGTERM starts its drain (laps_agent/drain.py, --drain-grace-s). An exec of `python`,
+    which every image here has (the laps images, SGLang's), rather than the preStop `sleep`
+    action (Kubernetes >= 1.30 only), the `sleep` binary (not in every image) or an httpGet
+    (an SGLang engine has no endpoint for it)."""
+    seconds = spec.drain.pre_stop_seconds
+    if not seconds:
+        return {}
+    command = ["python", "-c", f"import time; time.sleep({seconds})"]
+    return {"lifecycle": {"preStop": {"exec": {"command": command}}}}
+
+
 def _model_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts) for the model volume, empty when the model is inside the image."""
     if spec.model.volume is None:
@@ -102,8 +116,10 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
             "periodSeconds": 5,
             "failureThreshold": 360,  # loading a large model can take half an hour
         },
+        **_pre_stop(spec),
     }
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes,
+                                "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.tolerations:
@@ -225,6 +241,7 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/live", "port": "http"}, "periodSeconds": 10,
                           "timeoutSeconds": 5, "failureThreshold": 3},
+        **_pre_stop(spec),
     }
     return {
         "apiVersion": "apps/v1",
@@ -236,7 +253,8 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
             "selector": {"matchLabels": role_selector(cluster.name, "gateway")},
             "template": {
                 "metadata": {"labels": component_labels(cluster.name, "gateway")},
-                "spec": {"serviceAccountName": cluster.gateway, "containers": [container], "volumes": volumes},
+                "spec": {"serviceAccountName": cluster.gateway, "containers": [container], "volumes": volumes,
+                         "terminationGracePeriodSeconds": spec.drain.grace_period_seconds},
             },
         },
     }

@@ -30,6 +30,7 @@ def builtin_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], lis
         "--port", str(ENGINE_PORT),
         "--device", spec.engine.device,
         "--length-threshold", str(laps.length_threshold),
+        "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
     ]
     if role == "prefill":
         args += [
@@ -40,8 +41,8 @@ def builtin_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], lis
             "--adaptive-window" if sched.adaptive_window else "--no-adaptive-window",
             "--max-long-wait-ms", _fmt(sched.max_long_wait_ms),
             "--batch-prefill-graphs" if graphs.enabled else "--no-batch-prefill-graphs",
-            "--batch-prefill-batch-sizes", _csv(graphs.batch_sizes),
-            "--batch-prefill-seq-lengths", _csv(graphs.seq_lengths),
+            "--batch-prefill-graphs-batch-sizes", _csv(graphs.batch_sizes),
+            "--batch-prefill-graphs-seq-lengths", _csv(graphs.seq_lengths),
             "--labels-file", LABELS_FILE,
         ]
     return ["laps"], args + list(spec.engine.extra_args)
@@ -91,6 +92,8 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
         "--port", str(spec.gateway.port),
         "--length-threshold", str(spec.laps.length_threshold),
         "--served-model-name", spec.model.served,
+        "--request-deadline-s", _fmt(spec.gateway.request_deadline_seconds),
+        "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
     ]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]

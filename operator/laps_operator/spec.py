@@ -127,6 +127,26 @@ class GatewaySpec(_Model):
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     port: int = Field(default=8000, ge=1, le=65535)
     resources: ResourcesSpec = ResourcesSpec()
+    request_deadline_seconds: float = Field(default=600.0, ge=0)  # 0: none (--request-deadline-s)
+
+
+# What a drained process keeps of its pod's grace period to exit (the engine loop's last
+# iteration, interpreter and device teardown) before the kubelet's SIGKILL.
+EXIT_MARGIN_SECONDS = 3
+
+
+class DrainSpec(_Model):
+    # The pods' terminationGracePeriodSeconds: from deletion to SIGKILL, the pre-stop delay
+    # included.
+    grace_period_seconds: int = Field(default=60, ge=5, le=86400)
+    # Before SIGTERM the pod serves on while the endpoints controllers take it out of every
+    # Service and gateway (0: no preStop hook).
+    pre_stop_seconds: int = Field(default=5, ge=0, le=300)
+
+    @property
+    def process_grace_seconds(self) -> int:
+        """What the engines and the gateway get as --drain-grace-s: the rest of the grace period."""
+        return self.grace_period_seconds - self.pre_stop_seconds - EXIT_MARGIN_SECONDS
 
 
 class MonitoringSpec(_Model):
@@ -142,6 +162,7 @@ class ClusterSpec(_Model):
     decode: PoolSpec = PoolSpec(replicas=1)
     laps: LapsSpec = LapsSpec()
     gateway: GatewaySpec = GatewaySpec()
+    drain: DrainSpec = DrainSpec()
     monitoring: MonitoringSpec = MonitoringSpec()
 
     @field_validator("prefill", mode="before")
@@ -160,6 +181,10 @@ class ClusterSpec(_Model):
             raise ValueError("laps.allocation.enabled needs prefill.replicas >= 2 (one pod per group at least)")
         if alloc.enabled and self.prefill.replicas < 2 * alloc.min_per_group:
             raise ValueError("prefill.replicas must be at least 2 * laps.allocation.minPerGroup")
+        if self.drain.process_grace_seconds < 1:
+            # The same message as the CRD's rule, which cannot read EXIT_MARGIN_SECONDS.
+            raise ValueError(f"drain.gracePeriodSeconds must be at least drain.preStopSeconds + "
+                             f"{EXIT_MARGIN_SECONDS + 1} (1 s to finish requests, {EXIT_MARGIN_SECONDS} s to exit)")
         if self.engine.backend != "sglang" and (
             self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1
         ):

@@ -15,6 +15,7 @@ from tests.support.waiting import poll
 class LocalStack(LocalProcess):
     def __init__(self, args: list[str], workdir: Path) -> None:
         super().__init__(list(args), workdir)
+        self.workdir = workdir  # engine logs: <workdir>/<engine name>.log
 
     def stop(self, timeout: float = 60.0) -> int | None:
         try:

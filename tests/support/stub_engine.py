@@ -62,6 +62,10 @@ class StubEngine:
         self.prefill_gate = prefill_gate  # when given, prefill finishes only once it is set
         self.requests: collections.deque[dict] = collections.deque(maxlen=10_000)
         self.disconnects = 0  # generations the client (the gateway) abandoned midway
+        # When set, every generation is refused with 503 and this error type, as a real engine
+        # refuses while draining ("draining") or with its queue at its bound ("queue_full").
+        self.refusal: str | None = None
+        self.refused = 0
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -77,6 +81,10 @@ class StubEngine:
                 body += message.get("body", b"")
                 if not message.get("more_body"):
                     break
+            if self.refusal is not None:
+                self.refused += 1
+                return await _json(send, 503, {"error": {"message": f"stub refuses: {self.refusal}",
+                                                         "type": self.refusal, "code": 503}})
             return await self._generate(path, bytes(body), receive, send)
         if path == "/health":
             return await _json(send, 200, {"status": "ok"})
@@ -88,7 +96,8 @@ class StubEngine:
         if path == "/stub/requests":
             return await _json(send, 200, list(self.requests))
         if path == "/stub/stats":
-            return await _json(send, 200, {"requests": len(self.requests), "disconnects": self.disconnects})
+            return await _json(send, 200, {"requests": len(self.requests), "disconnects": self.disconnects,
+                                           "refused": self.refused})
         if path == "/v1/models":
             return await _json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
         return await _json(send, 404, {"error": {"message": f"no route {path}"}})
@@ -112,7 +121,9 @@ class StubEngine:
             return await _json(send, 400, {"error": {"message": "need a JSON body with bootstrap_room"}})
         self.requests.append({"path": path, "room": room, "role": self.role,
                               "bootstrap_host": body.get("bootstrap_host"),
-                              "bootstrap_port": body.get("bootstrap_port")})
+                              "bootstrap_port": body.get("bootstrap_port"),
+                              # top-level keys as sent, in order, duplicates included
+                              "keys": [k for k, _ in json.loads(raw, object_pairs_hook=list)]})
         if self.role == "prefill":
             if self.prefill_delay_s:
                 await asyncio.sleep(self.prefill_delay_s)

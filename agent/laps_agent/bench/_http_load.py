@@ -33,18 +33,20 @@ class LoadClient:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Conn(reader, writer)
 
-    async def post(self, url: str, body: dict) -> tuple[int, float]:
-        """POST JSON; returns (status, seconds until the first body byte) after reading it all."""
+    async def post(self, url: str, body: dict | bytes) -> tuple[int, float]:
+        """POST JSON (a dict, or its encoding: large bodies are encoded once by the caller, so
+        the load generator's own cost does not grow with them); returns (status, seconds until
+        the first body byte) after reading it all."""
+        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         try:
-            return await self._post(url, body)
+            return await self._post(url, payload)
         except (asyncio.IncompleteReadError, ConnectionError):
             # An idle keep-alive connection closed by the server just as it was reused.
-            return await self._post(url, body)
+            return await self._post(url, payload)
 
-    async def _post(self, url: str, body: dict) -> tuple[int, float]:
+    async def _post(self, url: str, payload: bytes) -> tuple[int, float]:
         parts = urlsplit(url)
         host, port = parts.hostname, parts.port
-        payload = json.dumps(body).encode()
         conn = await self._connect(host, port)
         start = time.perf_counter()
         conn.writer.write(b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"

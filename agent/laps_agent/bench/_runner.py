@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from laps_agent.bench._client import StreamClient, StreamOutcome
 from laps_agent.results import RequestRecord, RunResult, TimelineSample
+from laps_agent.scheduling.classes import length_class
 from laps_agent.workload import Plan, PromptBuilder, WorkloadSpec, plan_requests
 
 PROBE_TIMEOUT_S = 5.0
@@ -121,7 +122,7 @@ class _Run:
             await self.client.stream(self.path, body, self.timeout, out)
         except asyncio.CancelledError:  # the run was stopped: the request still counts, as cut
             out.error, out.end_at = out.error or "interrupted", out.end_at or time.perf_counter()
-        cls = "short" if self.plan.prompt_tokens[i] <= self.threshold else "long"
+        cls = length_class(int(self.plan.prompt_tokens[i]), self.threshold)
         record = _record(self.plan, i, cls, dispatched, self.t0, out, sent_tokens)
         self.records.append(record)
         self.done += 1

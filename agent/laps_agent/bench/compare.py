@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from laps_agent.emulated.profile import load_profile
     from laps_agent.engine.model_files import default_model_path
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
     from laps_agent.sim import mean_rate, measure_capacity
 
     rate_scale = args.rate_scale or 1.0

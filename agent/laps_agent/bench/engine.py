@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from laps_agent.engine.requests import EngineOutput, GenerateWork
 from laps_agent.engine.sampling import SamplingParams
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
 
 @dataclass
@@ -34,7 +35,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--short-count", type=int, default=8)
     p.add_argument("--short-min", type=int, default=32)
     p.add_argument("--short-max", type=int, default=100)
-    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                               adaptive_window=adaptive)
         records = []
         engine = Engine(runner, loaded.tokenizer,
-                        EngineConfig(role="mixed", scheduler=cfg, bucketed_prefill=bucketed,
+                        EngineConfig(role="mixed", scheduler=cfg, batch_prefill_graphs_mode=bucketed,
                                      context_len=loaded.config.max_position_embeddings),
                         grid=grid, on_prefill=records.append)
         engine.start()

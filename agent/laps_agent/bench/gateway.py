@@ -1,11 +1,22 @@
 """`laps bench gateway`: what the gateway adds on top of its upstreams, measured in one run.
 
 Emulated prefill/decode engines with the compute-free `instant` profile (`laps engine --backend
-emulated`: the engines' real HTTP and PD protocol, no model) and the gateway (`laps gateway`) run as
-separate processes on loopback. The client interleaves two kinds of calls: *direct*
-(prefill + decode posted concurrently by the client itself, exactly what the gateway does) and
-*via the gateway*; the added latency is the difference of their percentiles. CPU time per
-request is read from the gateway process's own /proc accounting."""
+emulated`: the engines' real HTTP and PD protocol, no model; a word-level tokenizer written for
+the run keeps their own cost low, see _gateway_stack.word_tokenizer) and the gateway (`laps
+gateway`) run as separate processes on loopback.
+
+Latency: for each body size and number of concurrent clients, every client alternates *direct*
+calls (prefill + decode posted concurrently by the client itself, exactly what the gateway does)
+with calls *via the gateway*, so both see the same machine; the added latency is the difference
+of their percentiles. CPU time per request is read from the gateway process's own /proc
+accounting (its load poller included). A control row sends 1 KiB through the gateway while the
+direct calls carry 40 KiB: the machine is as busy as in the 40 KiB row, so the difference of the
+two rows' gateway CPU is what the larger body itself costs the gateway.
+
+Scale-out: the request rate one gateway sustains under saturation, then two gateways (replicas
+over the same engines, clients split between them, as a Service spreads them). Every process
+shares this machine's cores: the load generator and the engines need some, so two gateways can
+only show twice one's rate where two more cores are free; the table says how many there were."""
 from __future__ import annotations
 
 import argparse
@@ -13,96 +24,57 @@ import asyncio
 import json
 import os
 import random
-import statistics
-import subprocess
+import shutil
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
+from laps_agent.bench._gateway_report import Cell, latency_row, scale_out_row, table
+from laps_agent.bench._gateway_stack import Child, spawn_engine, spawn_gateway, word_tokenizer
 from laps_agent.bench._http_load import LoadClient
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+_WORDS = ("the prefill pod computes the prompt's KV cache, then hands it to a decode pod; "
+          "requests of 1024 tokens or more are long (see docs/contracts.md).\n").split(" ")
 
 
-@dataclass
-class Child:
-    proc: subprocess.Popen
-    url: str
-
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS  # utime + stime
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def _spawn_engine(role: str) -> Child:
-    from laps_agent.local_engines import free_port
-
-    port, boot = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "engine", "--backend", "emulated",
-                             "--profile", "instant", "--role", role, "--host", "127.0.0.1",
-                             "--port", str(port), "--bootstrap-port", str(boot),
-                             "--labels-file", "/nonexistent", "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL)
-    child = Child(proc, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(child.url + "/health", trust_env=False).status_code == 200:
-                return child
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)  # poll interval, bounded by the deadline
-    child.stop()
-    raise RuntimeError(f"emulated {role} engine did not start (rc={proc.poll()})")
-
-
-def _spawn(argv: list[str], marker: str) -> Child:
-    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if marker in line:
-            port = int(line.rsplit(":", 1)[-1]) if "http" in line else int(line.split()[1])
-            return Child(proc, f"http://127.0.0.1:{port}")
-    raise RuntimeError(f"{argv} exited before listening (rc={proc.wait()})")
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def make_body(size: int) -> dict:
+    """A completion request whose JSON is about `size` bytes: prose with digits, punctuation and
+    line breaks (what the estimate counts), not one repeated character."""
+    base = {"model": "default", "prompt": "", "max_tokens": 4, "stream": False}
+    words, total = [], len(json.dumps(base))
+    rng = random.Random(size)
+    while total < size:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        total += len(json.dumps(word)) - 1
+    return {**base, "prompt": " ".join(words)}
 
 
 class Client:
-    def __init__(self, prefill: str, decode: str, gateway: str) -> None:
+    def __init__(self, prefill: str, decode: str) -> None:
         self.http = LoadClient()
-        self.prefill, self.decode, self.gateway = prefill, decode, gateway
+        self.prefill, self.decode = prefill, decode
         # The decode engine collects the KV from the prefill engine's bootstrap port, as through
         # the gateway.
         self.bootstrap_port = httpx.get(prefill + "/get_server_info", trust_env=False).json()["bootstrap_port"]
 
-    def _body(self, stream: bool) -> dict:
-        return {"model": "default", "prompt": "hello there", "max_tokens": 4, "stream": stream}
+    def direct_head(self, body: dict) -> bytes:
+        """The body with the PD fields but the room, which each call appends (encoded once)."""
+        return json.dumps(body).encode()[:-1] + (
+            b',"bootstrap_host":"127.0.0.1","bootstrap_port":%d,"bootstrap_room":' % self.bootstrap_port)
 
-    async def direct(self, stream: bool) -> float:
-        body = {**self._body(stream), "bootstrap_host": "127.0.0.1", "bootstrap_port": self.bootstrap_port,
-                "bootstrap_room": random.getrandbits(63)}
-        prefill = asyncio.ensure_future(self.http.post(self.prefill + "/v1/completions", body))
-        status, first = await self.http.post(self.decode + "/v1/completions", body)
+    async def direct(self, head: bytes) -> float:
+        payload = head + b"%d}" % random.getrandbits(63)
+        prefill = asyncio.ensure_future(self.http.post(self.prefill + "/v1/completions", payload))
+        status, first = await self.http.post(self.decode + "/v1/completions", payload)
         await prefill
         return _checked(status, first)
 
-    async def via_gateway(self, stream: bool) -> float:
-        return _checked(*await self.http.post(self.gateway + "/v1/completions", self._body(stream)))
+    async def via(self, gateway: str, payload: bytes) -> float:
+        return _checked(*await self.http.post(gateway + "/v1/completions", payload))
 
 
 def _checked(status: int, seconds: float) -> float:
@@ -111,125 +83,135 @@ def _checked(status: int, seconds: float) -> float:
     return seconds
 
 
-async def _paced(client: Client, rate: float, seconds: float, stream: bool):
-    """Open loop at `rate` pairs/s: each tick sends one direct and one gateway call."""
-    direct, gateway, tasks = [], [], []
-    start = time.perf_counter()
-    n = int(rate * seconds)
+async def _closed_loop(client: Client, gateway: str, body: dict, direct_body: dict, clients: int,
+                       seconds: float) -> tuple[list[float], list[float]]:
+    """`clients` concurrent clients, each alternating a direct and a gateway call."""
+    head, payload = client.direct_head(direct_body), json.dumps(body).encode()
+    direct: list[float] = []
+    via: list[float] = []
+    stop_at = time.perf_counter() + seconds
 
-    async def pair(i: int) -> None:
-        first, second = (client.direct, client.via_gateway) if i % 2 else (client.via_gateway, client.direct)
-        a, b = await asyncio.gather(first(stream), second(stream))
-        (direct if i % 2 else gateway).append(a)
-        (gateway if i % 2 else direct).append(b)
+    async def one(i: int) -> None:
+        turn = i % 2
+        while time.perf_counter() < stop_at:
+            if turn:
+                direct.append(await client.direct(head))
+            else:
+                via.append(await client.via(gateway, payload))
+            turn ^= 1
 
-    for i in range(n):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(pair(i)))
-    await asyncio.gather(*tasks)
-    return direct, gateway
+    await asyncio.gather(*(one(i) for i in range(clients)))
+    return direct, via
 
 
-async def _saturate(client: Client, seconds: float, concurrency: int) -> tuple[int, float]:
+def _cells(args) -> list[Cell]:
+    cells = []
+    for kib in args.sizes:
+        for clients in args.clients:
+            cells.append(Cell(kib, clients))
+            if kib == args.sizes[0] and clients == 1:
+                cells.append(Cell(kib, clients, stream=True))
+    if len(args.sizes) > 1 and 1 in args.clients:  # see the module docstring
+        cells.append(Cell(args.sizes[0], 1, direct_kib=args.sizes[-1]))
+    return cells
+
+
+async def _latency(args, client: Client, gateway: Child) -> list[dict]:
+    rows = []
+    for kib in args.sizes:  # warm-up: connections, code paths
+        await _closed_loop(client, gateway.url, make_body(kib * 1024), make_body(kib * 1024), 4, 0.5)
+    for cell in _cells(args):
+        body = {**make_body(cell.kib * 1024), "stream": cell.stream}
+        direct_body = make_body((cell.direct_kib or cell.kib) * 1024) if cell.direct_kib else body
+        cpu0 = gateway.cpu_seconds()
+        direct, via = await _closed_loop(client, gateway.url, body, direct_body, cell.clients, args.seconds)
+        rows.append(latency_row(cell, direct, via, gateway.cpu_seconds() - cpu0))
+    return rows
+
+
+async def _saturate(client: Client, gateways: list[Child], payload: bytes, clients: int,
+                    seconds: float) -> dict:
+    """Closed loop through the gateways only (clients spread over them)."""
     done = 0
     stop_at = time.perf_counter() + seconds
 
-    async def worker() -> None:
+    async def one(url: str) -> None:
         nonlocal done
         while time.perf_counter() < stop_at:
-            await client.via_gateway(False)
+            await client.via(url, payload)
             done += 1
 
+    cpu0 = [g.cpu_seconds() for g in gateways]
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done, time.perf_counter() - start
+    await asyncio.gather(*(one(gateways[i % len(gateways)].url) for i in range(clients)))
+    elapsed = time.perf_counter() - start
+    cpu = sum(g.cpu_seconds() - c for g, c in zip(gateways, cpu0))
+    return {"req_per_s": done / elapsed, "cpu_share": cpu / elapsed,
+            "req_per_cpu_s": done / cpu if cpu else float("nan")}
 
 
-def _report(name: str, direct: list[float], gateway: list[float]) -> dict:
-    row = {"mode": name, "requests": len(gateway)}
-    for q, label in ((0.5, "p50"), (0.99, "p99")):
-        row[f"direct_{label}_ms"] = _pct(direct, q) * 1e3
-        row[f"gateway_{label}_ms"] = _pct(gateway, q) * 1e3
-        row[f"added_{label}_ms"] = (_pct(gateway, q) - _pct(direct, q)) * 1e3
-    row["added_mean_ms"] = (statistics.fmean(gateway) - statistics.fmean(direct)) * 1e3
-    return row
+async def _scale_out(args, client: Client, gateways: list[Child]) -> dict:
+    payload = json.dumps(make_body(1024)).encode()
+    await _saturate(client, gateways, payload, args.scale_clients, 0.5)  # warm-up
+    one = await _saturate(client, gateways[:1], payload, args.scale_clients, args.seconds)
+    two = await _saturate(client, gateways, payload, args.scale_clients, args.seconds)
+    return scale_out_row(args.scale_clients, os.cpu_count() or 0, one, two)
 
 
-async def _run(args, prefill: Child, decode: Child, gateway: Child) -> list[dict]:
-    client = Client(prefill.url, decode.url, gateway.url)
-    rows = []
+async def _run(args, prefill: Child, decode: Child, gateways: list[Child]) -> list[dict]:
+    client = Client(prefill.url, decode.url)
     try:
-        for stream in (False, True):  # warm-up: connections, code paths
-            await _paced(client, 50, 1.0, stream)
-        for stream in (False, True):
-            cpu0 = gateway.cpu_seconds()
-            direct, via = await _paced(client, args.rate, args.seconds, stream)
-            row = _report("streaming (first byte)" if stream else "non-streaming", direct, via)
-            row["gateway_cpu_ms_per_request"] = (gateway.cpu_seconds() - cpu0) / len(via) * 1e3
-            row["rate_per_s"] = args.rate
-            rows.append(row)
-        cpu0 = gateway.cpu_seconds()
-        done, elapsed = await _saturate(client, args.seconds, args.concurrency)
-        cpu = gateway.cpu_seconds() - cpu0
-        rows.append({"mode": "saturation (non-streaming)", "requests": done,
-                     "achieved_req_per_s": done / elapsed, "gateway_cpu_share": cpu / elapsed,
-                     "one_core_req_per_s": done / cpu if cpu else float("nan")})
+        rows = await _latency(args, client, gateways[0])
+        if len(gateways) > 1:
+            rows.append(await _scale_out(args, client, gateways))
     finally:
         await client.http.aclose()
     return rows
 
 
 def _routing_rate() -> dict:
-    try:
-        from laps_agent.gateway.routing import bench_routing
-    except ImportError:
-        return {"mode": "routing decisions", "note": "routing.bench_routing not available"}
-    result = bench_routing()
-    return {"mode": "routing decisions (in-process)", "decisions_per_s": float(result)}
+    from laps_agent.gateway.routing import bench_routing
+
+    return {"mode": "routing decisions (in-process)", "decisions_per_s": float(bench_routing())}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="laps bench gateway", description=__doc__.split("\n")[0])
-    p.add_argument("--rate", type=float, default=200.0, help="pairs of calls per second")
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--concurrency", type=int, default=16, help="for the saturation phase")
+    p.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    p.add_argument("--sizes", type=_ints, default=[1, 40], help="body sizes in KiB, comma-separated")
+    p.add_argument("--clients", type=_ints, default=[1, 8, 32], help="concurrent clients, comma-separated")
+    p.add_argument("--scale-clients", type=int, default=32, help="clients of the scale-out phase")
+    p.add_argument("--no-scale-out", action="store_true", help="skip the two-gateway phase")
+    p.add_argument("--gateway-arg", action="append", default=[],
+                   help="extra `laps gateway` flag (repeatable), e.g. --gateway-arg=--no-engine-load-poll")
     p.add_argument("--json", action="store_true", help="print one JSON object per result")
     args = p.parse_args(argv)
-    prefill = _spawn_engine("prefill")
+    workdir = Path(tempfile.mkdtemp(prefix="laps-bench-gateway-"))
+    tokenizer = word_tokenizer(workdir / "tokenizer", (w.strip() for w in _WORDS))
+    prefill = spawn_engine("prefill", tokenizer)
     children = [prefill]
     try:
-        decode = _spawn_engine("decode")
+        decode = spawn_engine("decode", tokenizer)
         children.append(decode)
-        gateway = _spawn(["laps_agent.cli", "gateway", "--host", "127.0.0.1", "--port", "0",
-                          "--prefill-short", prefill.url, "--prefill-long", prefill.url,
-                          "--decode", decode.url, "--log-level", "warning"], "listening on")
-        children.append(gateway)
-        _wait_ready(gateway.url)
-        rows = asyncio.run(_run(args, prefill, decode, gateway)) + [_routing_rate()]
+        gateways = []
+        for _ in range(1 if args.no_scale_out else 2):
+            gateways.append(spawn_gateway(prefill.url, decode.url, *args.gateway_arg))
+            children.append(gateways[-1])
+        rows = asyncio.run(_run(args, prefill, decode, gateways)) + [_routing_rate()]
     finally:
         for child in reversed(children):
             child.stop()
-    for row in rows:
-        if args.json:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        for row in rows:
             print(json.dumps(row))
-        else:
-            print(row.pop("mode") + ": " + ", ".join(
-                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    else:
+        print(table(rows))
     return 0
-
-
-def _wait_ready(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", trust_env=False).json().get("ready"):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"gateway at {url} never became ready")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def _load_tokenizer(arg: str | None) -> tuple[Any, str | None]:
     if arg and arg.lower() == "none":
         return None, None
     from laps_agent.engine.model_files import default_model_path
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
 
     path = arg or str(default_model_path())
     return load_tokenizer(path), path

@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import logging
 
-from laps_agent.engine.cli import bucket_grid, scheduler_config
+from laps_agent.engine.cli import bucket_grid, scheduler_config, server_settings
 from laps_agent.engine.engine_config import EngineConfig
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.model_files import default_model_path
-from laps_agent.engine.server import EngineServer, ServerSettings
-from laps_agent.engine.tokenizer import TokenizerError, load_tokenizer
+from laps_agent.engine.server import EngineServer
+from laps_agent.tokenizer import TokenizerError, load_tokenizer
 
 from .core import EngineModel
 from .engine import EmulatedEngine, EmulatedKVCodec
@@ -31,18 +31,16 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
         raise ValueError(f"cannot read a tokenizer from {path}: {exc}") from None
     context = min(profile.engine.context_length, args.context_length or profile.engine.context_length)
     max_running = args.max_running_requests or profile.engine.max_running_requests
-    config = EngineConfig(role=args.role, scheduler=sched, batch_prefill=grid is not None,
-                          bucketed_prefill=args.bucketed_prefill, max_running_requests=max_running,
+    config = EngineConfig(role=args.role, scheduler=sched, batch_prefill_graphs=grid is not None,
+                          batch_prefill_graphs_mode=args.batch_prefill_graphs_mode, max_running_requests=max_running,
                           context_len=context)
     name = args.served_model_name or profile.model.name
     metrics = EngineMetrics(args.role, name, args.labels_file)
-    model = EngineModel(profile, args.role, sched, grid, bucketed_prefill=args.bucketed_prefill,
+    model = EngineModel(profile, args.role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                         max_running=max_running, kv_pages=args.kv_pages, context_len=context,
                         on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None))
     engine = EmulatedEngine(model, tokenizer, config, on_first_token=metrics.observe_first_token)
-    settings = ServerSettings(role=args.role, served_model_name=name, length_threshold=args.length_threshold,
-                              bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
-                              labels_file=args.labels_file, backend="emulated", profile=profile.name)
+    settings = server_settings(args, name, max_running, backend="emulated", profile=profile.name)
     log.info("emulated engine: profile %s (%s), %d KV pages x %d tokens, max %d running", profile.name,
              profile.provenance, model.num_pages, model.page_size, max_running)
     return EngineServer(engine, settings, metrics, codec=EmulatedKVCodec(profile)), engine

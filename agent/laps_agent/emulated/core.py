@@ -65,13 +65,13 @@ class Event:
 
 class EngineModel:
     def __init__(self, profile: Profile, role: str, scheduler: SchedulerConfig,
-                 grid: BucketGrid | None = None, *, bucketed_prefill: str = "auto",
+                 grid: BucketGrid | None = None, *, batch_prefill_graphs_mode: str = "auto",
                  max_running: int | None = None, kv_pages: int | None = None,
                  context_len: int | None = None, token_events: bool = True,
                  on_prefill: Callable[[PrefillRecord], None] | None = None) -> None:
         self.profile, self.role = profile, role
         self.scheduler = PrefillScheduler(scheduler, grid)
-        self.grid, self.bucketed_prefill = grid, bucketed_prefill
+        self.grid, self.batch_prefill_graphs_mode = grid, batch_prefill_graphs_mode
         self.max_running = max_running or profile.engine.max_running_requests
         self.page_size = profile.engine.page_size
         self.num_pages = kv_pages or profile.kv_capacity_pages()
@@ -209,7 +209,7 @@ class EngineModel:
         def cost(b: Bucket | None) -> float:
             return self.profile.prefill_seconds(uncached, cached, (b.batch_size, b.seq_len) if b else None)
 
-        bucket = bucket_for_batch(self.grid, decision.queue, uncached, mode=self.bucketed_prefill,
+        bucket = bucket_for_batch(self.grid, decision.queue, uncached, mode=self.batch_prefill_graphs_mode,
                                   graphs=self.profile.graphs, cost=cost)
         seconds = cost(bucket)
         self.scheduler.observe_prefill(items, seconds)
@@ -289,6 +289,8 @@ class EngineModel:
     # ---- views -------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """The same shape as the builtin engine's snapshot (metrics and /get_server_info)."""
+        batch = self._batch if self._stage == _PREFILL else ()
         return {"running": len(self.running), "queues": self.scheduler.pending(),
+                "prefilling": (len(batch), sum(max(1, r.prompt_tokens - r.cached_tokens) for r in batch)),
                 "kv_usage": 1.0 - self.free_pages / self.num_pages, "waiting_kv": len(self.imports),
                 "live": len(self.requests)}

@@ -28,13 +28,13 @@ from .core import EngineModel, Event, ModelRequest
 from .profile import Profile
 
 log = logging.getLogger(__name__)
-_FILLER_WORDS = (" the", " of", " and", " to", " in", " data", " model", " time", " value", " system")
+FILLER_WORDS = (" the", " of", " and", " to", " in", " data", " model", " time", " value", " system")
 
 
 def synthetic_vocabulary(tokenizer: Any) -> list[tuple[int, str]]:
     """(token id, text) pairs of common words that are one token each in this tokenizer."""
     vocab = []
-    for word in _FILLER_WORDS:
+    for word in FILLER_WORDS:
         ids = tokenizer.encode(word)
         if len(ids) == 1:
             vocab.append((ids[0], tokenizer.decode(ids)))

@@ -2,65 +2,26 @@
 one `ParsedRequest`, and shaping responses. Every bad input becomes an ApiError (4xx + message)."""
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from laps_agent.engine.sampling_params import SamplingError, SamplingParams
+from laps_agent.tokenizer import unencodable_message, unencodable_text  # noqa: F401 (api.*)
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error") -> None:
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", *,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type_
+        self.retry_after = retry_after  # seconds, sent as Retry-After
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "code": self.status}}
-
-
-# A lone surrogate can only enter a parsed body through a \uD800-\uDFFF escape, or through
-# the UTF-8-style bytes ED A0..BF xx that json.loads lets through ('surrogatepass'). Only bodies
-# with one of those are walked, so the common case costs one scan of the raw bytes.
-_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
-
-
-def unencodable_text(raw: bytes, body: Any) -> str | None:
-    """Where in `body` (parsed from `raw`) a string holds a lone surrogate, which is not Unicode
-    text: no tokenizer can encode it (HF tokenizers raise TypeError, UTF-8 encoding fails), so
-    it is the client's error. Returns a path like `messages[0].content`, or None."""
-    if not _MAYBE_SURROGATE.search(raw):
-        return None
-    stack: list[tuple[str, Any]] = [("body", body)]
-    while stack:  # iterative: the body may be nested as deep as the JSON parser allows
-        path, value = stack.pop()
-        if isinstance(value, str):
-            if not _encodes(value):
-                return path
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if not _encodes(key):
-                    return f"a key of {path}"
-                stack.append((key if path == "body" else f"{path}.{key}", item))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
-    return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def unencodable_message(where: str) -> str:
-    return (f"{where} is not valid Unicode text (it holds a lone UTF-16 surrogate, e.g. "
-            f"\\ud800, which no tokenizer can encode)")
 
 
 @dataclass(frozen=True)

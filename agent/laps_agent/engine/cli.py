@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.drain import DEFAULT_GRACE_S
 from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
 
 log = logging.getLogger("laps.engine")
@@ -42,10 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-port", type=int, default=8998, help="KV hand-off port (prefill role)")
     p.add_argument("--bootstrap-timeout", type=float, default=30.0,
                    help="seconds a PD hand-off may take before both sides give up and free it")
+    p.add_argument("--drain-grace-s", type=float, default=DEFAULT_GRACE_S,
+                   help="after SIGTERM/SIGINT: unready at once, new requests get 503 draining, the "
+                        "ones held (and their KV hand-offs) finish; exit when none is left or after "
+                        "this many seconds (keep it below the pod's terminationGracePeriodSeconds)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests waiting in this engine (for prefill, a decode slot or their KV) "
+                        "beyond which new ones get 503 queue_full; default 4x --max-running-requests, "
+                        "at least 256; 0: no bound")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="weights, activations and KV: auto = bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--laps-scheduler", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--wait-window-ms", type=float, default=5.0)
     p.add_argument("--wait-max-batch", type=int, default=8)
@@ -55,10 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "that costs the short ones less (cost), or always (the reference's rule)")
     p.add_argument("--max-long-wait-ms", type=float, default=2000.0)
     p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--batch-prefill-batch-sizes", type=_ints, default=[1, 2, 4, 8])
-    p.add_argument("--batch-prefill-seq-lengths", type=_ints, default=[16, 32, 64, 128, 256])
-    p.add_argument("--bucketed-prefill", choices=("auto", "always", "never"), default="auto",
+    p.add_argument("--batch-prefill-graphs-batch-sizes", type=_ints, default=[1, 2, 4, 8])
+    p.add_argument("--batch-prefill-graphs-seq-lengths", type=_ints, default=[16, 32, 64, 128, 256])
+    p.add_argument("--batch-prefill-graphs-mode", choices=("auto", "always", "never"), default="auto",
                    help="short batches in padded buckets: auto = with CUDA graphs, or when padding is <= 25%%")
+    p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="CUDA: decode steps replay CUDA graphs, one per decode batch size")
+    p.add_argument("--decode-graph-batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32],
+                   help="a decode batch of n requests runs in the graph of the smallest size >= n")
+    p.add_argument("--decode-graph-max-context", type=int, default=4096,
+                   help="longest context a decode graph serves (its page-table width); longer "
+                        "sequences decode eagerly")
     p.add_argument("--labels-file", default="/etc/podinfo/labels")
     p.add_argument("--kv-pages", type=int, default=None,
                    help="KV pool size in pages (default: on CUDA from --mem-fraction of the free device "
@@ -91,8 +108,18 @@ def scheduler_config(args: argparse.Namespace, grid, max_prefill_tokens: int):
 def bucket_grid(args: argparse.Namespace):
     from laps_agent.scheduling.buckets import BucketGrid
 
-    return (BucketGrid(args.batch_prefill_batch_sizes, args.batch_prefill_seq_lengths)
+    return (BucketGrid(args.batch_prefill_graphs_batch_sizes, args.batch_prefill_graphs_seq_lengths)
             if args.batch_prefill_graphs else None)
+
+
+def decode_graph_sizes(args: argparse.Namespace, max_running: int) -> list[int]:
+    """Decode batch sizes worth a graph: a batch never holds more than max_running requests,
+    so sizes beyond the first one that covers it would never replay."""
+    if not args.decode_graphs:
+        return []
+    sizes = sorted(set(args.decode_graph_batch_sizes))
+    covering = [b for b in sizes if b >= max_running]
+    return [b for b in sizes if b < max_running] + covering[:1]
 
 
 def build(args: argparse.Namespace):
@@ -111,15 +138,14 @@ def build(args: argparse.Namespace):
     from laps_agent.engine.loader import default_model_path, load_model, resolve_dtype
     from laps_agent.engine.metrics import EngineMetrics
     from laps_agent.engine.runner import ModelRunner
-    from laps_agent.engine.server import EngineServer, ServerSettings
+    from laps_agent.engine.server import EngineServer
 
     # Check every flag before the (slow) model load.
     if args.page_size < 1 or (args.kv_pages is not None and args.kv_pages < 1):
         raise ValueError("--page-size and --kv-pages must be >= 1")
     grid = bucket_grid(args)
     sched = scheduler_config(args, grid, args.max_prefill_tokens or 8192)
-    if args.bootstrap_timeout <= 0:
-        raise ValueError("--bootstrap-timeout must be > 0")
+    check_server_flags(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -135,26 +161,44 @@ def build(args: argparse.Namespace):
     if args.context_length:
         context = min(context, args.context_length)
     num_pages = args.kv_pages or _default_kv_pages(args, loaded, device, context)
+    max_running = args.max_running_requests or 32
     runner = ModelRunner(loaded, num_pages=num_pages, page_size=args.page_size, grid=grid,
-                         cuda_graphs=(device == "cuda" and grid is not None))
+                         cuda_graphs=device == "cuda",
+                         decode_batch_sizes=decode_graph_sizes(args, max_running),
+                         decode_graph_max_context=args.decode_graph_max_context)
     log.info("KV pool: %d pages x %d tokens", num_pages, args.page_size)
-    if runner.graphs is not None:  # at start-up, not on the first requests that need them
+    if runner.graphs is not None or runner.decode_graphs is not None:  # not on the request path
         started = time.monotonic()
         runner.capture_graphs(lambda done, total, bucket: log.info(
             "captured CUDA graph %d/%d: batch %d x %d tokens", done, total, bucket.batch_size, bucket.seq_len))
         log.info("CUDA graphs captured in %.1fs", time.monotonic() - started)
-    config = EngineConfig(role=args.role, scheduler=sched, batch_prefill=grid is not None,
-                          bucketed_prefill=args.bucketed_prefill,
-                          max_running_requests=args.max_running_requests or 32, context_len=context)
+    config = EngineConfig(role=args.role, scheduler=sched, batch_prefill_graphs=grid is not None,
+                          batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
+                          max_running_requests=max_running, context_len=context)
     name = args.served_model_name or loaded.name
     metrics = EngineMetrics(args.role, name, args.labels_file)
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,
                     on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
                     on_first_token=metrics.observe_first_token)
-    settings = ServerSettings(role=args.role, served_model_name=name, length_threshold=args.length_threshold,
-                              bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
-                              labels_file=args.labels_file)
-    return EngineServer(engine, settings, metrics), engine
+    return EngineServer(engine, server_settings(args, name, max_running), metrics), engine
+
+
+def check_server_flags(args: argparse.Namespace) -> None:
+    if args.bootstrap_timeout <= 0:
+        raise ValueError("--bootstrap-timeout must be > 0")
+    if args.drain_grace_s < 0:
+        raise ValueError("--drain-grace-s must be >= 0")
+
+
+def server_settings(args: argparse.Namespace, name: str, max_running: int, **extra):
+    """The HTTP server's settings from the flags (both backends)."""
+    from laps_agent.engine.server import ServerSettings, queue_bound
+
+    check_server_flags(args)
+    return ServerSettings(role=args.role, served_model_name=name, length_threshold=args.length_threshold,
+                          bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
+                          labels_file=args.labels_file, drain_grace_s=args.drain_grace_s,
+                          max_queued_requests=queue_bound(args.max_queued_requests, max_running), **extra)
 
 
 def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: int) -> int:
@@ -176,10 +220,13 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
 async def serve(server, host: str, port: int, bootstrap_port: int | None) -> None:
     import uvicorn
 
+    from laps_agent.drain import DrainingServer
     from laps_agent.engine.pd import bootstrap_app
 
-    http = uvicorn.Server(uvicorn.Config(server.app, host=host, port=port, log_level="warning",
-                                         timeout_graceful_shutdown=3))
+    # SIGTERM drains (laps_agent/drain.py); the bootstrap server stops only after the drain, so
+    # the decode engines still collect the KV of every prefill this engine finished.
+    http = DrainingServer(uvicorn.Config(server.app, host=host, port=port, log_level="warning"),
+                          server.drain)
     tasks = [asyncio.create_task(http.serve())]
     boot = None
     if bootstrap_port is not None:

@@ -124,7 +124,13 @@ class Engine(EngineCore):
             else:
                 self._abort(payload)
 
-    def _publish_snapshot(self) -> None:
+    def _run_prefill(self, batch: list, queue: str | None) -> None:
+        # Published before the forward pass, which can take seconds: the batch has left the
+        # queues, and readers of the snapshot (/get_load) must still see its work as pending.
+        self._publish_snapshot(prefilling=(len(batch), sum(item.uncached for item in batch)))
+        super()._run_prefill(batch, queue)
+
+    def _publish_snapshot(self, prefilling: tuple[int, int] = (0, 0)) -> None:
         self.snapshot = {"running": len(self._running), "queues": self.scheduler.pending(),
-                         "kv_usage": self.kv.usage_ratio(), "waiting_kv": len(self._imports),
-                         "live": len(self._live)}
+                         "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
+                         "waiting_kv": len(self._imports), "live": len(self._live)}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from laps_agent.scheduling.buckets import BUCKETED_MODES
+from laps_agent.scheduling.buckets import BATCH_PREFILL_GRAPHS_MODES
 from laps_agent.scheduling.config import SchedulerConfig
 
 ROLES = ("prefill", "decode", "mixed")
@@ -13,11 +13,11 @@ ROLES = ("prefill", "decode", "mixed")
 class EngineConfig:
     role: str = "mixed"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    batch_prefill: bool = True            # run short batches through the bucketed path
+    batch_prefill_graphs: bool = True     # run short batches through the bucket grid (graphs on CUDA)
     # "auto": bucketed when the runner replays CUDA graphs, else only when padding costs <= 25%
     # (without graphs a padded batch is just extra work: packed eager is never slower on CPU);
     # "always" / "never" force it.
-    bucketed_prefill: str = "auto"
+    batch_prefill_graphs_mode: str = "auto"
     max_running_requests: int = 32
     context_len: int = 2048
     idle_wait_s: float = 0.5              # upper bound on one idle sleep (also re-checks `stop`)
@@ -27,8 +27,9 @@ class EngineConfig:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.max_running_requests < 1:
             raise ValueError("max_running_requests must be >= 1")
-        if self.bucketed_prefill not in BUCKETED_MODES:
-            raise ValueError(f"bucketed_prefill must be one of {BUCKETED_MODES}, got {self.bucketed_prefill!r}")
+        if self.batch_prefill_graphs_mode not in BATCH_PREFILL_GRAPHS_MODES:
+            raise ValueError(f"batch_prefill_graphs_mode must be one of {BATCH_PREFILL_GRAPHS_MODES}, "
+                             f"got {self.batch_prefill_graphs_mode!r}")
 
 
 @dataclass

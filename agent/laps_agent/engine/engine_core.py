@@ -14,6 +14,7 @@ from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
 from laps_agent.engine.runner import ForwardItem
 from laps_agent.engine.sampling import StopState, sample_each
 from laps_agent.scheduling.buckets import bucket_for_batch
+from laps_agent.scheduling.classes import length_class
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
 log = logging.getLogger("laps_agent.engine.engine")
@@ -32,7 +33,7 @@ class EngineCore:
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
                  on_first_token: Callable[[str, float], None] | None = None) -> None:
         self.runner, self.tokenizer, self.config = runner, tokenizer, config
-        self.grid = grid if config.batch_prefill else None
+        self.grid = grid if config.batch_prefill_graphs else None
         self.scheduler = PrefillScheduler(config.scheduler, self.grid)
         self.kv = PagedKVAllocator(runner.num_pages, runner.page_size)
         self.eos_ids = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -64,7 +65,7 @@ class EngineCore:
                 self._fail(work.rid, str(exc))
 
     def _classify(self, tokens: int) -> str:
-        return "short" if tokens <= self.config.scheduler.length_threshold else "long"
+        return length_class(tokens, self.config.scheduler.length_threshold)
 
     def _abort(self, rid: str) -> None:
         live = self._live.pop(rid, None)
@@ -160,13 +161,13 @@ class EngineCore:
 
     def _use_bucket(self, queue: str | None, lengths: list[int]) -> bool:
         graphs = getattr(self.runner, "graphs", None) is not None
-        return bucket_for_batch(self.grid, queue, lengths, mode=self.config.bucketed_prefill,
+        return bucket_for_batch(self.grid, queue, lengths, mode=self.config.batch_prefill_graphs_mode,
                                 graphs=graphs) is not None
 
     def _hand_off(self, live: _Live, token: int) -> None:
         rid = live.work.rid
         try:
-            kv = self.runner.export_kv(self._pages(rid, len(live.work.input_ids)), len(live.work.input_ids))
+            kv = self.runner.export_kv_async(self._pages(rid, len(live.work.input_ids)), len(live.work.input_ids))
         except Exception as exc:  # noqa: BLE001
             log.exception("KV export failed for %s", rid)
             self._fail(rid, f"KV export failed: {exc}")
@@ -190,7 +191,7 @@ class EngineCore:
             items.append(ForwardItem(token_ids=[live.stop.output_ids[-1]], start_pos=pos,
                                      pages=self._pages(live.work.rid, pos + 1)))
         try:
-            logits, _ = self.runner.forward(items, bucketed=False)
+            logits, _ = self.runner.forward_decode(items)
         except Exception as exc:  # noqa: BLE001
             log.exception("decode step failed")
             for rid in rids:

@@ -19,7 +19,8 @@ def sse(obj: dict) -> bytes:
 
 
 def error(exc: api.ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 async def until_disconnect(request: Request, awaitable):

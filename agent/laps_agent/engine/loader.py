@@ -10,7 +10,7 @@ import torch
 from .model import CausalLM, rope_inverse_frequencies
 from .model_config import ModelConfig, UnsupportedModelError
 from .model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
-from .tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
+from laps_agent.tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -58,14 +58,14 @@ class EngineMetrics:
             self.queue_tokens.labels(queue)
 
     # engine-thread hooks (prometheus_client is thread-safe)
-    def observe_prefill(self, rec: PrefillRecord, batch_prefill: bool) -> None:
+    def observe_prefill(self, rec: PrefillRecord, batch_prefill_graphs: bool) -> None:
         cls = rec.cls or "fifo"
         self.prefill_latency.labels(cls).observe(rec.seconds)
         self.prefill_batch_size.observe(rec.size)
         if rec.path in ("bucket", "graph"):
             self.bucket_hits.inc()
             self.padding.inc(max(rec.padded_tokens - rec.real_tokens, 0))
-        elif batch_prefill and rec.cls == "short":
+        elif batch_prefill_graphs and rec.cls == "short":
             self.bucket_misses.inc()
 
     def observe_first_token(self, cls: str | None, seconds: float) -> None:

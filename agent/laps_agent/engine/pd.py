@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import httpx
 import torch
 
+from laps_agent.engine.kv_export import KVExport, resolve
 from laps_agent.engine.pd_wire import (BootstrapError, KVOutbox, bootstrap_app,  # noqa: F401
                                        decode_frame, encode_frame, fetch_payload)
 
@@ -49,9 +50,13 @@ class KVTransfer:
 class TensorKVCodec:
     """KVCodec of the builtin engine; the (de)serialisation copies run off the event loop."""
 
-    async def encode(self, room: int, input_ids: list[int], first_token: int, kv: torch.Tensor) -> bytes:
-        transfer = KVTransfer(room=room, input_ids=list(input_ids), first_token=first_token, kv=kv)
-        return await asyncio.to_thread(transfer.encode)
+    async def encode(self, room: int, input_ids: list[int], first_token: int,
+                     kv: torch.Tensor | KVExport) -> bytes:
+        def run() -> bytes:  # waits for the engine's device-to-host copy here, not on its loop
+            return KVTransfer(room=room, input_ids=list(input_ids), first_token=first_token,
+                              kv=resolve(kv)).encode()
+
+        return await asyncio.to_thread(run)
 
     async def decode(self, payload: bytes) -> "KVTransfer":
         return await asyncio.to_thread(KVTransfer.decode, payload)

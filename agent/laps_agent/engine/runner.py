@@ -5,6 +5,8 @@ Paths:
 - bucket: the right-aligned padded [B, S] batch of `plan_padding`, run eagerly (CPU, or GPU
   without graphs). Reads each slot's logits at its last position.
 - graph: the same bucket inputs copied into preallocated buffers and a CUDA graph replayed.
+  Decode steps use it too: a decode batch of n requests is the bucket (b, 1) of the smallest
+  decode batch size b >= n (the decode graph grid), padded with dummy slots like any bucket.
 
 Page ids 0..num_pages-1 belong to the caller's allocator; page `num_pages` is a scratch page that
 absorbs the K/V writes of padding and dummy tokens.
@@ -19,6 +21,7 @@ import torch
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
 
 from .attention import BlockAttention, PackedAttention
+from .kv_export import KVExport, start_export
 from .loader import LoadedModel
 
 
@@ -88,6 +91,17 @@ def kv_pages_for_memory(free_bytes: int, fraction: float, *, layers: int, kv_hea
     return pages
 
 
+# Longest context a decode graph serves (its page-table width); see ModelRunner.__init__.
+DECODE_GRAPH_MAX_CONTEXT = 4096
+DEFAULT_DECODE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def decode_bucket(buckets: Sequence[Bucket], n: int) -> Bucket | None:
+    """The smallest decode bucket (b, 1) holding n requests; None when n exceeds them all.
+    `buckets` are sorted by batch size."""
+    return next((b for b in buckets if b.batch_size >= n), None)
+
+
 def _pages_needed(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
@@ -95,7 +109,9 @@ def _pages_needed(tokens: int, page_size: int) -> int:
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, *, num_pages: int, page_size: int = 16,
                  grid: BucketGrid | None = None, cuda_graphs: bool | None = None,
-                 graph_max_context: int | None = None):
+                 graph_max_context: int | None = None,
+                 decode_batch_sizes: Sequence[int] = (),
+                 decode_graph_max_context: int = DECODE_GRAPH_MAX_CONTEXT):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"num_pages and page_size must be >= 1, got {num_pages}, {page_size}")
         self.loaded = loaded
@@ -121,21 +137,32 @@ class ModelRunner:
 
             max_context = graph_max_context or min(num_pages * page_size, grid.max_seq_len + 2048)
             self.graphs = BucketGraphs(self, max_pages=_pages_needed(max_context, page_size))
+        # Decode graphs read a page table as wide as the longest context they serve; longer
+        # sequences decode eagerly (the fixed width is attention work for every slot).
+        self.decode_buckets = [Bucket(b, 1) for b in sorted(set(decode_batch_sizes))]
+        self.decode_graphs = None
+        if use_graphs and self.decode_buckets:
+            from .cuda_graphs import BucketGraphs
+
+            width = _pages_needed(min(num_pages * page_size, decode_graph_max_context), page_size)
+            self.decode_graphs = BucketGraphs(self, max_pages=width)
 
     # ------------------------------------------------------------------ public API
     def capture_graphs(self, progress: Callable[[int, int, Bucket], None] | None = None) -> list[Bucket]:
-        """Capture the CUDA graph of every grid bucket now (engine start-up) instead of on the
-        request path; `progress(done, total, bucket)` after each. Returns the buckets captured;
-        no-op without graphs (CPU)."""
-        if self.graphs is None or self.grid is None:
-            return []
-        buckets = list(self.grid.buckets)
+        """Capture the CUDA graph of every grid bucket and every decode batch size now (engine
+        start-up) instead of on the request path; `progress(done, total, bucket)` after each.
+        Returns the buckets captured; no-op without graphs (CPU)."""
+        work = []
+        if self.graphs is not None and self.grid is not None:
+            work += [(self.graphs, b) for b in self.grid.buckets]
+        if self.decode_graphs is not None:
+            work += [(self.decode_graphs, b) for b in self.decode_buckets]
         with torch.inference_mode():
-            for i, bucket in enumerate(buckets, 1):
-                self.graphs.capture_all([bucket])
+            for i, (graphs, bucket) in enumerate(work, 1):
+                graphs.capture_all([bucket])
                 if progress is not None:
-                    progress(i, len(buckets), bucket)
-        return buckets
+                    progress(i, len(work), bucket)
+        return [bucket for _, bucket in work]
 
     @torch.inference_mode()
     def forward(self, items: Sequence[ForwardItem], *, bucketed: bool = False
@@ -151,6 +178,20 @@ class ModelRunner:
             if logits is not None:
                 return logits, ForwardStats("graph", bucket, real, plan.padded_tokens)
         return self.forward_plan(items, plan), ForwardStats("bucket", bucket, real, plan.padded_tokens)
+
+    @torch.inference_mode()
+    def forward_decode(self, items: Sequence[ForwardItem]) -> tuple[torch.Tensor, ForwardStats]:
+        """One decode step (one new token per item): a decode graph replay where one fits,
+        else the eager path."""
+        self._validate(items)
+        n = len(items)
+        bucket = decode_bucket(self.decode_buckets, n)
+        if self.decode_graphs is not None and bucket is not None \
+                and all(len(it.token_ids) == 1 for it in items):
+            logits = self.decode_graphs.run(items, plan_padding([1] * n, bucket))
+            if logits is not None:
+                return logits, ForwardStats("graph", bucket, n, bucket.batch_size)
+        return self._forward_eager(items), ForwardStats("eager", None, n, n)
 
     @torch.inference_mode()
     def forward_plan(self, items: Sequence[ForwardItem], plan: PaddingPlan) -> torch.Tensor:
@@ -172,14 +213,19 @@ class ModelRunner:
                                    inputs.kv_lens, bucket.batch_size, bucket.seq_len)
         return self.model.hidden_states(inputs.input_ids, inputs.positions, attention)
 
-    @torch.inference_mode()
     def export_kv(self, pages: list[int], length: int) -> torch.Tensor:
         """CPU [layers, 2, length, kv_heads, head_dim] of a sequence's first `length` tokens."""
+        return self.export_kv_async(pages, length).wait()
+
+    @torch.inference_mode()
+    def export_kv_async(self, pages: list[int], length: int) -> KVExport:
+        """The same, with the device-to-host copy under way when this returns (kv_export.py):
+        the pages may be freed at once; `wait()` off the engine loop."""
         self._check_pages(pages, length)
         idx = self._slots(pages, 0, length)
         k = self.k_pool.view(self.config.num_layers, -1, *self.k_pool.shape[-2:])[:, idx]
         v = self.v_pool.view(self.config.num_layers, -1, *self.v_pool.shape[-2:])[:, idx]
-        return torch.stack((k, v), dim=1).cpu()
+        return start_export(torch.stack((k, v), dim=1))
 
     @torch.inference_mode()
     def import_kv(self, pages: list[int], kv: torch.Tensor) -> None:

@@ -4,33 +4,38 @@ PD hand-off (prefill role parks KV in its outbox; decode role fetches it before 
 Torch-free: it serves the builtin engine (with `pd.TensorKVCodec`) and the emulated engine (with
 its own codec) alike. What it needs of an engine: `submit(work, sink)`, `abort(rid)`,
 `max_prompt_tokens()`, `alive`, `snapshot`, `tokenizer`, `config` (an EngineConfig), `grid`,
-`kv.num_pages` / `kv.page_size`."""
+`kv.num_pages` / `kv.page_size`.
+
+Drain (laps_agent/drain.py): after SIGTERM the engine answers new work 503 `draining` and /health
+503, and keeps serving what it holds, the KV hand-offs of its prefills included (the bootstrap
+server outlives the drain). Queue bound: a request arriving while `max_queued_requests` wait in
+this engine gets 503 `queue_full` (the gateway retries it on another pod)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
 import time
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import httpx
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from laps_agent.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.engine import api_models as api
 from laps_agent.engine.http_util import ClientGone, error, sse, until_disconnect
-from laps_agent.engine.metrics import EngineMetrics, read_group
+from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
-from laps_agent.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from laps_agent.engine.engine import Engine
 
 log = logging.getLogger(__name__)
+MIN_QUEUE_BOUND = 256
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,15 @@ class ServerSettings:
     labels_file: str | None = None
     backend: str = "builtin"
     profile: str | None = None          # emulated backend: the profile's name
+    drain_grace_s: float = DEFAULT_GRACE_S
+    max_queued_requests: int = MIN_QUEUE_BOUND  # 0: no bound (`laps engine`: see queue_bound)
+
+
+def queue_bound(flag: int | None, max_running: int) -> int:
+    """--max-queued-requests, defaulting to four times what runs at once (at least
+    MIN_QUEUE_BOUND): deeper, a request would wait longer than any client does, while another
+    pod may have room."""
+    return max(MIN_QUEUE_BOUND, 4 * max_running) if flag is None else max(flag, 0)
 
 
 class EngineServer:
@@ -57,7 +71,11 @@ class EngineServer:
         self.tokenizer = engine.tokenizer
         self.outbox = KVOutbox(settings.bootstrap_timeout_s)
         self.fetching = 0  # decode role: requests waiting for their KV from a prefill engine
+        self.queued = 0    # submitted to the engine, no output yet (waiting for prefill or a slot)
+        self.drain = Drain(settings.drain_grace_s)
         self._fetch_client: httpx.AsyncClient | None = None  # one pool for every KV fetch
+        from laps_agent.engine.server_routes import build_app
+
         self.app = build_app(self)
 
     def fetch_client(self) -> httpx.AsyncClient:
@@ -96,15 +114,30 @@ class EngineServer:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self.engine.submit(work, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
-        finished = False
+        self.queued += 1
+        waiting, finished = True, False
         try:
             while not finished:
                 out = await queue.get()
+                if waiting:
+                    waiting = False
+                    self.queued -= 1
                 finished = out.finished
                 yield out
         finally:
+            if waiting:
+                self.queued -= 1
             if not finished:
                 self.engine.abort(work.rid)
+
+    def check_queue(self) -> None:
+        """503 `queue_full` when this engine already holds its bound of waiting requests (a
+        decode engine's requests still fetching their KV count: they queue here next)."""
+        bound = self.settings.max_queued_requests
+        waiting = self.queued + self.fetching
+        if bound and waiting >= bound:
+            raise api.ApiError(503, f"engine queue full ({waiting} waiting, bound {bound}); retry "
+                                    f"later or on another engine", "queue_full", retry_after=1)
 
     async def prepare(self, parsed: api.ParsedRequest, request: Request) -> tuple[GenerateWork, dict]:
         """Tokenize and, for the decode role, collect the KV from the prefill engine first."""
@@ -174,6 +207,7 @@ class EngineServer:
                 parsed = api.parse_completion(body)
             else:
                 parsed = api.parse_chat(body, self.tokenizer.apply_chat_template)
+            self.check_queue()
             work, extra = await self.prepare(parsed, request)
             if parsed.stream:
                 first = await self._first_output(work, parsed, request)
@@ -263,70 +297,3 @@ class EngineServer:
 
 def _oid(parsed: api.ParsedRequest, work: GenerateWork) -> str:
     return ("chatcmpl-" if parsed.kind == "chat" else "cmpl-") + work.rid
-
-
-def build_app(server: EngineServer) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_: FastAPI):
-        yield
-        await server.aclose()
-
-    app = FastAPI(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
-    s, engine = server.settings, server.engine
-
-    @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        return await server.serve(request, "generate")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await server.serve(request, "completion")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await server.serve(request, "chat")
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": s.served_model_name, "object": "model", "created": 0,
-                                            "owned_by": "laps", "max_model_len": engine.config.context_len}]}
-
-    @app.get("/health")
-    async def health() -> Response:
-        if not engine.alive:
-            return error(api.ApiError(503, "engine loop is not running", "unavailable"))
-        return JSONResponse({"status": "ok", "role": s.role})
-
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        bos = server.tokenizer.bos_token_id
-        work = GenerateWork(new_rid(), [bos if bos is not None else 0], SamplingParams(max_new_tokens=1, temperature=0.0))
-        try:
-            outs = [o async for o in server.outputs(work)]
-        except Exception as exc:  # noqa: BLE001
-            return error(api.ApiError(503, f"generation failed: {exc}", "unavailable"))
-        if outs[-1].error:
-            return error(api.ApiError(503, outs[-1].error, "unavailable"))
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/get_server_info")
-    async def server_info() -> dict:
-        cfg = engine.config
-        return {"role": s.role, "bootstrap_port": s.bootstrap_port if s.role == "prefill" else None,
-                "backend": s.backend, "profile": s.profile,
-                "prefill_group": read_group(s.labels_file), "served_model_name": s.served_model_name,
-                "length_threshold": s.length_threshold, "laps_scheduler": cfg.scheduler.enabled,
-                "scheduler": {k: getattr(cfg.scheduler, k) for k in cfg.scheduler.__dataclass_fields__},
-                "max_prompt_tokens": engine.max_prompt_tokens(), "context_length": cfg.context_len,
-                "kv_pages": engine.kv.num_pages, "page_size": engine.kv.page_size,
-                "max_running_requests": cfg.max_running_requests, "batch_prefill": engine.grid is not None,
-                "bootstrap_timeout_s": s.bootstrap_timeout_s,
-                "bootstrap": {"pending_rooms": len(server.outbox), "fetching": server.fetching},
-                "state": dict(engine.snapshot, queues={
-                    k: list(v) for k, v in (engine.snapshot.get("queues") or {}).items()})}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(server.metrics.render(engine.snapshot), media_type="text/plain; version=0.0.4")
-
-    return app

@@ -4,7 +4,8 @@ stays that class's problem.
 Without a bound, a load that shifts to long prompts grows the long group's queue until its
 requests outlast the engines' KV hand-off timeout; then every one of them fails late, after
 holding a decode slot. With a bound, a group takes a new request while its pending prompt
-tokens (the gateway's own count, dispatch to end of the prefill phase) are below
+tokens (`group_load`: its pods' loads as routing sees them, other gateway replicas' work
+included when the engines report it, or the gateway's own count if that is more) are below
 `max_pending_tokens_per_pod` times its routable pods; beyond it the request is refused at once
 (429 + Retry-After) before it reaches any engine, and the other group is unaffected.
 
@@ -15,7 +16,10 @@ that much well within the engines' --bootstrap-timeout (30 s): SmolLM2 on a CPU 
 1,000 tokens/s, a 32B model on an H200 about 10,000/s."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from laps_agent.gateway.routing import Endpoint, EndpointLoad
 
 # 16k tokens per pod: ~16 s of queued prefill for SmolLM2 on CPU (half the default bootstrap
 # timeout), ~1.5 s for a 32B model on an H200 (a full 16k-token prefill batch).
@@ -41,3 +45,16 @@ def admit(pending_tokens: int, pods: int, max_pending_tokens_per_pod: int) -> Ad
     """Whether a group with `pending_tokens` pending over `pods` routable pods takes one more."""
     bound = group_bound(max_pending_tokens_per_pod, pods)
     return Admission(bound is None or pending_tokens < bound, pending_tokens, bound)
+
+
+def group_load(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],
+               own_pending_tokens: int) -> tuple[int, int]:
+    """(routable pods, pending tokens) of a group whose pods are `members`. The pods' tokens
+    come from `loads` (merged with the engines' reports: every gateway replica's work); this
+    gateway's own count of the group is kept when it is more (a pod moved to the other group
+    takes the tokens of the requests it holds along)."""
+    pods = sum(1 for e in members if loads.get(e.name, _IDLE).healthy)
+    return pods, max(own_pending_tokens, sum(loads.get(e.name, _IDLE).pending_tokens for e in members))
+
+
+_IDLE = EndpointLoad()

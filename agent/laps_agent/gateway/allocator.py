@@ -104,7 +104,7 @@ class StaticAllocator:
         if self.write_labels is not None and move.pod in self.labels:
             self.write_labels(self.labels[move.pod], move.target)
         self.moves.append({"time": time.time(), "pod": move.pod, "from": move.source, "to": move.target,
-                           "reason": self.last.get("reason")})
+                           "reason": self.last.get("reason"), "pressure": self.last.get("pressure")})
         self.metrics.rebalances.labels(move.direction).inc()
         log.info("moved %s from %s to %s (%s)", move.pod, move.source, move.target, self.last.get("reason"))
 

@@ -1,28 +1,33 @@
 """The gateway's HTTP face: OpenAI-compatible + SGLang endpoints, status and metrics."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.routing import Route
 
-from laps_agent.engine.api_models import unencodable_message, unencodable_text
+from laps_agent.drain import Drain, DrainGuard, refusal_body
 from laps_agent.gateway.config import GatewayConfig
+from laps_agent.gateway.deadline import RequestDeadline
 from laps_agent.gateway.discovery import Discovery
 from laps_agent.gateway.estimate import TokenEstimator
 from laps_agent.gateway.failures import GatewayError, UpstreamStatus
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.payload import PDPayload
 from laps_agent.gateway.proxy import PDProxy, ProxyCall, Reply, StreamReply
 from laps_agent.gateway.relay import HangupGuard, RelayResponse
 from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
 from laps_agent.gateway.status import laps_status, readiness
+from laps_agent.tokenizer import unencodable_message, unencodable_text
 
 log = logging.getLogger(__name__)
 _ERROR_STATUSES = (400, 404, 413, 422, 429, 502, 503, 504)
@@ -37,6 +42,7 @@ class Gateway:
     tracker: LoadTracker
     proxy: PDProxy
     allocator: Any = None
+    drain: Drain = field(default_factory=Drain)   # SIGTERM: laps_agent/drain.py
 
 
 def error_response(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
@@ -74,7 +80,7 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
     metrics = GatewayMetrics()
     tracker = LoadTracker(metrics, config.proxy)
     gateway = Gateway(config, discovery, estimator, metrics, tracker,
-                      PDProxy(config, discovery, tracker, metrics))
+                      PDProxy(config, discovery, tracker, metrics), drain=Drain(config.drain_grace_s))
     if allocator is not None:
         gateway.allocator = allocator(gateway)
 
@@ -93,11 +99,13 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             await discovery.stop()
 
     app = FastAPI(title="laps gateway", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(DrainGuard, drain=gateway.drain, who="gateway")
     app.state.gateway = gateway
 
     async def serve(request: Request, model: type[BaseModel], kind: str) -> Response:
+        deadline = RequestDeadline(config.request_deadline_s, metrics)
         try:
-            return await _serve(gateway, request, model, kind)
+            return deadline.bound(await deadline.run(_serve(gateway, request, model, kind)))
         except GatewayError as exc:
             metrics.errors.labels(exc.reason).inc()
             return error_response(exc.status, exc.message, retry_after=exc.retry_after)
@@ -112,6 +120,10 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
         endpoint.__name__ = kind
         app.post(path, openapi_extra=_body_schema(model, components),
                  responses=_error_docs())(endpoint)
+        # The route above publishes the endpoint (OpenAPI); this plain one, matched first,
+        # serves it: FastAPI's per-request machinery (dependency solving, its exception and
+        # exit-stack layers) measured ~0.1 ms of CPU per request, a sixth of the gateway's cost.
+        app.router.routes.insert(0, Route(path, _Plain(serve, model, kind), methods=["POST"]))
 
     components: dict = {}
     post("/v1/completions", CompletionRequest, "completion")
@@ -123,9 +135,14 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
         return {"object": "list", "data": [{"id": config.served_model_name, "object": "model",
                                             "created": 0, "owned_by": "laps"}]}
 
-    @app.get("/health", responses={503: {"description": "not ready: no usable prefill or decode pod"}})
+    @app.get("/health", responses={503: {"description": "not ready: no usable prefill or decode "
+                                                          "pod, or draining (shutting down)"}})
     async def health() -> Response:
-        """Readiness: whether this gateway can route a request at all."""
+        """Readiness: whether this gateway can route a request at all (never while draining)."""
+        if gateway.drain.draining:
+            return JSONResponse({"status": "draining", "ready": False, "reason": "draining: "
+                                 f"{gateway.drain.in_flight} request(s) in flight",
+                                 **refusal_body("gateway")}, status_code=503)
         ready, reason = readiness(discovery.membership(), gateway.tracker.loads())
         if ready:
             return JSONResponse({"status": "ok", "ready": True})
@@ -171,14 +188,19 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     if requested is not None and requested != config.served_model_name:
         raise GatewayError(404, "unknown_model", f"model {requested!r} is not served here; "
                            f"this gateway serves {config.served_model_name!r}")
+    estimator = gateway.estimator
     try:
-        tokens = gateway.estimator.estimate(body, kind)
+        if estimator.exact:  # tokenizing a long prompt takes milliseconds: not on the event loop
+            tokens = await asyncio.to_thread(estimator.estimate, body, kind)
+        else:
+            tokens = estimator.estimate(body, kind)
     except (TypeError, UnicodeError) as exc:  # the tokenizer cannot encode it: nor can the engine
         raise GatewayError(400, "invalid_request", f"the tokenizer cannot encode the prompt: {exc}") from None
     except ValueError as exc:  # an estimate is advisory: never fail a valid request over it
         log.warning("token estimate failed (%s); using the body size", exc)
         tokens = len(raw) // 4
-    call = ProxyCall(path=request.url.path, body=body, stream=parsed.stream, tokens=tokens)
+    call = ProxyCall(path=request.url.path, body=PDPayload(raw, body), stream=parsed.stream,
+                     tokens=tokens)
     reply = None
     async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls
         reply = await gateway.proxy.forward(call)
@@ -189,6 +211,17 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     if isinstance(reply, Reply):
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
     return RelayResponse(reply)
+
+
+class _Plain:
+    """An ASGI app (Starlette calls it as such, a function it would wrap as an endpoint)."""
+
+    def __init__(self, serve: Callable, model: type[BaseModel], kind: str) -> None:
+        self._serve, self._model, self._kind = serve, model, kind
+
+    async def __call__(self, scope, receive, send) -> None:
+        response = await self._serve(Request(scope, receive), self._model, self._kind)
+        await response(scope, receive, send)
 
 
 def _body_schema(model: type[BaseModel], components: dict) -> dict:

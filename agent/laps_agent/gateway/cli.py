@@ -7,13 +7,14 @@ from pathlib import Path
 
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps gateway", description="length-aware PD gateway")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--length-threshold", type=int, default=256)
+    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--served-model-name", default="default")
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer counts "
                    "prompt tokens; without it a characters-per-token heuristic is used")
@@ -21,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt-length estimate: auto (the tokenizer if given, else the heuristic), "
                         "heuristic, or chars4 (the reference router's characters/4)")
     p.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
+    p.add_argument("--engine-load-poll", action=argparse.BooleanOptionalAction,
+                   default=GatewayConfig.engine_load_poll,
+                   help="route by the engines' own load (each pod's /get_load, polled), merged "
+                        "with this gateway's dispatches: several gateway replicas then share it")
+    p.add_argument("--engine-load-interval", type=float, default=GatewayConfig.engine_load_interval_s,
+                   help="seconds between two polls of every pod's /get_load")
     static = p.add_argument_group("static discovery")
     static.add_argument("--prefill-short", default="", help="URL[,URL...]")
     static.add_argument("--prefill-long", default="", help="URL[,URL...]")
@@ -48,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="admission control: a prefill group takes new requests while its "
                              "pending prompt tokens are below this many per routable pod; beyond, "
                              "its class gets 429 + Retry-After (0: no bound)")
+    limits.add_argument("--request-deadline-s", type=float, default=GatewayConfig.request_deadline_s,
+                        help="total time a request may take, arrival to last byte: beyond, 504 "
+                             "(or, once a stream has begun, an SSE error event ends it); 0: none")
+    limits.add_argument("--drain-grace-s", type=float, default=GatewayConfig.drain_grace_s,
+                        help="after SIGTERM/SIGINT: unready at once, new requests get 503 draining, "
+                             "the ones in flight finish; exit when none is left or after this many "
+                             "seconds (keep it below the pod's terminationGracePeriodSeconds)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -57,6 +71,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         served_model_name=args.served_model_name, length_threshold=args.length_threshold,
         max_body_bytes=args.max_body_bytes,
         max_pending_tokens_per_pod=max(args.max_pending_tokens_per_pod, 0),
+        request_deadline_s=max(args.request_deadline_s, 0.0), drain_grace_s=max(args.drain_grace_s, 0.0),
+        engine_load_poll=args.engine_load_poll,
+        engine_load_interval_s=max(args.engine_load_interval, 0.01),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
                           max_retries=args.max_retries,
                           eject_after_failures=args.eject_after_failures,
@@ -96,7 +113,7 @@ def build_estimator(tokenizer_path: str | None, mode: str = "auto"):
 
     if not tokenizer_path or mode != "auto":
         return TokenEstimator(None, mode)
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
 
     return TokenEstimator(load_tokenizer(tokenizer_path))
 
@@ -114,5 +131,5 @@ def main(argv: list[str]) -> int:
     sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below
     host, port = sock.getsockname()[:2]
     print(f"laps gateway listening on http://{host}:{port}", flush=True)
-    run_forever(app, sock, log_level=args.log_level.lower())
+    run_forever(app, sock, drain=app.state.gateway.drain, log_level=args.log_level.lower())
     return 0

@@ -9,15 +9,24 @@ counts against the prefill pod, is not retried (the request already waited a who
 another attempt would add to the overload), and the client gets a 503 naming the group.
 Symmetrically a prefill engine's 504 `bootstrap_error` says no decode engine collected the KV:
 the decode pod's failure. Both the status and the error type are checked, so a 504 from
-anything else (a proxy in between, a test double) keeps meaning "this pod failed"."""
+anything else (a proxy in between, a test double) keeps meaning "this pod failed".
+
+Two refusals are no failure at all: a 503 `draining` (the engine is shutting down gracefully,
+laps_agent/drain.py) takes the pod out of routing for a while without counting against it, and
+a 503 `queue_full` (its queue is at its bound) leaves it as it is; both are retried on another
+pod, and the client hears 503 + Retry-After only when no pod would take the request."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
+
+from laps_agent.drain import DRAINING_TYPE
 
 # Statuses that say "this pod cannot take work now", so another pod may succeed.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 KV_TIMEOUT_STATUS, KV_ERROR_TYPE = 504, "bootstrap_error"
+QUEUE_FULL_TYPE = "queue_full"   # an engine's queue bound (engine/server.py)
 
 
 class GatewayError(Exception):
@@ -43,6 +52,9 @@ class Blame:
     status: int         # what the client gets if it is not retried (or retries run out)
     reason: str         # laps_gateway_errors_total{reason}
     message: str
+    # What it says of the pod: failing (counts towards its ejection), draining (out of routing
+    # for a while, no failure) or busy (nothing: it is healthy, just full).
+    state: Literal["failing", "draining", "busy"] = "failing"
 
 
 def engine_error(body: bytes) -> tuple[str | None, str]:
@@ -65,6 +77,13 @@ def judge_status(role: str, status: int, body: bytes, *, prefill: str, group: st
     if status not in RETRYABLE_STATUSES:
         return None
     kind, detail = engine_error(body)
+    name = prefill if role == "prefill" else decode
+    if status == 503 and kind == DRAINING_TYPE:
+        return Blame(role, True, 503, "upstream_draining",
+                     f"{role} pod {name} is draining (shutting down)", "draining")
+    if status == 503 and kind == QUEUE_FULL_TYPE:
+        return Blame(role, True, 503, "upstream_queue_full",
+                     f"{role} pod {name}: {detail or 'its queue is full'}", "busy")
     detail = f": {detail}" if detail else ""
     if status == KV_TIMEOUT_STATUS and kind == KV_ERROR_TYPE:
         if role == "decode":
@@ -74,5 +93,4 @@ def judge_status(role: str, status: int, body: bytes, *, prefill: str, group: st
         return Blame("decode", True, 502, "upstream_unavailable",
                      f"decode pod {decode} did not collect the KV from prefill pod {prefill} "
                      f"in time{detail}")
-    name = prefill if role == "prefill" else decode
     return Blame(role, True, 502, "upstream_unavailable", f"{role} pod {name} answered {status}{detail}")

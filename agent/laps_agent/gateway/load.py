@@ -10,7 +10,11 @@ Health is passive: a pod whose calls fail `eject_after_failures` times in a row 
 unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
 prefill group, or the decode pool; gateway/outlier.py): a pod whose ejection would take out its
 pool's last healthy pod, or more than `max_ejection_percent` of the pool, stays routable and
-its count starts over."""
+its count starts over.
+
+A pod that answered 503 `draining` is shutting down gracefully: it is out of routing for
+`eject_seconds` too, but that is no failure and no ejection cap applies (it refuses every new
+request anyway); when the time is up a pod that has gone fails fast, one that came back serves."""
 from __future__ import annotations
 
 import time
@@ -126,10 +130,19 @@ class LoadTracker:
         if not may_eject(len(set(members) | {endpoint}), ejected, self._config.max_ejection_percent):
             self._metrics.ejections.labels(pool, "capped").inc()
             return False
-        self._ejected_until[endpoint] = self._clock() + self._config.eject_seconds
-        self._load(endpoint).healthy = False
+        self._take_out(endpoint)
         self._metrics.ejections.labels(pool, "ejected").inc()
         return True
+
+    def record_draining(self, endpoint: str, pool: str) -> None:
+        """`endpoint` (of `pool`) refused a request because it is draining."""
+        if self.loads().get(endpoint, _HEALTHY).healthy:
+            self._take_out(endpoint)
+            self._metrics.ejections.labels(pool, "draining").inc()
+
+    def _take_out(self, endpoint: str) -> None:
+        self._ejected_until[endpoint] = self._clock() + self._config.eject_seconds
+        self._load(endpoint).healthy = False
 
 
 _HEALTHY = EndpointLoad()

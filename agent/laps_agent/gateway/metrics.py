@@ -39,7 +39,8 @@ class GatewayMetrics:
         self.ejections = Counter(
             "laps_gateway_ejections", "Pods taken out of routing by passive health checks "
             "(outcome=ejected), or kept in because the ejection cap of their pool forbade it "
-            "(outcome=capped)", ["pool", "outcome"], registry=r)
+            "(outcome=capped), or taken out because they answered that they are draining "
+            "(outcome=draining)", ["pool", "outcome"], registry=r)
         self.errors = Counter(
             "laps_gateway_errors", "Requests answered with an error, by reason", ["reason"],
             registry=r)
@@ -61,7 +62,7 @@ class GatewayMetrics:
         self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
         self.rejected_of = {c: self.rejected.labels(c) for c in CLASSES}
         for pool in POOLS:
-            for outcome in ("ejected", "capped"):
+            for outcome in ("ejected", "capped", "draining"):
                 self.ejections.labels(pool, outcome)
         self.ttft_of = {c: self.ttft.labels(c) for c in CLASSES}
         self.request_seconds_of = {c: self.request_seconds.labels(c) for c in CLASSES}

@@ -1,10 +1,12 @@
 """The PD proxy: one request -> one prefill pod + one decode pod (SGLang's protocol).
 
-The same JSON body, plus `bootstrap_host`/`bootstrap_port`/`bootstrap_room`, goes to both pods
-concurrently; the decode pod's answer goes back to the client. Nothing is sent to the client
-before the decode pod's first byte (streaming) or whole answer (non-streaming), so until then a
-connection-level failure of either pod is retried on other pods. A failing prefill call cancels
-the decode call (which would otherwise wait for a KV hand-off that never comes) and vice versa.
+The same JSON body, plus `bootstrap_host`/`bootstrap_port`/`bootstrap_room` (spliced into the
+client's bytes: payload.py), goes to both pods concurrently; the decode pod's answer goes back to
+the client. Nothing is sent to the client before the decode pod's first byte (streaming) or
+whole answer (non-streaming), so until then a connection-level failure of either pod is retried
+on other pods. A failing prefill call cancels the decode call (which would otherwise wait for a
+KV hand-off that never comes) and vice versa. Pods are chosen by routing.py on this gateway's
+own pending work merged with the engines' reported load (engine_load.py).
 
 Overload: before the first attempt the request's prefill group must admit it (admission.py), or
 it gets 429 without reaching an engine. An engine's error answer is judged by failures.py, which
@@ -13,34 +15,24 @@ prefill pod); health records count it against that pod's pool, whose ejection is
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
-from laps_agent.gateway.admission import admit
+from laps_agent.gateway.admission import admit, group_load
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery, Membership
+from laps_agent.gateway.engine_load import EngineLoadPoller, EngineLoads
 from laps_agent.gateway.failures import GatewayError, UpstreamStatus, judge_status
 from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
-                                        choose_route)
+from laps_agent.gateway.payload import PDPayload
+from laps_agent.gateway.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
-                                         UpstreamResponse, UpstreamTimeout)
-
-_IDLE = EndpointLoad()
-
-
-@functools.lru_cache(maxsize=4096)
-def _address(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return parts.hostname, parts.port or 80
-
+                                         UpstreamResponse, UpstreamTimeout, address)
 
 class _Retryable(Exception):
     def __init__(self, endpoints: tuple[str, ...], error: GatewayError):
@@ -51,7 +43,7 @@ class _Retryable(Exception):
 @dataclass
 class ProxyCall:
     path: str                 # upstream path, the same as the client's
-    body: dict
+    body: PDPayload           # the client's body, to which each attempt adds its PD fields
     stream: bool
     tokens: int               # estimated prompt tokens
     started: float = field(default_factory=time.monotonic)
@@ -71,8 +63,8 @@ class StreamReply:
     close: Callable[[], Awaitable[None]]  # idempotent clean-up (`chunks` runs it too)
 
 
-def sse_error(message: str) -> bytes:
-    return b"data: " + json.dumps({"error": {"message": message, "type": "upstream_error"}}).encode() + b"\n\n"
+def sse_error(message: str, kind: str = "upstream_error") -> bytes:
+    return b"data: " + json.dumps({"error": {"message": message, "type": kind}}).encode() + b"\n\n"
 
 
 class PDProxy:
@@ -83,14 +75,19 @@ class PDProxy:
         self._rooms = random.Random()  # bootstrap rooms only need to be unlikely to collide
         self._tiebreak = itertools.count()
         self._background: set[asyncio.Task] = set()
+        self.engine_loads = EngineLoads(config.engine_load_interval_s)
+        self._poller = EngineLoadPoller(self.engine_loads, discovery, tracker.loads,
+                                        enabled=config.engine_load_poll)
 
     async def start(self) -> None:
         cfg = self._config.proxy
         self._pool = UpstreamPool(connect_timeout=cfg.connect_timeout_s,
                                   read_timeout=cfg.read_timeout_s,
                                   max_idle_per_host=cfg.max_idle_connections_per_pod)
+        await self._poller.start()
 
     async def aclose(self) -> None:
+        await self._poller.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -100,16 +97,16 @@ class PDProxy:
     def route(self, tokens: int, exclude: set[str], membership: Membership | None = None) -> RouteDecision:
         membership = membership or self._discovery.membership()
         return choose_route(tokens, self._config.length_threshold, membership.groups,
-                            membership.decode, self._tracker.loads(), exclude=frozenset(exclude),
-                            tiebreak=next(self._tiebreak))
+                            membership.decode, self.engine_loads.merged(self._tracker.loads()),
+                            exclude=frozenset(exclude), tiebreak=next(self._tiebreak))
 
     def admit(self, d: RouteDecision, membership: Membership) -> None:
         """Admission control of the group that would serve the request (its class's own, or
         the other one on fallback, which must not be swamped either): 429 when it is full."""
-        loads = self._tracker.loads()
-        pods = sum(1 for e in membership.groups.get(d.group, ()) if loads.get(e.name, _IDLE).healthy)
-        verdict = admit(self._tracker.group_pending(d.group)[1], pods,
-                        self._config.max_pending_tokens_per_pod)
+        pods, pending = group_load(membership.groups.get(d.group, ()),
+                                   self.engine_loads.merged(self._tracker.loads()),
+                                   self._tracker.group_pending(d.group)[1])
+        verdict = admit(pending, pods, self._config.max_pending_tokens_per_pod)
         if verdict.admitted:
             return
         self._metrics.rejected_of[d.cls].inc()
@@ -147,9 +144,8 @@ class PDProxy:
         raise failure
 
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
-        payload = json.dumps({**call.body, "bootstrap_host": d.prefill.bootstrap_host,
-                              "bootstrap_port": d.prefill.bootstrap_port,
-                              "bootstrap_room": self._rooms.getrandbits(63)}).encode()
+        payload = call.body.with_bootstrap(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
+                                           self._rooms.getrandbits(63))
         ticket = self._tracker.begin_prefill(d.group, d.prefill.name, call.tokens)
         self._tracker.begin_decode(d.decode.name)
         prefill = asyncio.create_task(self._prefill(d, call, payload, ticket))
@@ -201,7 +197,7 @@ class PDProxy:
                        ticket: PrefillTicket) -> None:
         pod = d.prefill
         try:
-            response = await self._pool.post(*_address(pod.url), call.path, payload)
+            response = await self._pool.post(*address(pod.url), call.path, payload)
             body = await response.read()
         except UpstreamError as exc:
             raise self._transport_failure(d, "prefill", exc) from None
@@ -214,7 +210,7 @@ class PDProxy:
         pod = d.decode
         response: UpstreamResponse | None = None
         try:
-            response = await self._pool.post(*_address(pod.url), call.path, payload)
+            response = await self._pool.post(*address(pod.url), call.path, payload)
             if response.status != 200 or not call.stream:
                 body = await response.read()
                 if response.status >= 300:
@@ -257,7 +253,12 @@ class PDProxy:
         if blame is None:
             # The engine's own verdict on the request (e.g. prompt too long): the client's to see.
             return UpstreamStatus(status, body)
-        pod = self._record_failure(d, blame.role)
+        if blame.state == "failing":
+            pod = self._record_failure(d, blame.role)
+        else:  # draining or busy: refused, not failed (failures.py)
+            pod, pool = (d.prefill, d.group) if blame.role == "prefill" else (d.decode, "decode")
+            if blame.state == "draining":
+                self._tracker.record_draining(pod.name, pool)
         error = GatewayError(blame.status, blame.reason, blame.message,
                              self._config.retry_after_s if blame.status == 503 else None)
         return _Retryable((pod.name,), error) if blame.retry else error

@@ -59,6 +59,10 @@ class RelayResponse(Response):
         self.background = None
         self.raw_headers = list(_SSE_HEADERS)
 
+    @property
+    def reply(self) -> StreamReply:
+        return self._reply
+
     async def __call__(self, scope, receive, send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

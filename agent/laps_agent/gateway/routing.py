@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import AbstractSet, Mapping, Sequence
 
-SHORT, LONG = "short", "long"
+from laps_agent.scheduling.classes import LONG, SHORT, length_class
+
 _OTHER = {SHORT: LONG, LONG: SHORT}
 
 
@@ -46,10 +47,6 @@ class NoEndpointError(Exception):
 
 
 _UNKNOWN = EndpointLoad()   # a pod the load tracker has not seen yet: healthy and idle
-
-
-def classify(tokens: int, threshold: int) -> str:
-    return SHORT if tokens <= threshold else LONG
 
 
 def _least_loaded(endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
@@ -96,7 +93,7 @@ def _describe(name: str, endpoints: Sequence[Endpoint], load: Mapping[str, Endpo
 def choose_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
                  decode: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
                  exclude: AbstractSet[str] = frozenset(), tiebreak: int = 0) -> RouteDecision:
-    cls = SHORT if tokens <= threshold else LONG
+    cls = length_class(tokens, threshold)
     group, fallback = cls, False
     prefill = _least_loaded(groups.get(cls, ()), load, exclude, tiebreak)
     if prefill is None:

@@ -10,6 +10,8 @@ import time
 
 import uvicorn
 
+from laps_agent.drain import Drain, DrainingServer
+
 
 def bind_listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -69,11 +71,15 @@ class ServerThread:
         self.stop()
 
 
-def run_forever(app, sock: socket.socket, **uvicorn_options) -> None:
-    """Serve on `sock` in this thread until SIGINT/SIGTERM (uvicorn's own handlers)."""
+def run_forever(app, sock: socket.socket, drain: Drain | None = None, **uvicorn_options) -> None:
+    """Serve on `sock` in this thread until SIGINT/SIGTERM: with a `drain`, the first signal
+    drains (laps_agent/drain.py) and the return follows; without, uvicorn's own handlers."""
     import uvloop
 
+    server = make_server(app, **uvicorn_options)
+    if drain is not None:
+        server = DrainingServer(server.config, drain)
     try:
-        uvloop.run(make_server(app, **uvicorn_options).serve(sockets=[sock]))
+        uvloop.run(server.serve(sockets=[sock]))
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: already shut down
         pass

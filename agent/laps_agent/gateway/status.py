@@ -13,11 +13,13 @@ if TYPE_CHECKING:
     from laps_agent.gateway.app import Gateway
 
 
-def _pod(endpoint: Endpoint, load: EndpointLoad | None) -> dict:
+def _pod(endpoint: Endpoint, load: EndpointLoad | None, engine_load: dict | None) -> dict:
+    """`pending_*`: this gateway's own; `engine_load`: the engine's last /get_load figures."""
     load = load or EndpointLoad()
     return {"name": endpoint.name, "url": endpoint.url, "bootstrap_host": endpoint.bootstrap_host,
             "bootstrap_port": endpoint.bootstrap_port, "healthy": load.healthy,
-            "pending_requests": load.pending_requests, "pending_tokens": load.pending_tokens}
+            "pending_requests": load.pending_requests, "pending_tokens": load.pending_tokens,
+            "engine_load": engine_load}
 
 
 def _usable(endpoints: Sequence[Endpoint], loads: Mapping[str, EndpointLoad]) -> int:
@@ -27,7 +29,7 @@ def _usable(endpoints: Sequence[Endpoint], loads: Mapping[str, EndpointLoad]) ->
 def _shortage(name: str, endpoints: Sequence[Endpoint]) -> str:
     if not endpoints:
         return f"no {name} pod discovered"
-    return f"no usable {name} pod ({len(endpoints)} discovered, all ejected after failures)"
+    return f"no usable {name} pod ({len(endpoints)} discovered, all ejected after failures or draining)"
 
 
 def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tuple[bool, str]:
@@ -42,16 +44,17 @@ def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tupl
 def laps_status(gateway: Gateway) -> dict:
     membership = gateway.discovery.membership()
     loads = gateway.tracker.loads()
+    reports = gateway.proxy.engine_loads.report
     groups = {}
     for group in GROUP_NAMES:
         requests, tokens = gateway.tracker.group_pending(group)
         pods = membership.groups.get(group, ())
-        groups[group] = {"pods": [_pod(e, loads.get(e.name)) for e in pods],
+        groups[group] = {"pods": [_pod(e, loads.get(e.name), reports(e.name)) for e in pods],
                          "pending_requests": requests, "pending_tokens": tokens,
                          "max_pending_tokens": group_bound(
                              gateway.config.max_pending_tokens_per_pod, _usable(pods, loads))}
     allocation = gateway.allocator.status() if gateway.allocator is not None else {"enabled": False}
     return {"enabled": True, "served_model_name": gateway.config.served_model_name,
             "threshold": gateway.config.length_threshold, "groups": groups,
-            "decode": {"pods": [_pod(e, loads.get(e.name)) for e in membership.decode]},
+            "decode": {"pods": [_pod(e, loads.get(e.name), reports(e.name)) for e in membership.decode]},
             "allocation": allocation}

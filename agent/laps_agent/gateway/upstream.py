@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import socket
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import httptools
+
+
+@functools.lru_cache(maxsize=4096)
+def address(url: str) -> tuple[str, int]:
+    """(host, port) of a pod's base URL (cached: it is needed for every upstream call)."""
+    parts = urlsplit(url)
+    return parts.hostname, parts.port or 80
 
 
 class UpstreamError(Exception):
@@ -192,9 +201,15 @@ class UpstreamPool:
         return conn
 
     async def post(self, host: str, port: int, path: str, body: bytes) -> UpstreamResponse:
-        key = (host, port)
         request = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
                    b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, len(body))) + body
+        return await self._request((host, port), request)
+
+    async def get(self, host: str, port: int, path: str) -> UpstreamResponse:
+        return await self._request((host, port), b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (
+            path.encode(), host.encode(), port))
+
+    async def _request(self, key: tuple[str, int], request: bytes) -> UpstreamResponse:
         idle = self._idle.get(key)
         while idle:  # an idle connection the engine closed meanwhile fails before any byte
             conn = idle.pop()

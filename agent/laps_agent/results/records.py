@@ -13,6 +13,8 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
+
 CLASSES = ("short", "long")
 
 
@@ -162,4 +164,4 @@ class RunResult:
 
     @property
     def threshold(self) -> int:
-        return int(self.meta.get("threshold") or 256)
+        return int(self.meta.get("threshold") or DEFAULT_LENGTH_THRESHOLD)

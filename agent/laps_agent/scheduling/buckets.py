@@ -116,7 +116,7 @@ def plan_padding(lengths: Sequence[int], bucket: Bucket) -> PaddingPlan:
 # Without CUDA graphs a padded batch is only extra work; "auto" still takes a bucket whose
 # padding is small, where the fixed shape costs next to nothing.
 AUTO_MAX_PADDING = 1.25
-BUCKETED_MODES = ("auto", "always", "never")
+BATCH_PREFILL_GRAPHS_MODES = ("auto", "always", "never")
 
 
 def bucket_for_batch(grid: BucketGrid | None, queue: str | None, lengths: Sequence[int], *,

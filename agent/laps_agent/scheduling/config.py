@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .classes import DEFAULT_LENGTH_THRESHOLD
+
 LONG_IN_WINDOW_RULES = ("cost", "always")
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
     enabled: bool = True              # False -> plain FIFO, one queue (the comparison baseline)
-    length_threshold: int = 256       # uncached tokens <= threshold -> short
+    length_threshold: int = DEFAULT_LENGTH_THRESHOLD       # uncached tokens <= threshold -> short
     wait_window_ms: float = 5.0       # 0 disables the window
     wait_max_batch: int = 8           # dispatch at once when this many short requests wait
     adaptive_window: bool = False     # tune window/target depth from arrivals and fill times

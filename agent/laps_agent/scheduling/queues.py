@@ -44,10 +44,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .buckets import BucketGrid
+from .classes import LONG, SHORT, length_class
 from .config import SchedulerConfig
 from .window import WaitWindow, WindowSetting
 
-SHORT, LONG, FIFO = "short", "long", "fifo"
+FIFO = "fifo"
 
 
 @dataclass
@@ -135,7 +136,7 @@ class PrefillScheduler:
 
     # -- queue maintenance -------------------------------------------------------------------
     def classify(self, uncached_tokens: int) -> str:
-        return SHORT if uncached_tokens <= self.config.length_threshold else LONG
+        return length_class(uncached_tokens, self.config.length_threshold)
 
     def add(self, item: PrefillItem, now: float) -> str:
         """Queue a request; returns its class ("short" | "long")."""

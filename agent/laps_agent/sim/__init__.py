@@ -21,6 +21,7 @@ import numpy as np
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
 from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
                                 phases_markdown, save, summarize)
+from laps_agent.scheduling.classes import LONG, SHORT, is_short
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload.plan import Plan, plan_requests, warmup_spec
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
@@ -73,7 +74,7 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     names = np.array([w.name for w in plan.phases], dtype=object)
     table = RequestTable.from_columns(
         index=np.arange(len(plan)), phase=names[plan.phase] if len(plan) else np.array([], dtype=object),
-        cls=np.where(plan.prompt_tokens <= threshold, "short", "long").astype(object),
+        cls=np.where(is_short(plan.prompt_tokens, threshold), SHORT, LONG).astype(object),
         prompt_tokens=plan.prompt_tokens, output_tokens=outputs, sent_s=sent, status=status,
         error=np.array([r.error for r in reqs], dtype=object), ttft_s=first - sent, e2e_s=done - sent,
         tokens=np.where(status == 200, outputs, 0), itl_mean_s=itl)
@@ -91,7 +92,7 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
 
 def default_chars_per_token() -> float:
     from laps_agent.engine.model_files import default_model_path
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
     from laps_agent.workload.prompts import PromptBuilder
 
     return PromptBuilder(load_tokenizer(default_model_path()), 0).chars_per_token

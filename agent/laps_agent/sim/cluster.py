@@ -32,6 +32,7 @@ from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.routing import Endpoint, NoEndpointError, choose_route
 from laps_agent.results.records import TimelineSample
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD, length_class
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
                                       group_pressure, reference_decide)
@@ -69,7 +70,7 @@ class SimOutcome:
 
 class SimCluster:
     def __init__(self, profile: Profile, system: SystemConfig, *, prefill: int, decode: int,
-                 threshold: int = 256, engine_args: Sequence[str] = (),
+                 threshold: int = DEFAULT_LENGTH_THRESHOLD, engine_args: Sequence[str] = (),
                  estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
                  interval_s: float = 5.0, hop_s: float = HOP_S,
@@ -85,7 +86,7 @@ class SimCluster:
         running = args.max_running_requests or profile.engine.max_running_requests
 
         def model(role: str) -> EngineModel:
-            return EngineModel(profile, role, sched, grid, bucketed_prefill=args.bucketed_prefill,
+            return EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                                max_running=running, kv_pages=args.kv_pages, token_events=False)
 
         self.profile, self.system = profile, system
@@ -125,7 +126,7 @@ class SimCluster:
         reqs = [SimRequest(i, int(prompt_tokens[i]), int(output_tokens[i]),
                            self.estimate(int(prompt_tokens[i])), float(at[i])) for i in range(n)]
         for r in reqs:
-            r.cls = "short" if r.prompt_tokens <= self.class_threshold else "long"
+            r.cls = length_class(r.prompt_tokens, self.class_threshold)
         heap: list = []
         self._heap, self._reqs = heap, reqs
         self._scheduled: dict[int, float | None] = {}

@@ -31,8 +31,10 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
+
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-DEFAULT_THRESHOLD = 256
+DEFAULT_THRESHOLD = DEFAULT_LENGTH_THRESHOLD
 
 
 class WorkloadError(ValueError):

@@ -85,7 +85,7 @@ def test_a_two_phase_workload_against_laps_local(local_url, tiny_model_dir, tmp_
 
 async def test_chat_workload_in_process_and_a_stop_cuts_the_run(local_url, tiny_model_dir):
     from laps_agent.bench.run import run_workload
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
     from laps_agent.workload import parse_workload
 
     tokenizer = load_tokenizer(tiny_model_dir)

@@ -19,7 +19,7 @@ def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path):
 def test_bad_flag_values_are_refused(tiny_engine_model):
     result = run_engine("--model", str(tiny_engine_model), "--wait-max-batch", "0", "--port", "1")
     assert result.returncode == 2 and "wait_max_batch" in result.stderr
-    result = run_engine("--model", str(tiny_engine_model), "--batch-prefill-seq-lengths", "16,x")
+    result = run_engine("--model", str(tiny_engine_model), "--batch-prefill-graphs-seq-lengths", "16,x")
     assert result.returncode == 2 and "comma-separated integers" in result.stderr
 
 

@@ -25,7 +25,7 @@ def make_engine(tiny_loaded):  # tiny_loaded: tests/support/fixtures_models.py
         records: list = []
         engine = Engine(runner, tiny_loaded.tokenizer,
                         EngineConfig(scheduler=SchedulerConfig(**sched), context_len=4096,
-                                     bucketed_prefill=bucketed),
+                                     batch_prefill_graphs_mode=bucketed),
                         grid=grid, on_prefill=records.append)
         engine.start()
         started.append(engine)
@@ -213,3 +213,34 @@ def test_a_request_that_cannot_be_sampled_fails_alone(make_engine):
     for rid in ("greedy", "seeded"):
         assert not got[rid][-1].error
         assert got[rid][-1].finish_reason == "length" and got[rid][-1].completion_tokens == 6
+
+
+def test_the_load_report_counts_a_prefill_batch_while_its_forward_pass_runs(make_engine):
+    """The batch leaves the queue before its forward pass: /get_load still counts it (a long
+    prefill on a CPU takes seconds, and gateways route by this report meanwhile)."""
+    import threading
+
+    from laps_agent.engine.load_report import load_report
+    from tests.support.waiting import poll
+
+    engine, _ = make_engine(wait_window_ms=0)
+    release = threading.Event()
+    forward = engine.runner.forward
+
+    def held_forward(*args, **kwargs):
+        release.wait(30)
+        return forward(*args, **kwargs)
+
+    engine.runner.forward = held_forward
+    outs: queue.Queue = queue.Queue()
+    engine.submit(GenerateWork("held", prompt(40), SamplingParams(max_new_tokens=2, temperature=0.0)),
+                  outs.put)
+    try:
+        poll(lambda: engine.snapshot.get("prefilling") == (1, 40), message="the batch to be published")
+        report = load_report("mixed", engine.snapshot, fetching=0)
+        assert (report["waiting_requests"], report["pending_tokens"]) == (1, 40)
+    finally:
+        release.set()
+    assert collect(outs, 1)["held"][-1].completion_tokens == 2
+    poll(lambda: load_report("mixed", engine.snapshot, fetching=0)["waiting_requests"] == 0,
+         message="the report to drop the finished request")

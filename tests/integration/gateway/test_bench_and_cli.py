@@ -10,12 +10,28 @@ from laps_agent.bench.gateway import main as bench_main
 
 
 def test_bench_gateway_prints_every_number(capsys):
-    assert bench_main(["--seconds", "0.5", "--rate", "20", "--concurrency", "4", "--json"]) == 0
+    assert bench_main(["--seconds", "0.5", "--sizes", "1,40", "--clients", "1,2",
+                       "--scale-clients", "4", "--json"]) == 0
     rows = {row["mode"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
-    for mode in ("non-streaming", "streaming (first byte)"):
+    for mode in ("1 KiB, 1 client", "1 KiB, 1 client, streaming (first byte)", "1 KiB, 2 clients",
+                 "40 KiB, 1 client", "40 KiB, 2 clients"):
+        assert rows[mode]["requests"] > 0
         assert {"added_p50_ms", "added_p99_ms", "gateway_cpu_ms_per_request"} <= set(rows[mode])
-    assert rows["saturation (non-streaming)"]["one_core_req_per_s"] > 0
+    # the targets travel with the cells they apply to
+    assert {"before_added_p50_ms", "target_added_p50_ms", "target_cpu_ms", "target_met"} <= set(
+        rows["40 KiB, 1 client"])
+    assert rows["1 KiB, 1 client (control: direct calls of 40 KiB)"]["gateway_cpu_ms_per_request"] > 0
+    scale_out = rows["scale-out (1 KiB, 4 clients)"]
+    assert scale_out["one_gateway_req_per_s"] > 0 and scale_out["two_gateways_req_per_s"] > 0
+    assert scale_out["target_ratio"] == 1.8
     assert rows["routing decisions (in-process)"]["decisions_per_s"] > 0
+
+
+def test_bench_gateway_prints_a_table_with_its_targets(capsys):
+    assert bench_main(["--seconds", "0.3", "--sizes", "1", "--clients", "1", "--no-scale-out"]) == 0
+    out = capsys.readouterr().out
+    assert "added p50" in out and "target p50/CPU" in out
+    assert "1 KiB, 1 client" in out and "routing decisions" in out
 
 
 def test_gateway_cli_rejects_incomplete_static_flags():
@@ -40,3 +56,13 @@ def test_gateway_flags_set_admission_control_and_the_ejection_cap():
     config = config_from_args(build_parser().parse_args(
         ["--max-pending-tokens-per-pod", "0", "--max-ejection-percent", "30"]))
     assert (config.max_pending_tokens_per_pod, config.proxy.max_ejection_percent) == (0, 30)
+
+
+def test_gateway_flags_set_engine_load_polling():
+    from laps_agent.gateway.cli import build_parser, config_from_args
+
+    default = config_from_args(build_parser().parse_args([]))
+    assert (default.engine_load_poll, default.engine_load_interval_s) == (True, 0.25)
+    config = config_from_args(build_parser().parse_args(
+        ["--no-engine-load-poll", "--engine-load-interval", "0.25"]))
+    assert (config.engine_load_poll, config.engine_load_interval_s) == (False, 0.25)

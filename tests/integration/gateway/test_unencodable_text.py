@@ -30,7 +30,7 @@ def _assert_400_naming(reply: httpx.Response, where: str) -> None:
 @pytest.fixture
 def tokenizer_gateway(tiny_pd_engines, gateway_server, tiny_engine_model):
     """The gateway counting tokens with the engines' own tokenizer, over real PD engines."""
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
 

@@ -173,3 +173,18 @@ def test_profiles_ship_and_bad_ones_name_the_field(tmp_path):
                    "transfer: {bytes_per_s: 1}\n")
     with pytest.raises(ProfileError, match=r"bad.yaml: prefill.overhead_s"):
         load_profile(bad)
+
+
+def test_the_load_report_counts_a_prefill_batch_while_it_runs_and_the_queue_behind_it():
+    from laps_agent.engine.load_report import load_report
+
+    m = EngineModel(profile(), "prefill", SchedulerConfig(wait_window_ms=0, length_threshold=64))
+    m.add(ModelRequest("long", "prefill", 1000, 1, 0.0), 0.0)
+    m.poll(0.0)                                   # the long batch starts: 1.01 s
+    m.add(ModelRequest("short", "prefill", 10, 1, 0.0), 0.1)
+    report = load_report("prefill", m.snapshot(), fetching=0)
+    assert (report["waiting_requests"], report["pending_tokens"]) == (2, 1010)
+    run_until_idle(m, 0.1)
+    assert load_report("prefill", m.snapshot(), fetching=0) == {
+        "role": "prefill", "waiting_requests": 0, "pending_tokens": 0, "running_requests": 0,
+        "transfer_requests": 0}

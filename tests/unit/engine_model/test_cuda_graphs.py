@@ -94,9 +94,103 @@ def test_engine_start_up_captures_every_bucket_and_sizes_kv_from_memory(tiny_mod
     from laps_agent.engine.cli import build, build_parser
 
     args = build_parser().parse_args(["--model", str(tiny_model_dir), "--device", "cuda",
-                                      "--batch-prefill-batch-sizes", "1,2", "--batch-prefill-seq-lengths", "16,32",
+                                      "--batch-prefill-graphs-batch-sizes", "1,2", "--batch-prefill-graphs-seq-lengths", "16,32",
                                       "--mem-fraction", "0.05", "--labels-file", "/nonexistent"])
     _, engine = build(args)
     graphs = engine.runner.graphs
     assert graphs is not None and len(graphs.captured) == 4
     assert engine.kv.num_pages > 2 * 4096 // 16  # far more than the CPU default on any GPU
+
+
+def _decode_items(runner: ModelRunner, prompts: list[list[int]]) -> list[ForwardItem]:
+    """Prefill each prompt eagerly into its own pages; the decode step's items (one new token)."""
+    items = []
+    for i, ids in enumerate(prompts):
+        pages = _pages(16 * i, len(ids) + 1)
+        runner.forward([ForwardItem(ids, 0, pages)])
+        items.append(ForwardItem([ids[-1]], len(ids), pages))
+    return items
+
+
+def test_decode_step_in_a_padded_decode_bucket_matches_eager_on_cpu(tiny_loaded):
+    """A decode batch of 3 run as the (4, 1) bucket on the graph path's fixed buffers (all but
+    the capture), against the eager decode step; a second batch reuses the same buffers."""
+    from laps_agent.engine.cuda_graphs import BucketGraphs
+    from laps_agent.engine.runner import decode_bucket
+    from laps_agent.scheduling.buckets import Bucket, plan_padding
+
+    runner = ModelRunner(tiny_loaded, num_pages=128, page_size=PAGE)
+    eager = ModelRunner(tiny_loaded, num_pages=128, page_size=PAGE)
+    graphs = BucketGraphs(runner, max_pages=16)
+    buckets = [Bucket(1, 1), Bucket(2, 1), Bucket(4, 1)]
+    tok = tiny_loaded.tokenizer
+    for texts in (["Hello world!", "What is the capital of France?", "The quick brown fox"],
+                  ["Kubernetes runs pods.", "0123456789"]):
+        prompts = [tok.encode(t) for t in texts]
+        items = _decode_items(runner, prompts)
+        want = eager.forward_decode(_decode_items(eager, prompts))
+        assert want[1].path == "eager"  # no decode graphs off CUDA
+        bucket = decode_bucket(buckets, len(items))
+        logits = graphs.run(items, plan_padding([1] * len(items), bucket))
+        assert logits.shape[0] == len(items)
+        assert (logits - want[0]).abs().max().item() <= 1e-4
+    assert sorted(b.batch_size for b in graphs.captured) == [2, 4]
+    assert decode_bucket(buckets, 5) is None  # wider than the grid: the eager path takes it
+
+
+def test_decode_graph_sizes_stop_at_the_running_bound():
+    from laps_agent.engine.cli import build_parser, decode_graph_sizes
+
+    args = build_parser().parse_args([])
+    assert decode_graph_sizes(args, 32) == [1, 2, 4, 8, 16, 32]
+    assert decode_graph_sizes(args, 6) == [1, 2, 4, 8]
+    assert decode_graph_sizes(build_parser().parse_args(["--no-decode-graphs"]), 32) == []
+
+
+def test_kv_export_started_on_the_loop_is_the_same_kv_when_collected(tiny_loaded):
+    runner = ModelRunner(tiny_loaded, num_pages=32, page_size=PAGE)
+    ids = tiny_loaded.tokenizer.encode("The hand-off copies this prompt's KV to the decode engine.")
+    pages = _pages(0, len(ids))
+    runner.forward([ForwardItem(ids, 0, pages)])
+    pending = runner.export_kv_async(pages, len(ids))
+    assert torch.equal(pending.wait(), runner.export_kv(pages, len(ids)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_graphs_captured_at_start_up_replay_like_eager(tiny_model_dir):
+    loaded = load_model(tiny_model_dir, device="cuda")
+    runner = ModelRunner(loaded, num_pages=128, page_size=PAGE, decode_batch_sizes=[1, 2, 4],
+                         decode_graph_max_context=64)
+    captured = runner.capture_graphs()
+    assert [b.batch_size for b in captured] == [1, 2, 4] and runner.graphs is None
+    eager = ModelRunner(loaded, num_pages=128, page_size=PAGE)
+    tok = loaded.tokenizer
+    prompts = [tok.encode(t) for t in ("Hello world!", "What is the capital of France?", "abc")]
+    items, want_items = _decode_items(runner, prompts), _decode_items(eager, prompts)
+    for _ in range(4):  # several steps: the graph writes the real pages each time
+        logits, stats = runner.forward_decode(items)
+        want, _ = eager.forward_decode(want_items)
+        assert stats.path == "graph" and stats.bucket.batch_size == 4
+        assert (logits - want).abs().max().item() <= ATOL
+        nxt = want.argmax(-1).tolist()
+        items = [ForwardItem([t], it.start_pos + 1, it.pages) for t, it in zip(nxt, items)]
+        want_items = [ForwardItem([t], it.start_pos + 1, it.pages) for t, it in zip(nxt, want_items)]
+    long_item = [ForwardItem([5], 70, _pages(0, 71))]  # beyond the graphs' page table
+    assert runner.forward_decode(long_item)[1].path == "eager"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kv_export_on_cuda_does_not_wait_for_the_copy(tiny_model_dir):
+    loaded = load_model(tiny_model_dir, device="cuda")
+    runner = ModelRunner(loaded, num_pages=64, page_size=PAGE)
+    ids = list(range(3, 120))
+    pages = _pages(0, len(ids))
+    runner.forward([ForwardItem(ids, 0, pages)])
+    pending = runner.export_kv_async(pages, len(ids))
+    assert pending.ready is not None and pending.host.is_pinned()
+    host = pending.wait()
+    assert host.device.type == "cpu"
+    runner.k_pool.zero_()  # the pages are free for reuse: the exported copy keeps its values
+    assert torch.equal(host, pending.wait()) and host.abs().sum() > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from laps_agent.engine.tokenizer import ChatTemplateError, TokenizerError, load_tokenizer
+from laps_agent.tokenizer import ChatTemplateError, TokenizerError, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -19,7 +19,7 @@ def test_gguf_tokenizer_known_ids_without_importing_torch(smollm2_path):
     # A fresh interpreter: the gateway imports this module and must not pull in torch.
     code = (
         "import sys, json\n"
-        "from laps_agent.engine.tokenizer import load_tokenizer\n"
+        "from laps_agent.tokenizer import load_tokenizer\n"
         f"tok = load_tokenizer({str(smollm2_path)!r})\n"
         "print(json.dumps({'ids': tok.encode('Hello, world 123', add_special_tokens=True),\n"
         "                  'torch': 'torch' in sys.modules,\n"

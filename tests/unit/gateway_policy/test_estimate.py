@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from laps_agent.gateway.estimate import EstimateError, TokenEstimator, heuristic_tokens
-from laps_agent.gateway.estimate_report import build_corpus, measure
+from scripts.estimate_report import build_corpus, measure
 
 
 @pytest.fixture(params=["heuristic", "tokenizer"])
@@ -84,3 +86,29 @@ def test_heuristic_is_within_its_stated_band_of_the_real_tokenizer(smollm2_token
         assert report.mean_abs_rel_error < band, report
         assert 0.9 <= report.bias <= 1.1, report
         assert report.mean_abs_rel_error < report.chars4_mean_abs_rel_error, report
+
+
+def _regex_heuristic(text: str) -> int:
+    """The heuristic's definition (estimate.py): what the byte-class counting must equal."""
+    import re
+
+    if not text:
+        return 0
+    estimate = (len(re.findall(r"[0-9]", text)) + 1.2 * len(re.findall(r"[A-Za-z]+", text))
+                + 0.5 * len(re.findall(r"[!-/:-@\[-`{-~]", text))
+                + 1.5 * len(re.findall(r"\n[ \t]*", text))
+                + 1.0 * len(re.findall(r"[^\x00-\x7f]", text)))
+    return max(1, round(estimate))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(
+    "abXZ 09\n\t\r .,;!{}~`@[_-/:\x00\x7f\u00e9\u00ff\u4e2d\U0001f600\ud800") | st.characters(),
+    max_size=60))
+def test_heuristic_counts_what_its_regular_expressions_define(text):
+    assert heuristic_tokens(text) == _regex_heuristic(text)
+
+
+def test_heuristic_counts_a_large_prompt_like_its_definition():
+    text = ("def f(x):\n    return x * 2  # doubles, naïve 中文 😀\n" * 800)
+    assert heuristic_tokens(text) == _regex_heuristic(text)

@@ -48,3 +48,22 @@ def test_a_503_or_502_counts_against_the_pod_that_answered_and_is_retried():
 @pytest.mark.parametrize("status", [400, 404, 413, 422, 429, 500])
 def test_the_engine_s_own_verdict_passes_through(status):
     assert _judge("decode", status, _body("invalid_request_error")) is None
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_draining_engine_s_refusal_is_retried_and_is_no_failure(role):
+    blame = _judge(role, 503, _body("draining", "this engine is draining (shutting down)"))
+    assert (blame.role, blame.retry, blame.status, blame.state) == (role, True, 503, "draining")
+    assert blame.reason == "upstream_draining" and "draining" in blame.message
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_full_engine_queue_is_retried_elsewhere_and_leaves_the_pod_healthy(role):
+    blame = _judge(role, 503, _body("queue_full", "engine queue full (256 waiting, bound 256)"))
+    assert (blame.role, blame.retry, blame.status, blame.state) == (role, True, 503, "busy")
+    assert "engine queue full (256 waiting, bound 256)" in blame.message
+
+
+def test_only_a_503_says_draining_or_full():
+    for kind in ("draining", "queue_full"):
+        assert _judge("decode", 502, _body(kind)).state == "failing"

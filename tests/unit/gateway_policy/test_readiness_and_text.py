@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from laps_agent.engine.api_models import unencodable_text
+from laps_agent.tokenizer import unencodable_text
 from laps_agent.gateway.discovery import Membership
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
 from laps_agent.gateway.status import readiness
@@ -24,7 +24,7 @@ def test_not_ready_names_what_is_missing():
     assert not ready and "no prefill pod discovered" in reason and "no decode pod discovered" in reason
     m = Membership(groups={"short": (ep("s0"),), "long": ()}, decode=(ep("d0"),))
     ready, reason = readiness(m, {"d0": EndpointLoad(healthy=False)})
-    assert not ready and reason == "no usable decode pod (1 discovered, all ejected after failures)"
+    assert not ready and reason == "no usable decode pod (1 discovered, all ejected after failures or draining)"
 
 
 def _where(raw: bytes):

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, bench_routing,
-                                        choose_route, classify)
+                                        choose_route)
+from laps_agent.scheduling.classes import length_class as classify
 
 
 def ep(name: str) -> Endpoint:

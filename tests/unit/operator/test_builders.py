@@ -114,8 +114,8 @@ def test_builtin_prefill_args_render_every_laps_knob():
     assert "--adaptive-window" in args
     assert float(flag(args, "--max-long-wait-ms")) == 900
     assert "--batch-prefill-graphs" in args
-    assert flag(args, "--batch-prefill-batch-sizes") == "1,4,8"  # sorted for the engine
-    assert flag(args, "--batch-prefill-seq-lengths") == "32,64"
+    assert flag(args, "--batch-prefill-graphs-batch-sizes") == "1,4,8"  # sorted for the engine
+    assert flag(args, "--batch-prefill-graphs-seq-lengths") == "32,64"
     assert args[-2:] == ["--kv-pages", "512"]
 
 
@@ -261,7 +261,7 @@ def test_rendered_builtin_engine_args_are_what_laps_engine_accepts():
     assert (prefill.role, prefill.model, prefill.served_model_name) == ("prefill", "/models/smol.gguf", "smol")
     assert (prefill.length_threshold, prefill.laps_scheduler, prefill.wait_window_ms) == (384, False, 7.5)
     assert prefill.adaptive_window is True and prefill.batch_prefill_graphs is True
-    assert prefill.batch_prefill_batch_sizes == [1, 2] and prefill.batch_prefill_seq_lengths == [32, 64]
+    assert prefill.batch_prefill_graphs_batch_sizes == [1, 2] and prefill.batch_prefill_graphs_seq_lengths == [32, 64]
     assert prefill.labels_file == "/etc/podinfo/labels" and prefill.bootstrap_port == 8998
     decode = engine_parser().parse_args(container(build_decode_deployment(CLUSTER, spec))["args"][1:])
     assert decode.role == "decode" and decode.device == "cpu"

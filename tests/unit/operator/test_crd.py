@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import kubernetes_validate
 import pytest
@@ -110,6 +111,10 @@ INVALID = [
     (with_spec(**{"prefill.resources.limits": {"nvidia.com/gpu": 1.5}}), "spec.prefill.resources.limits.nvidia.com/gpu",
      "is not valid"),
     (with_spec(**{"laps.lenghtThreshold": 512}), "spec.laps", "lenghtThreshold"),
+    (with_spec(**{"drain.gracePeriodSeconds": 2}), "spec.drain.gracePeriodSeconds", "minimum"),
+    (with_spec(**{"drain.preStopSeconds": -1}), "spec.drain.preStopSeconds", "minimum"),
+    (with_spec(**{"drain.gracePeriodSeconds": 30.5}), "spec.drain.gracePeriodSeconds", "not of type 'integer'"),
+    (with_spec(**{"gateway.requestDeadlineSeconds": -1}), "spec.gateway.requestDeadlineSeconds", "minimum"),
     (with_spec(**{"model": {"name": "m"}}), "spec.model", "'path' is a required property"),
     ({**MINIMAL, "spec": {}}, "spec", "'model' is a required property"),
 ]
@@ -129,6 +134,8 @@ CROSS_FIELD = [
     ({"laps": {"allocation": {"enabled": True, "minPerGroup": 2}}, "prefill": {"replicas": 3}},
      "at least 2 * laps.allocation.minPerGroup"),
     ({"prefill": {"tensorParallelSize": 2}}, "needs engine.backend sglang"),
+    ({"drain": {"gracePeriodSeconds": 8, "preStopSeconds": 5}},
+     "drain.gracePeriodSeconds must be at least drain.preStopSeconds + 4"),
 ]
 
 
@@ -138,7 +145,7 @@ def test_cross_field_rules_exist_in_the_crd_and_the_operator(changes, message):
     assert any(message in r for r in rules), rules
     spec = {**MINIMAL["spec"], **changes}
     assert errors({**MINIMAL, "spec": spec}) == []  # per-field fine: only the rule spans fields
-    with pytest.raises(InvalidSpecError, match=message.replace("*", r"\*").replace(".", r"\.")):
+    with pytest.raises(InvalidSpecError, match=re.escape(message)):
         parse_spec(apply_defaults({**MINIMAL, "spec": spec}, SCHEMA)["spec"])
 
 
@@ -191,3 +198,16 @@ def test_status_of_the_allocation_loop_validates():
     assert errors(doc) == []
     too_long = {**doc, "status": {"allocation": {"history": [{"pod": "p"}] * 11}}}
     assert any("history" in e for e in errors(too_long))
+
+
+def test_drain_and_request_deadline_fields_are_described_and_defaulted():
+    props = SCHEMA["properties"]["spec"]["properties"]
+    drain, deadline = props["drain"], props["gateway"]["properties"]["requestDeadlineSeconds"]
+    assert drain["default"] == {} and drain["description"]
+    assert {k: v["default"] for k, v in drain["properties"].items()} == {
+        "gracePeriodSeconds": 60, "preStopSeconds": 5}
+    assert all(v["description"] for v in drain["properties"].values())
+    assert (deadline["default"], deadline["minimum"]) == (600.0, 0) and deadline["description"]
+    spec = parse_spec(apply_defaults(MINIMAL, SCHEMA)["spec"])
+    assert (spec.drain.grace_period_seconds, spec.drain.pre_stop_seconds) == (60, 5)
+    assert spec.gateway.request_deadline_seconds == 600.0

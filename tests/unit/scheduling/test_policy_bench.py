@@ -1,8 +1,8 @@
-"""The policy simulation behind `python -m laps_agent.scheduling.policy_bench` (simulated time)."""
+"""The policy simulation behind `python -m scripts.policy_bench` (simulated time)."""
 from __future__ import annotations
 
 from laps_agent.scheduling import SchedulerConfig
-from laps_agent.scheduling.policy_bench import Workload, simulate
+from scripts.policy_bench import Workload, simulate
 
 # CPU-like costs from the engine notes: ~50 ms per batch + ~2.2 ms per token (SmolLM2, fp32)
 CPU = Workload(overhead_s=0.050, per_token_s=0.0022, rate=1.2, requests=400)

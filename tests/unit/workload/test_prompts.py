@@ -73,7 +73,7 @@ def test_a_tokenizer_that_merges_across_words_gets_exact_counts_by_encoding():
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    from laps_agent.engine.tokenizer import Tokenizer
+    from laps_agent.tokenizer import Tokenizer
     from laps_agent.workload.prompts import COMMON_WORDS
 
     rng = random.Random(0)

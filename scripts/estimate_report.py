@@ -1,6 +1,6 @@
 """How far the tokenizer-free estimate is from the real tokenizer (used to fit its weights).
 
-    python -m laps_agent.gateway.estimate_report [--model PATH.gguf|HF_DIR] [--json]
+    python -m scripts.estimate_report [--model PATH.gguf|HF_DIR] [--json]
 
 The corpus is built locally, without downloads: chunks of Python standard-library docstrings
 (prose), chunks of standard-library source (code), and seeded generated chat conversations
@@ -29,7 +29,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .estimate import TokenEstimator
+from laps_agent.gateway.estimate import TokenEstimator
 
 _MODULES = ["argparse", "asyncio", "collections", "csv", "dataclasses", "datetime", "decimal",
             "email.message", "functools", "http.client", "inspect", "itertools", "json", "logging",
@@ -157,12 +157,12 @@ def default_gguf() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m laps_agent.gateway.estimate_report",
+    parser = argparse.ArgumentParser(prog="python -m scripts.estimate_report",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, help="GGUF file or HF model directory (default: SmolLM2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per category")
     args = parser.parse_args(argv)
-    from laps_agent.engine.tokenizer import load_tokenizer
+    from laps_agent.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.model or default_gguf())
     for report in measure(tokenizer, build_corpus()):

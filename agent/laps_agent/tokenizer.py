@@ -5,6 +5,7 @@ No torch import here: the gateway counts prompt tokens with this module.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,6 +56,12 @@ class Tokenizer:
         """add_special_tokens=True adds what the model's own tokenizer adds (its post-processor,
         e.g. a BOS for Llama 3; nothing for SmolLM2), as Hugging Face does."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_unlocked(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """`encode`, but the GIL is released while the Rust tokenizer runs (`encode` holds it
+        throughout; a batch of one does not): for a caller on a worker thread whose event loop
+        must go on meanwhile, as the gateway's estimate of a long prompt (~13 ms per 40 KB)."""
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -232,3 +239,46 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | Path) -> Path:
 
 __all__ = ["Tokenizer", "TokenizerError", "ChatTemplateError", "load_tokenizer", "save_tokenizer",
            "tokenizer_from_gguf", "tokenizer_from_hf_dir"]
+
+
+# A lone surrogate can only enter a parsed body through a \uD800-\uDFFF escape, or through
+# the UTF-8-style bytes ED A0..BF xx that json.loads lets through ('surrogatepass'). Only bodies
+# with one of those are walked, so the common case costs two scans of the raw bytes (two
+# patterns, each with a literal start the regex engine skips to: one alternation of both
+# scanned byte by byte, ~4x slower on a 40 KB body).
+_MAYBE_SURROGATE = (re.compile(rb"\\u[dD][89a-fA-F]"), re.compile(rb"\xed[\xa0-\xbf]"))
+
+
+def unencodable_text(raw: bytes, body: Any) -> str | None:
+    """Where in `body` (parsed from `raw`) a string holds a lone surrogate, which is not Unicode
+    text: no tokenizer can encode it (HF tokenizers raise TypeError, UTF-8 encoding fails), so
+    it is the client's error. Returns a path like `messages[0].content`, or None."""
+    if not any(pattern.search(raw) for pattern in _MAYBE_SURROGATE):
+        return None
+    stack: list[tuple[str, Any]] = [("body", body)]
+    while stack:  # iterative: the body may be nested as deep as the JSON parser allows
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodes(key):
+                    return f"a key of {path}"
+                stack.append((key if path == "body" else f"{path}.{key}", item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unencodable_message(where: str) -> str:
+    return (f"{where} is not valid Unicode text (it holds a lone UTF-16 surrogate, e.g. "
+            f"\\ud800, which no tokenizer can encode)")

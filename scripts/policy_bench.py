@@ -1,6 +1,6 @@
 """Policy-only benchmark: one simulated prefill worker, FIFO vs LAPS variants (prints a table).
 
-    python -m laps_agent.scheduling.policy_bench [--overhead-ms 10 --per-token-us 1 --rate 300]
+    python -m scripts.policy_bench [--overhead-ms 10 --per-token-us 1 --rate 300]
 
 Poisson arrivals (85% short prompts of --short-tokens, 15% long of --long-tokens); a batch of T
 uncached tokens takes overhead + per_token * T of simulated time; the worker asks for a batch
@@ -15,8 +15,8 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from .config import SchedulerConfig
-from .queues import PrefillItem, PrefillScheduler
+from laps_agent.scheduling.config import SchedulerConfig
+from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def run(load: Workload, window_ms: float, max_long_wait_ms: float) -> list[tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m laps_agent.scheduling.policy_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.policy_bench", description=__doc__.split("\n")[0])
     p.add_argument("--overhead-ms", type=float, default=10.0, help="fixed cost per prefill batch")
     p.add_argument("--per-token-us", type=float, default=1.0, help="cost per uncached token")
     p.add_argument("--rate", type=float, default=300.0, help="requests per second")

@@ -1,0 +1,40 @@
+"""A prefilled sequence's KV on its way from the device to host memory, without blocking.
+
+The engine loop gathers the sequence's pages into a fresh device tensor (an ordinary kernel,
+queued like any other) and starts the device-to-host copy into pinned memory; it then frees the
+pages and goes on with the next batch. Reusing the freed pages is safe: later kernels run after
+the gather on the same stream. Whoever serialises the KV for the decode engine calls `wait()`,
+off the engine loop (the codec runs in a worker thread). On CPU the gather is already host
+memory and `wait()` returns at once, so CPU and GPU share every line but the copy."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVExport:
+    host: torch.Tensor                          # [layers, 2, length, kv_heads, head_dim]
+    ready: torch.cuda.Event | None = None       # recorded after the copy; None: already there
+
+    def wait(self) -> torch.Tensor:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host
+
+
+def start_export(gathered: torch.Tensor) -> KVExport:
+    """Start moving `gathered` (a tensor no one else writes) to host memory."""
+    if gathered.device.type != "cuda":
+        return KVExport(gathered)
+    host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
+    host.copy_(gathered, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return KVExport(host, ready)
+
+
+def resolve(kv: torch.Tensor | KVExport) -> torch.Tensor:
+    """The host tensor of `kv`, waiting for its copy if one is under way."""
+    return kv.wait() if isinstance(kv, KVExport) else kv

@@ -1,0 +1,100 @@
+"""The engine's HTTP routes over an EngineServer (server.py): work, health, info, load, metrics."""
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from laps_agent.drain import DrainGuard, refusal_body
+from laps_agent.engine import api_models as api
+from laps_agent.engine.http_util import error
+from laps_agent.engine.load_report import load_report
+from laps_agent.engine.metrics import read_group
+from laps_agent.engine.requests import GenerateWork, new_rid
+from laps_agent.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from laps_agent.engine.server import EngineServer
+
+
+def build_app(server: EngineServer) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        await server.aclose()
+
+    app = FastAPI(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.add_middleware(DrainGuard, drain=server.drain, who="engine")
+    s, engine = server.settings, server.engine
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await server.serve(request, "generate")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await server.serve(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await server.serve(request, "chat")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": s.served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "laps", "max_model_len": engine.config.context_len}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if server.drain.draining:  # out of every Service and gateway at once
+            return JSONResponse({"status": "draining", "in_flight": server.drain.in_flight,
+                                 **refusal_body("engine")}, status_code=503)
+        if not engine.alive:
+            return error(api.ApiError(503, "engine loop is not running", "unavailable"))
+        return JSONResponse({"status": "ok", "role": s.role})
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        bos = server.tokenizer.bos_token_id
+        work = GenerateWork(new_rid(), [bos if bos is not None else 0], SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            outs = [o async for o in server.outputs(work)]
+        except Exception as exc:  # noqa: BLE001
+            return error(api.ApiError(503, f"generation failed: {exc}", "unavailable"))
+        if outs[-1].error:
+            return error(api.ApiError(503, outs[-1].error, "unavailable"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict:
+        cfg = engine.config
+        return {"role": s.role, "bootstrap_port": s.bootstrap_port if s.role == "prefill" else None,
+                "backend": s.backend, "profile": s.profile,
+                "prefill_group": read_group(s.labels_file), "served_model_name": s.served_model_name,
+                "length_threshold": s.length_threshold, "laps_scheduler": cfg.scheduler.enabled,
+                "scheduler": {k: getattr(cfg.scheduler, k) for k in cfg.scheduler.__dataclass_fields__},
+                "max_prompt_tokens": engine.max_prompt_tokens(), "context_length": cfg.context_len,
+                "kv_pages": engine.kv.num_pages, "page_size": engine.kv.page_size,
+                "max_running_requests": cfg.max_running_requests, "batch_prefill_graphs": engine.grid is not None,
+                "bootstrap_timeout_s": s.bootstrap_timeout_s,
+                "bootstrap": {"pending_rooms": len(server.outbox), "fetching": server.fetching},
+                "queue": {"waiting": server.queued + server.fetching, "bound": s.max_queued_requests},
+                "draining": server.drain.draining,
+                "state": dict(engine.snapshot, queues={
+                    k: list(v) for k, v in (engine.snapshot.get("queues") or {}).items()})}
+
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        """What this engine holds now (engine/load_report.py); every gateway polls it, so it
+        is answered as plain bytes (no response validation)."""
+        return Response(json.dumps(load_report(s.role, engine.snapshot, server.fetching)),
+                        media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(engine.snapshot), media_type="text/plain; version=0.0.4")
+
+    return app

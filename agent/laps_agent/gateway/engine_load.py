@@ -1,0 +1,164 @@
+"""Engine-reported load, so that several gateway replicas (or workers) route by what the engines
+hold rather than each by the requests it dispatched itself: alone, each sees only its own
+in-flight work, and least-pending routing sends all of them to the same idle-looking pod.
+
+Every gateway polls `GET /get_load` of each pod it routes to (engine/load_report.py) every
+`interval_s`. Per pod, routing and admission then see
+
+    own + max(0, reported - own when that poll was sent)
+
+`own` is this gateway's pending work on the pod now (load.py), `reported` the engine's last
+answer (requests waiting, in a KV transfer or decoding; uncached prompt tokens not yet
+prefilled). The answer includes this gateway's own work of that moment, so that is taken out:
+what remains is the other replicas' work, as of the last answer, added to this gateway's own
+work as of now. So a burst this gateway sends between two polls is still spread, and its
+requests that finished stop counting at once (after an overload, admission opens as soon as
+this gateway's own work drains, not one poll later). The other replicas' work is at most one
+interval old. A pod without a usable answer (an engine without the route, a pod that is down,
+an answer older than `stale_after_s`) counts its own work alone, as without polling. Polling
+never touches health: passive health checks (load.py) judge the pods by the requests they
+serve."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from laps_agent.gateway.discovery import Discovery
+from laps_agent.gateway.routing import Endpoint, EndpointLoad
+from laps_agent.gateway.upstream import UpstreamError, UpstreamPool, address
+
+log = logging.getLogger(__name__)
+_IDLE = EndpointLoad()
+
+
+@dataclass(slots=True)
+class _Pod:
+    reported: tuple[int, int] | None = None   # (requests, tokens) of the engine's last answer
+    own_then: tuple[int, int] = (0, 0)        # this gateway's own pending work when it asked
+    asked_at: float = float("-inf")           # when that poll was sent
+
+
+class EngineLoads:
+    """The merge (pure bookkeeping on the caller's clock; EngineLoadPoller feeds it)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.stale_after_s = max(5 * interval_s, 1.0)
+        self._clock = clock
+        self._pods: dict[str, _Pod] = {}
+
+    def asking(self, name: str, own: EndpointLoad) -> tuple[int, int, float]:
+        """Mark the moment a poll of `name` is sent, with this gateway's own pending work on it
+        then; give the mark to `answered`."""
+        if name not in self._pods:
+            self._pods[name] = _Pod()
+        return own.pending_requests, own.pending_tokens, self._clock()
+
+    def answered(self, name: str, mark: tuple[int, int, float], requests: int, tokens: int) -> None:
+        pod = self._pods.get(name)
+        if pod is None or mark[2] < pod.asked_at:
+            return  # the pod left, or a later poll already answered
+        pod.reported, pod.own_then, pod.asked_at = (requests, tokens), (mark[0], mark[1]), mark[2]
+
+    def keep_only(self, names: Iterable[str]) -> None:
+        """Forget pods that left the membership."""
+        keep = set(names)
+        for name in [n for n in self._pods if n not in keep]:
+            del self._pods[name]
+
+    def _fresh(self, pod: _Pod, now: float) -> bool:
+        return pod.reported is not None and now - pod.asked_at <= self.stale_after_s
+
+    def others(self, name: str) -> tuple[int, int]:
+        """(requests, tokens) other gateway replicas had on `name` at its last fresh answer."""
+        pod = self._pods.get(name)
+        if pod is None or not self._fresh(pod, self._clock()):
+            return 0, 0
+        return (max(0, pod.reported[0] - pod.own_then[0]), max(0, pod.reported[1] - pod.own_then[1]))
+
+    def merged(self, own: Mapping[str, EndpointLoad]) -> Mapping[str, EndpointLoad]:
+        """The load routing sees: `own` where no answer adds to it (then `own` itself)."""
+        view: dict[str, EndpointLoad] | None = None
+        for name in self._pods:
+            requests, tokens = self.others(name)
+            if requests or tokens:
+                if view is None:
+                    view = dict(own)
+                mine = own.get(name, _IDLE)
+                view[name] = EndpointLoad(mine.pending_requests + requests, mine.pending_tokens + tokens,
+                                          mine.healthy)
+        return own if view is None else view
+
+    def report(self, name: str) -> dict | None:
+        """The engine's last answer about `name` and its age (for /laps_status), or None."""
+        pod = self._pods.get(name)
+        now = self._clock()
+        if pod is None or not self._fresh(pod, now):
+            return None
+        return {"requests": pod.reported[0], "tokens": pod.reported[1],
+                "age_s": round(now - pod.asked_at, 3)}
+
+
+def parse_report(body: bytes) -> tuple[int, int]:
+    """(requests, tokens) of a /get_load answer; ValueError when it is not one."""
+    try:
+        doc = json.loads(body)
+        requests = (int(doc["waiting_requests"]) + int(doc.get("running_requests", 0))
+                    + int(doc.get("transfer_requests", 0)))
+        return requests, int(doc["pending_tokens"])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a /get_load answer: {exc!r}") from None
+
+
+class EngineLoadPoller:
+    """Polls every discovered pod's /get_load each `loads.interval_s`, on keep-alive connections
+    of its own (short timeouts, never queued behind a generation)."""
+
+    def __init__(self, loads: EngineLoads, discovery: Discovery,
+                 own: Callable[[], Mapping[str, EndpointLoad]], *, enabled: bool = True) -> None:
+        self.loads, self._discovery, self._own, self._enabled = loads, discovery, own, enabled
+        # An answer later than the next poll is of no use.
+        self._timeout_s = max(loads.interval_s, 0.05)
+        self._pool = UpstreamPool(connect_timeout=self._timeout_s, read_timeout=self._timeout_s,
+                                  max_idle_per_host=2)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self._enabled:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-load-poller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._pool.aclose()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            membership = self._discovery.membership()
+            pods = {e.name: e for group in membership.groups.values() for e in group}
+            pods.update((e.name, e) for e in membership.decode)
+            self.loads.keep_only(pods)
+            await asyncio.gather(*(self._poll(e) for e in pods.values()))
+            next_at = max(next_at + self.loads.interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _poll(self, endpoint: Endpoint) -> None:
+        mark = self.loads.asking(endpoint.name, self._own().get(endpoint.name, _IDLE))
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._pool.get(*address(endpoint.url), "/get_load")
+                body = await response.read()
+            if response.status != 200:
+                return  # an engine without the route (404): its own work alone counts
+            requests, tokens = parse_report(body)
+        except (UpstreamError, TimeoutError, ValueError) as exc:
+            log.debug("no load report from %s: %s", endpoint.name, exc)
+            return
+        self.loads.answered(endpoint.name, mark, requests, tokens)

@@ -1,0 +1,137 @@
+"""Graceful drain under load, in `laps local` with emulated engines, through the official `openai`
+client: SIGTERM one engine (a prefill engine, then in a second stack a decode engine) in the
+middle of a load. It turns unready at once, every request it holds completes, new ones go to the
+other engines (the gateway retries its `draining` refusals elsewhere), the client sees no
+failure at all, and the engine exits 0 well within its grace period."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+TOKENS = 16
+GRACE_S = 20.0
+WORKERS = 6
+PROFILE = {  # a prefill takes ~0.25 s, an answer ~1 s: every engine holds requests under load
+    "name": "drain-test", "description": "for tests", "provenance": "synthetic",
+    "model": {"name": "emulated-drain", "kv_bytes_per_token": 1000},
+    "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
+               "max_running_requests": 64},
+    "prefill": {"overhead_s": 0.25, "per_token_s": 0.0},
+    "decode": {"overhead_s": 0.05},
+    "transfer": {"bytes_per_s": 1.0e9},
+}
+
+
+def _engine(stack, name: str) -> tuple[str, int]:
+    """(url, pid) of the engine `laps local` named `name`."""
+    line = next(line for line in stack.output if f"] {name} ready" in line)
+    url = line.split(" at ")[-1].strip()
+    port = url.rsplit(":", 1)[1]
+    for pid in stack.engines:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine" in argv and argv[argv.index(b"--port") + 1].decode() == port:
+            return url, pid
+    raise AssertionError(f"no process for {name} at {url}")
+
+
+def _exit_status(pid: int) -> int | None:
+    """The exit status of a child of `laps local` that exited (it stays a zombie until `laps
+    local` reaps it at its own exit); None while it runs."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[49]) if fields[0] == "Z" else None  # field 52: exit_code, as waitpid gives it
+
+
+async def _one(client: openai.AsyncOpenAI, model: str, prompt: str, stream: bool) -> str:
+    """'ok', or what went wrong: a complete answer is TOKENS tokens, as the usage says."""
+    try:
+        if stream:
+            chunks = [c async for c in await client.completions.create(
+                model=model, prompt=prompt, max_tokens=TOKENS, stream=True,
+                stream_options={"include_usage": True})]
+            usage = chunks[-1].usage
+        else:
+            usage = (await client.completions.create(model=model, prompt=prompt, max_tokens=TOKENS)).usage
+    except openai.OpenAIError as exc:
+        return f"failed: {exc!r}"
+    return "ok" if usage is not None and usage.completion_tokens == TOKENS else f"incomplete: {usage}"
+
+
+async def _until(condition, timeout: float, message: str):
+    deadline = time.monotonic() + timeout
+    while not (value := await condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(0.02)  # poll interval, bounded by the deadline
+    return value
+
+
+@pytest.mark.parametrize("victim", ["prefill-0", "decode-0"])
+async def test_sigterm_an_engine_in_the_middle_of_a_load(laps_local, tmp_path, victim):
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(PROFILE))
+    # prefill-0 is the short group's only engine (the long one takes its class on fallback);
+    # decode-0 is one of two decode engines. --drain-grace-s goes to every engine.
+    stack = laps_local("--engine", "emulated", "--profile", str(path), "--prefill", "2", "--decode", "2",
+                       "--no-allocation", "--wait-window-ms", "0", "--drain-grace-s", str(GRACE_S),
+                       timeout=120)
+    url, pid = _engine(stack, victim)
+    outcomes: list[str] = []
+    stop = asyncio.Event()
+
+    async def load(client: openai.AsyncOpenAI, model: str, worker: int) -> None:
+        i = 0
+        while not stop.is_set():  # short prompts: the short group, where prefill-0 serves
+            outcomes.append(await _one(client, model, f"worker {worker} asks {i}", (worker + i) % 2 == 0))
+            i += 1
+
+    async with openai.AsyncOpenAI(base_url=stack.url, api_key="unused", timeout=60, max_retries=0) as client, \
+            httpx.AsyncClient(timeout=5) as http:
+        model = (await client.models.list()).data[0].id
+        workers = [asyncio.create_task(load(client, model, w)) for w in range(WORKERS)]
+
+        async def holds() -> bool:
+            return (await http.get(url + "/get_server_info")).json()["state"]["live"] > 0
+
+        await _until(holds, 30, f"{victim} to hold requests")
+        os.kill(pid, signal.SIGTERM)
+        signalled = time.monotonic()
+
+        async def unready():
+            reply = await http.get(url + "/health")
+            return reply.status_code == 503 and reply.json()
+
+        health = await _until(unready, 1.0, f"{victim} to turn unready at once")
+        assert health["status"] == "draining"
+        async def exited() -> bool:
+            return _exit_status(pid) is not None
+
+        await _until(exited, GRACE_S, f"{victim} to exit")
+        exited_after = time.monotonic() - signalled
+        served_before_exit = len(outcomes)
+
+        async def later_requests_served() -> bool:  # only the other engines are left to serve them
+            return len(outcomes) >= served_before_exit + 3 * WORKERS
+
+        await _until(later_requests_served, 60, "requests after the exit")
+        stop.set()
+        await asyncio.gather(*workers)
+
+    failures = [o for o in outcomes if o != "ok"]
+    assert not failures, failures
+    assert _exit_status(pid) == 0 and exited_after < GRACE_S - 2
+    log = (stack.workdir / f"{victim}.log").read_text()
+    held = re.search(r"SIGTERM: draining (\d+) request\(s\) in flight", log)
+    assert held and int(held.group(1)) >= 1, log[-2000:]  # it did hold requests, and finished them:
+    assert "drained: no request in flight, exiting" in log and "cancelling" not in log

@@ -1,0 +1,107 @@
+"""Engine-reported load merged with the gateway's own dispatches (what routing sees)."""
+from __future__ import annotations
+
+import pytest
+
+from laps_agent.gateway.admission import group_load
+from laps_agent.gateway.engine_load import EngineLoads, parse_report
+from laps_agent.gateway.routing import Endpoint, EndpointLoad, choose_route
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def ep(name: str) -> Endpoint:
+    return Endpoint(name, f"http://{name}:30000", name, 8998)
+
+
+def test_without_reports_routing_sees_the_gateways_own_loads(clock):
+    own = {"a": EndpointLoad(1, 100)}
+    assert EngineLoads(0.1, clock).merged(own) is own
+
+
+IDLE = EndpointLoad()
+
+
+def test_an_engines_report_counts_work_other_gateways_sent(clock):
+    loads = EngineLoads(0.1, clock)
+    mark = loads.asking("a", EndpointLoad(1, 100))       # this gateway had 1 request there
+    loads.answered("a", mark, requests=3, tokens=3000)
+    merged = loads.merged({"a": EndpointLoad(1, 100), "b": EndpointLoad()})
+    assert (merged["a"].pending_requests, merged["a"].pending_tokens) == (3, 3000)
+    assert merged["b"] == EndpointLoad()
+    # ... so a second gateway over the same pods picks the one the first gateway loaded last
+    d = choose_route(10, 256, {"short": [ep("a"), ep("b")]}, [ep("d")], merged)
+    assert d.prefill.name == "b"
+
+
+def test_own_work_counts_as_of_now_and_others_as_of_the_last_answer(clock):
+    loads = EngineLoads(0.1, clock)
+    mark = loads.asking("a", EndpointLoad(1, 500))        # the answer includes this gateway's 500
+    loads.answered("a", mark, requests=3, tokens=2500)   # ... and 2000 of other replicas
+    assert loads.merged({"a": EndpointLoad(2, 700)})["a"].pending_tokens == 2700  # a burst since: spread
+    assert loads.merged({"a": EndpointLoad(3, 1000)})["a"].pending_tokens == 3000
+    # This gateway's requests finished: they stop counting at once (no wait for the next poll),
+    # while the other replicas' work stays what the engine last said.
+    assert loads.merged({"a": EndpointLoad(0, 0)})["a"].pending_tokens == 2000
+
+
+def test_a_single_gateway_sees_its_own_load_drain_at_once(clock):
+    """With no other replica the engine only reports this gateway's work: once that finished,
+    the pod is idle for routing and admission, even before the next poll."""
+    loads = EngineLoads(0.1, clock)
+    loads.answered("a", loads.asking("a", EndpointLoad(3, 3000)), requests=3, tokens=2800)
+    assert loads.merged({"a": EndpointLoad(0, 0)})["a"] == EndpointLoad(0, 0)
+
+
+def test_own_pending_work_is_a_floor_and_health_stays_the_gateways(clock):
+    loads = EngineLoads(0.1, clock)
+    loads.answered("a", loads.asking("a", IDLE), requests=0, tokens=0)  # engine has not seen it yet
+    merged = loads.merged({"a": EndpointLoad(2, 900, healthy=False)})
+    assert merged["a"] == EndpointLoad(2, 900, healthy=False)
+
+
+def test_stale_or_late_answers_are_ignored(clock):
+    loads = EngineLoads(0.1, clock)
+    old = loads.asking("a", IDLE)
+    clock.now += 0.1
+    new = loads.asking("a", IDLE)
+    loads.answered("a", new, requests=1, tokens=10)
+    loads.answered("a", old, requests=9, tokens=9000)      # arrived after a later poll's answer
+    assert loads.report("a")["tokens"] == 10
+    clock.now += loads.stale_after_s + 0.01                # the engine stopped answering
+    assert loads.report("a") is None
+    assert loads.merged({"a": EndpointLoad(1, 5)})["a"].pending_tokens == 5
+
+
+def test_pods_that_left_are_forgotten(clock):
+    loads = EngineLoads(0.1, clock)
+    loads.answered("a", loads.asking("a", IDLE), requests=1, tokens=10)
+    loads.keep_only(["b"])
+    assert loads.report("a") is None and loads.merged({}) == {}
+
+
+def test_admission_counts_the_groups_reported_load_or_its_own_if_more():
+    members = [ep("a"), ep("b")]
+    loads = {"a": EndpointLoad(2, 9000), "b": EndpointLoad(0, 0, healthy=False)}
+    assert group_load(members, loads, own_pending_tokens=100) == (1, 9000)
+    assert group_load(members, loads, own_pending_tokens=12000) == (1, 12000)
+
+
+def test_a_report_is_read_from_get_load_json():
+    body = (b'{"role": "decode", "waiting_requests": 1, "pending_tokens": 20, '
+            b'"running_requests": 3, "transfer_requests": 2}')
+    assert parse_report(body) == (6, 20)
+    for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}'):
+        with pytest.raises(ValueError):
+            parse_report(bad)

@@ -1,0 +1,50 @@
+"""The body sent to the engines: the client's bytes with the PD fields spliced in."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from laps_agent.gateway.payload import PDPayload
+
+PD = {"bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 42}
+
+
+def spliced(raw: bytes, host="10.0.0.7", port=8998, room=42) -> bytes:
+    return PDPayload(raw, json.loads(raw)).with_bootstrap(host, port, room)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"prompt": "hi", "max_tokens": 4}',
+    b'  {"prompt":"caf\\u00e9 \xc3\xa9","stream":true}\r\n ',
+    b'{"messages":[{"role":"user","content":"x"}],"n":1}',
+    b'{}',
+])
+def test_the_engines_get_the_clients_fields_plus_the_pd_fields(raw):
+    payload = spliced(raw)
+    assert json.loads(payload) == {**json.loads(raw), **PD}
+
+
+def test_the_clients_bytes_pass_through_untouched():
+    raw = b'{"prompt": "caf\xc3\xa9\\n", "temperature": 0.50}'
+    assert spliced(raw).startswith(raw[:-1])   # not re-encoded: spacing, escapes, 0.50 kept
+
+
+def test_the_clients_own_bootstrap_fields_never_reach_the_engines():
+    raw = b'{"prompt": "x", "bootstrap_room": 7, "bootstrap_host": "evil", "bootstrap_port": 1}'
+    payload = spliced(raw)
+    pairs = json.loads(payload, object_pairs_hook=list)
+    assert sorted(k for k, _ in pairs) == ["bootstrap_host", "bootstrap_port", "bootstrap_room", "prompt"]
+    assert json.loads(payload) == {"prompt": "x", **PD}
+
+
+def test_a_body_in_another_encoding_is_re_encoded():
+    raw = '{"prompt": "x"}'.encode("utf-16")  # json.loads takes it; splicing bytes would not
+    assert json.loads(PDPayload(raw, json.loads(raw)).with_bootstrap("h", None, 1)) == {
+        "prompt": "x", "bootstrap_host": "h", "bootstrap_port": None, "bootstrap_room": 1}
+
+
+def test_each_attempt_gets_its_own_room_from_one_payload():
+    payload = PDPayload(b'{"prompt": "x"}', {"prompt": "x"})
+    rooms = [json.loads(payload.with_bootstrap("h", 1, room))["bootstrap_room"] for room in (1, 2**63 - 1)]
+    assert rooms == [1, 2**63 - 1]
