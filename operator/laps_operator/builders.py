@@ -18,21 +18,15 @@ from .naming import (
     ROLE_LABEL,
     ClusterRef,
     component_labels,
+    object_meta as _meta,
     role_selector,
 )
+from .network_policy import build_network_policies, network_policy_refs
+from .pod_security import restricted
 from .pressure import scrape_interval_seconds
 from .spec import ClusterSpec, PoolSpec, ResourcesSpec
 
 PODINFO_DIR = "/etc/podinfo"
-
-
-def _meta(cluster: ClusterRef, name: str, component: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": cluster.namespace,
-        "labels": component_labels(cluster.name, component),
-        "ownerReferences": [cluster.owner_reference()],
-    }
 
 
 def _resources(resources: ResourcesSpec, gpus: int | None = None) -> dict[str, Any]:
@@ -126,6 +120,8 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
     if pool.affinity:
         pod_spec["affinity"] = dict(pool.affinity)
+    # SGLang's image compiles kernels at run time into places we do not control.
+    pod_spec = restricted(pod_spec, read_only_root=spec.engine.backend != "sglang")
     return {"metadata": {"labels": component_labels(cluster.name, role)}, "spec": pod_spec}
 
 
@@ -253,8 +249,9 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
             "selector": {"matchLabels": role_selector(cluster.name, "gateway")},
             "template": {
                 "metadata": {"labels": component_labels(cluster.name, "gateway")},
-                "spec": {"serviceAccountName": cluster.gateway, "containers": [container], "volumes": volumes,
-                         "terminationGracePeriodSeconds": spec.drain.grace_period_seconds},
+                "spec": restricted({"serviceAccountName": cluster.gateway, "containers": [container],
+                                    "volumes": volumes,
+                                    "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}),
             },
         },
     }
@@ -310,6 +307,8 @@ def build_children(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any
     """Everything the cluster should own, in creation order (config and RBAC before workloads)."""
     children = [build_config_map(cluster, spec), *build_gateway_rbac(cluster, spec)]
     children += build_services(cluster, spec)
+    if spec.network_policy.enabled:  # before the pods they guard: never a moment unguarded
+        children += build_network_policies(cluster, spec)
     children += [
         build_prefill_statefulset(cluster, spec),
         build_decode_deployment(cluster, spec),
@@ -323,6 +322,7 @@ def build_children(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any
 def optional_children(cluster: ClusterRef, spec: ClusterSpec) -> list[tuple[str, str, str]]:
     """(apiVersion, kind, name) of children that exist only for some specs and must be removed
     when the spec no longer asks for them."""
-    if spec.monitoring.pod_monitor:
-        return []
-    return [("monitoring.coreos.com/v1", "PodMonitor", cluster.name)]
+    unwanted = [] if spec.monitoring.pod_monitor else [("monitoring.coreos.com/v1", "PodMonitor", cluster.name)]
+    if not spec.network_policy.enabled:
+        unwanted += network_policy_refs(cluster)
+    return unwanted

@@ -23,6 +23,7 @@ PLURALS: dict[str, tuple[str, bool]] = {
     "StatefulSet": ("statefulsets", True),
     "Deployment": ("deployments", True),
     "PodMonitor": ("podmonitors", True),
+    "NetworkPolicy": ("networkpolicies", True),
     "LAPSCluster": ("lapsclusters", True),
 }
 

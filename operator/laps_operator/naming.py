@@ -14,6 +14,9 @@ BOOTSTRAP_PORT = 8998
 OPERATOR_METRICS_PORT = 8080
 OPERATOR_LIVENESS_PORT = 8081
 LABELS_FILE = "/etc/podinfo/labels"
+# The operator's own pods, as the chart labels them (charts/laps/templates/_helpers.tpl,
+# laps.selectorLabels without the release name, which the operator does not know).
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "laps", "app.kubernetes.io/component": "operator"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class ClusterRef:
     @property
     def gateway(self) -> str:
         return f"{self.name}-gateway"
+
+    def network_policy(self, role: str) -> str:
+        return f"{self.name}-{role}"
 
     @property
     def config(self) -> str:
@@ -69,6 +75,16 @@ def component_labels(cluster: str, component: str) -> dict[str, str]:
     if component in ("prefill", "decode", "gateway"):
         labels[ROLE_LABEL] = component
     return labels
+
+
+def object_meta(cluster: ClusterRef, name: str, component: str) -> dict:
+    """metadata of a child: its labels and the owner reference the garbage collector follows."""
+    return {
+        "name": name,
+        "namespace": cluster.namespace,
+        "labels": component_labels(cluster.name, component),
+        "ownerReferences": [cluster.owner_reference()],
+    }
 
 
 def role_selector(cluster: str, role: str) -> dict[str, str]:

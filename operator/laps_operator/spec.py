@@ -155,6 +155,34 @@ class MonitoringSpec(_Model):
     pressure_query: str | None = None
 
 
+# Prometheus Operator's Prometheus pods carry this label (kube-prometheus-stack included); any
+# namespace, since Prometheus usually runs in its own.
+PROMETHEUS_PEER: dict[str, Any] = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+_PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
+
+
+class NetworkPolicySpec(_Model):
+    enabled: bool = True
+    # NetworkPolicyPeers allowed to the gateway's port; empty: from anywhere (the gateway is the
+    # cluster's front door, and a LoadBalancer/NodePort's clients have no in-cluster labels).
+    gateway_ingress: tuple[dict[str, Any], ...] = ()
+    # NetworkPolicyPeers allowed to the engines' and gateways' HTTP ports, for /metrics.
+    metrics_from: tuple[dict[str, Any], ...] = (PROMETHEUS_PEER,)
+
+    @field_validator("gateway_ingress", "metrics_from")
+    @classmethod
+    def _peers(cls, peers: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        for peer in peers:
+            # An empty peer, or one with only unknown keys, would select nothing or be refused.
+            if not peer or not set(peer) <= _PEER_KEYS:
+                raise ValueError("every peer needs one or more of podSelector, namespaceSelector, ipBlock "
+                                 "(and nothing else)")
+        return peers
+
+
 class ClusterSpec(_Model):
     model: ModelSpec
     engine: EngineSpec = EngineSpec()
@@ -164,6 +192,7 @@ class ClusterSpec(_Model):
     gateway: GatewaySpec = GatewaySpec()
     drain: DrainSpec = DrainSpec()
     monitoring: MonitoringSpec = MonitoringSpec()
+    network_policy: NetworkPolicySpec = NetworkPolicySpec()
 
     @field_validator("prefill", mode="before")
     @classmethod

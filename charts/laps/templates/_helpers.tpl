@@ -35,7 +35,8 @@ app.kubernetes.io/component: operator
 {{/* The rules the operator needs. It must hold every permission it grants to the gateway Role
      (Kubernetes forbids escalation), hence endpointslices here. Without Prometheus the
      allocation loop lists the gateway pods (pods: list) and reads their /metrics over the pod
-     network: a NetworkPolicy around the gateways must let the operator in. */}}
+     network: the NetworkPolicy the operator renders around the gateways lets in pods labelled
+     app.kubernetes.io/name=laps, app.kubernetes.io/component=operator (laps.selectorLabels). */}}
 {{- define "laps.operatorRules" -}}
 - apiGroups: [laps.io]
   resources: [lapsclusters, lapsclusters/status]
@@ -69,5 +70,8 @@ app.kubernetes.io/component: operator
   verbs: [get, list, watch]
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
   verbs: [get, list, watch, create, patch, update, delete]
 {{- end -}}

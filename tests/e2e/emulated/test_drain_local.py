@@ -17,6 +17,8 @@ import openai
 import pytest
 import yaml
 
+from tests.support.waiting import poll_async
+
 TOKENS = 16
 GRACE_S = 20.0
 WORKERS = 6
@@ -68,15 +70,6 @@ async def _one(client: openai.AsyncOpenAI, model: str, prompt: str, stream: bool
     return "ok" if usage is not None and usage.completion_tokens == TOKENS else f"incomplete: {usage}"
 
 
-async def _until(condition, timeout: float, message: str):
-    deadline = time.monotonic() + timeout
-    while not (value := await condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(0.02)  # poll interval, bounded by the deadline
-    return value
-
-
 @pytest.mark.parametrize("victim", ["prefill-0", "decode-0"])
 async def test_sigterm_an_engine_in_the_middle_of_a_load(laps_local, tmp_path, victim):
     path = tmp_path / "profile.yaml"
@@ -104,7 +97,7 @@ async def test_sigterm_an_engine_in_the_middle_of_a_load(laps_local, tmp_path, v
         async def holds() -> bool:
             return (await http.get(url + "/get_server_info")).json()["state"]["live"] > 0
 
-        await _until(holds, 30, f"{victim} to hold requests")
+        await poll_async(holds, 30, f"{victim} to hold requests")
         os.kill(pid, signal.SIGTERM)
         signalled = time.monotonic()
 
@@ -112,19 +105,19 @@ async def test_sigterm_an_engine_in_the_middle_of_a_load(laps_local, tmp_path, v
             reply = await http.get(url + "/health")
             return reply.status_code == 503 and reply.json()
 
-        health = await _until(unready, 1.0, f"{victim} to turn unready at once")
+        health = await poll_async(unready, 1.0, f"{victim} to turn unready at once")
         assert health["status"] == "draining"
         async def exited() -> bool:
             return _exit_status(pid) is not None
 
-        await _until(exited, GRACE_S, f"{victim} to exit")
+        await poll_async(exited, GRACE_S, f"{victim} to exit")
         exited_after = time.monotonic() - signalled
         served_before_exit = len(outcomes)
 
         async def later_requests_served() -> bool:  # only the other engines are left to serve them
             return len(outcomes) >= served_before_exit + 3 * WORKERS
 
-        await _until(later_requests_served, 60, "requests after the exit")
+        await poll_async(later_requests_served, 60, "requests after the exit")
         stop.set()
         await asyncio.gather(*workers)
 

@@ -18,6 +18,7 @@ NS = "default"
 GROUP, VERSION, PLURAL = "laps.io", "v1alpha1", "lapsclusters"
 GROUP_LABEL = "laps.io/prefill-group"
 MERGE = "application/merge-patch+json"
+NETPOL = "networking.k8s.io/v1/networkpolicies"
 
 
 def example(name: str = "smollm2", **spec_changes) -> dict:
@@ -131,6 +132,13 @@ def test_example_cluster_lifecycle(kube_api, start_operator):
     for obj in (decode, gateway, role, cm, *services.values()):
         assert [o.uid for o in obj.metadata.owner_references] == [uid]
         assert obj.metadata.labels["app.kubernetes.io/managed-by"] == "laps-operator"
+    # NetworkPolicies (on by default) around each role's pods, owned like the rest.
+    policies = {role: wait_for(lambda r=role: kube_api.find(NETPOL, NS, f"smollm2-{r}"), f"{role} policy")
+                for role in ("prefill", "decode", "gateway")}
+    for role, policy in policies.items():
+        assert policy["spec"]["podSelector"]["matchLabels"] == {"laps.io/cluster": "smollm2", "laps.io/role": role}
+        assert [o["uid"] for o in policy["metadata"]["ownerReferences"]] == [uid]
+    assert {p["port"] for r in policies["prefill"]["spec"]["ingress"] for p in r["ports"]} == {30000, 8998}
 
     # Pods as the StatefulSet controller would make them: first half short, rest long.
     cluster.act_as_statefulset_controller()
@@ -179,6 +187,11 @@ def test_example_cluster_lifecycle(kube_api, start_operator):
 
     wait_for(lambda: threshold() == "512", "new threshold in the engine args")
     assert cluster.statefulset().metadata.uid == sts_uid
+
+    # Turning the policies off removes them.
+    cluster.patch_spec({"networkPolicy": {"enabled": False}})
+    wait_for(lambda: not any(kube_api.find(NETPOL, NS, f"smollm2-{r}") for r in ("prefill", "decode", "gateway")),
+             "NetworkPolicies pruned")
 
     reasons = {reason for reason, _ in cluster.events()}
     assert {"Created", "GroupAssigned", "Updated", "Phase"} <= reasons, reasons

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support.fixtures_gateway import ChildProcess
-from tests.support.waiting import poll
+from tests.support.waiting import poll, poll_async
 
 TOKENS = 40      # ~2 s per stream
 GRACE_S = 20.0
@@ -119,14 +119,6 @@ async def test_sigterm_drains_a_gateway_behind_a_second_one(gateways):
             results.append((url, outcome, started, ended))
             i += 1
 
-    async def until(condition, timeout: float, message: str):
-        deadline = time.monotonic() + timeout
-        while not (value := await condition()):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-            await asyncio.sleep(0.02)  # poll interval, bounded by the deadline
-        return value
-
     async with httpx.AsyncClient(timeout=60) as http:
         prober = asyncio.create_task(service.probe(http))
         workers = [asyncio.create_task(load(http, w)) for w in range(WORKERS)]
@@ -134,7 +126,7 @@ async def test_sigterm_drains_a_gateway_behind_a_second_one(gateways):
         async def first_streams() -> bool:
             return streaming[first.url] >= 2
 
-        await until(first_streams, 30, "two streams under way through the first gateway")
+        await poll_async(first_streams, 30, "two streams under way through the first gateway")
         service.terminating.add(first.url)        # the pod is deleted: out of the endpoints...
         first.proc.send_signal(signal.SIGTERM)    # ...and, after its preStop delay, SIGTERM
         signalled = time.monotonic()
@@ -144,7 +136,7 @@ async def test_sigterm_drains_a_gateway_behind_a_second_one(gateways):
             reply = await http.get(first.url + "/health")
             return reply.status_code == 503 and reply.json()
 
-        health = await until(unready, 1.0, "the first gateway to turn unready at once")
+        health = await poll_async(unready, 1.0, "the first gateway to turn unready at once")
         assert (health["status"], health["ready"]) == ("draining", False)
         late = await http.post(first.url + "/v1/completions", json={"prompt": "late", "max_tokens": 2})
         assert late.status_code == 503 and late.json()["error"]["type"] == "draining"
@@ -157,7 +149,7 @@ async def test_sigterm_drains_a_gateway_behind_a_second_one(gateways):
         async def served_after_exit() -> bool:
             return len(results) >= done_at_exit + 2 * WORKERS
 
-        await until(served_after_exit, 60, "requests after the first gateway's exit")
+        await poll_async(served_after_exit, 60, "requests after the first gateway's exit")
         stop.set()
         await asyncio.gather(*workers)
         prober.cancel()

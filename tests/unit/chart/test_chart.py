@@ -124,3 +124,31 @@ def test_operator_may_set_owner_references_that_block_owner_deletion(values):
     assert ("laps.io", "lapsclusters/finalizers", "update") in granted
     assert ("laps.io", "lapsclusters/status", "patch") in granted
     assert ("", "pods", "list") in granted   # the allocation loop finds the gateway pods
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["team-a"]}], ids=["cluster-wide", "namespaced"])
+def test_operator_may_manage_every_kind_it_creates(values):
+    # Every child kind a LAPSCluster can have (PodMonitor, NetworkPolicies included), with the
+    # verbs apply and pruning use: a missing grant is a 403 at the first reconcile.
+    from laps_operator.builders import build_children
+    from laps_operator.kube import PLURALS
+    from laps_operator.naming import ClusterRef
+    from laps_operator.spec import parse_spec
+
+    spec = parse_spec({"model": {"name": "m", "path": "/m"}, "monitoring": {"podMonitor": True}})
+    kinds = {(c["apiVersion"].rpartition("/")[0], c["kind"]) for c in build_children(ClusterRef("c", "ns", "u"), spec)}
+    assert ("networking.k8s.io", "NetworkPolicy") in kinds
+    (role,) = by_kind(render(values), "ClusterRole" if not values else "Role")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    for group, kind in kinds:
+        for verb in ("get", "list", "watch", "create", "patch", "update", "delete"):
+            assert (group, PLURALS[kind][0], verb) in granted, (kind, verb)
+
+
+def test_operator_pods_carry_the_labels_the_gateway_network_policy_admits():
+    from laps_operator.naming import OPERATOR_POD_LABELS
+
+    (deploy,) = by_kind(render(), "Deployment")
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert OPERATOR_POD_LABELS.items() <= labels.items()
