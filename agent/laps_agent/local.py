@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
                         "beyond which a class gets 429 (0: no bound; default: laps gateway's)")
+    # Off by default: laps local serves on loopback for one user. Same meaning as laps gateway's.
+    p.add_argument("--api-keys-file", help="the gateway's API keys, one a line: requests then "
+                   "need 'Authorization: Bearer <key>' (default: no authentication)")
+    p.add_argument("--rate-limit-per-key", type=float, default=0.0,
+                   help="requests/s per API key, beyond: 429 (0: none; needs --api-keys-file)")
     p.add_argument("--single-pool", action="store_true",
                    help="no length classes: every prefill engine serves every length (vanilla PD)")
     alloc = p.add_argument_group("allocation (moving prefill engines between the groups)")
@@ -135,7 +140,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
     bound = {} if args.max_pending_tokens_per_pod is None else {
         "max_pending_tokens_per_pod": max(args.max_pending_tokens_per_pod, 0)}
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
-                           length_threshold=threshold, **bound)
+                           length_threshold=threshold, api_keys_file=args.api_keys_file,
+                           rate_limit_per_key=max(args.rate_limit_per_key, 0.0), **bound)
     app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
     sock = bind_listening_socket(args.host, args.port)
@@ -183,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--allocation-interval must be > 0, --allocation-ratio >= 1, --min-per-group >= 1")
     if args.allocation not in (None, "none") and args.prefill < 2 * args.min_per_group:
         parser.error(f"--allocation needs at least {2 * args.min_per_group} prefill engines")
+    from laps_agent.gateway.cli import check_auth_args
+
+    check_auth_args(args, parser)  # before minutes of loading, not after
     _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="laps-local-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from .engine_args import engine_command, gateway_command, model_visible_to_gateway
+from .gateway_auth import gateway_auth
 from .naming import (
     BOOTSTRAP_PORT,
     CLUSTER_LABEL,
@@ -221,6 +222,8 @@ def build_gateway_rbac(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str,
 def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
     command, args = gateway_command(spec, cluster)
     volumes, mounts = _model_volume(spec) if model_visible_to_gateway(spec) else ([], [])
+    auth_volumes, auth_mounts, auth_args = gateway_auth(spec)
+    volumes, mounts, args = volumes + auth_volumes, mounts + auth_mounts, args + auth_args
     container = {
         "name": "gateway",
         "image": spec.gateway.image,

@@ -121,6 +121,12 @@ class LapsSpec(_Model):
     allocation: AllocationSpec = AllocationSpec()
 
 
+class ApiKeysSecretSpec(_Model):
+    # A Secret in the cluster's namespace; its `key` holds the API keys, one a line.
+    name: str = Field(min_length=1)
+    key: str = Field(default="api-keys", min_length=1)
+
+
 class GatewaySpec(_Model):
     replicas: int = Field(default=1, ge=0, le=64)
     image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
@@ -128,6 +134,16 @@ class GatewaySpec(_Model):
     port: int = Field(default=8000, ge=1, le=65535)
     resources: ResourcesSpec = ResourcesSpec()
     request_deadline_seconds: float = Field(default=600.0, ge=0)  # 0: none (--request-deadline-s)
+    # API keys (laps_agent/gateway/auth.py); None: no authentication.
+    api_keys_secret: ApiKeysSecretSpec | None = None
+    rate_limit_per_key: float = Field(default=0.0, ge=0)  # requests/s per key; 0: none
+
+    @model_validator(mode="after")
+    def _rate_needs_keys(self) -> GatewaySpec:
+        if self.rate_limit_per_key > 0 and self.api_keys_secret is None:
+            raise ValueError("gateway.rateLimitPerKey counts requests per API key: it needs "
+                             "gateway.apiKeysSecret")
+        return self
 
 
 # What a drained process keeps of its pod's grace period to exit (the engine loop's last

@@ -6,6 +6,11 @@ its `bootstrap_room`; the decode engine that received the same request long-poll
 deadline passes. Either side may arrive first. Anything not collected within the bootstrap
 timeout is dropped, so a lost partner never pins memory.
 
+Only rooms this engine is serving are answered: the prefill request announces its room when the
+engine accepts it (`KVOutbox.announce`). A GET for a room nobody announced gets 404, one already
+delivered (or dropped) 410, at once and with no bytes: the bootstrap port hands prompts' KV out,
+so a guessed or replayed room must get nothing.
+
 Wire format (one HTTP body): 4-byte big-endian header length, UTF-8 JSON header, raw bytes.
 What the header and bytes hold is the codec's business: the builtin engine's tensors
 (`pd.TensorKVCodec`), or the emulated engine's header-only stand-in."""
@@ -21,10 +26,26 @@ from typing import Any, Protocol
 import httpx
 
 KV_PATH = "/laps/kv/{room}"
+# The gateway sends a request to its prefill and decode engines at once, so the decode engine's
+# GET may come a moment before the prefill engine has accepted (announced) the room. An unknown
+# room is held this long for its announcement before the 404; the decode side keeps polling
+# after a 404 until its bootstrap timeout, so an engine slower than this still pairs.
+ANNOUNCE_GRACE_S = 1.0
+# Set on a 404 for a room not announced (vs. a long poll that ended before the KV was ready, which
+# the decode side repeats at once): the decode side backs off before asking again.
+UNKNOWN_ROOM_HEADER = "x-laps-unknown-room"
 
 
 class BootstrapError(RuntimeError):
     """The hand-off failed (timeout, refused, corrupt payload)."""
+
+
+class RoomRefused(Exception):
+    """The outbox gives nothing for this room: `status` 404 (not announced here) or 410 (done)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 def encode_frame(header: dict, body: bytes = b"") -> bytes:
@@ -68,9 +89,14 @@ class _Slot:
 class KVOutbox:
     """Prefill side: rooms waiting for their decode engine. Lives on the server's event loop."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, grace_s: float = ANNOUNCE_GRACE_S) -> None:
+        self.timeout_s, self.grace_s = timeout_s, grace_s
         self._slots: dict[int, _Slot] = {}
+        # room -> expiry (monotonic). Expiry is insertion time + timeout_s, and an entry is moved
+        # to the end when renewed, so the oldest is always first: pruning stops at the first live one.
+        self._announced: dict[int, float] = {}
+        self._done: dict[int, float] = {}          # delivered or dropped: 410 until it expires
+        self._heralds: dict[int, asyncio.Event] = {}  # early GETs waiting for an announcement
 
     def __len__(self) -> int:
         return sum(1 for s in self._slots.values() if s.payload is not None)
@@ -78,12 +104,33 @@ class KVOutbox:
     def pending_bytes(self) -> int:
         return sum(len(s.payload) for s in self._slots.values() if s.payload is not None)
 
+    def announce(self, room: int) -> None:
+        """A request this engine accepted will produce `room`'s KV: decode engines may ask for it.
+        Lapses after the bootstrap timeout (the decode side has given up by then), so a request
+        that fails before its hand-off leaves nothing behind."""
+        now = time.monotonic()
+        _prune(self._announced, now)
+        self._announced.pop(room, None)
+        self._announced[room] = now + self.timeout_s
+        herald = self._heralds.get(room)
+        if herald is not None:
+            herald.set()
+
+    def _finish(self, room: int) -> None:
+        now = time.monotonic()
+        self._announced.pop(room, None)
+        _prune(self._done, now)
+        self._done[room] = now + self.timeout_s
+
     async def hand_off(self, room: int, payload: bytes) -> None:
         """Park the payload and wait until a decode engine took it; BootstrapError after the timeout
         (the payload is dropped then)."""
+        if room in self._done and self._done[room] > time.monotonic():
+            raise BootstrapError(f"bootstrap_room {room} was already handed off")
         slot = self._slots.setdefault(room, _Slot())
         if slot.payload is not None or slot.taken.is_set():
             raise BootstrapError(f"bootstrap_room {room} is already in use")
+        self.announce(room)  # renews it: the decode side is owed a whole timeout from here
         slot.payload, slot.expires = payload, time.monotonic() + self.timeout_s
         slot.ready.set()
         try:
@@ -94,9 +141,31 @@ class KVOutbox:
         finally:
             if self._slots.get(room) is slot:
                 del self._slots[room]
+            self._finish(room)
+
+    async def _check(self, room: int, wait_s: float) -> None:
+        """RoomRefused unless `room` is announced here (waiting up to the grace window for it)."""
+        now = time.monotonic()
+        if self._done.get(room, 0.0) > now:
+            raise RoomRefused(410, f"bootstrap_room {room} was already delivered or dropped")
+        if self._announced.get(room, 0.0) > now:
+            return
+        herald = self._heralds.setdefault(room, asyncio.Event())
+        try:
+            await asyncio.wait_for(herald.wait(), min(max(wait_s, 0.0), self.grace_s))
+        except asyncio.TimeoutError:
+            raise RoomRefused(404, f"bootstrap_room {room} is not one this engine is serving "
+                                   "(no request announced it)") from None
+        finally:
+            if self._heralds.get(room) is herald:
+                del self._heralds[room]
 
     async def take(self, room: int, wait_s: float) -> bytes | None:
-        """Decode side asking: the payload, or None if it did not arrive within wait_s."""
+        """Decode side asking: the payload, or None if it did not arrive within wait_s; RoomRefused
+        for a room this engine is not serving (unknown, or already delivered)."""
+        started = time.monotonic()
+        await self._check(room, wait_s)
+        wait_s -= time.monotonic() - started
         slot = self._slots.setdefault(room, _Slot())
         try:
             await asyncio.wait_for(slot.ready.wait(), max(wait_s, 0.0))
@@ -106,9 +175,18 @@ class KVOutbox:
             return None
         payload, slot.payload = slot.payload, None
         if payload is None:  # another poller took it first
-            return None
+            raise RoomRefused(410, f"bootstrap_room {room} was already delivered")
         slot.taken.set()
+        self._finish(room)
         return payload
+
+
+def _prune(expiries: dict[int, float], now: float) -> None:
+    while expiries:
+        room = next(iter(expiries))
+        if expiries[room] > now:
+            return
+        del expiries[room]
 
 
 def bootstrap_app(outbox: KVOutbox):
@@ -123,7 +201,11 @@ def bootstrap_app(outbox: KVOutbox):
 
     @app.get(KV_PATH)
     async def kv(room: int, wait: float = Query(5.0, ge=0.0, le=60.0)) -> Response:
-        payload = await outbox.take(room, wait)
+        try:
+            payload = await outbox.take(room, wait)
+        except RoomRefused as exc:
+            return Response(status_code=exc.status, content=exc.message,
+                            headers={UNKNOWN_ROOM_HEADER: "1"} if exc.status == 404 else None)
         if payload is None:
             return Response(status_code=404, content=f"bootstrap_room {room} not ready")
         return Response(content=payload, media_type="application/octet-stream")
@@ -158,7 +240,12 @@ async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
                 continue
             if resp.status_code == 200:
                 return resp.content
-            last_error = f"HTTP {resp.status_code}"
+            if resp.status_code == 410:  # delivered to someone else: waiting cannot help
+                raise BootstrapError(f"bootstrap_room {room} at {host}:{port}: {resp.text}")
+            last_error = f"HTTP {resp.status_code}: {resp.text}"
+            if UNKNOWN_ROOM_HEADER in resp.headers:  # not announced yet (ANNOUNCE_GRACE_S)
+                await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+                backoff = min(backoff * 2, 1.0)
     finally:
         if own:
             await client.aclose()

@@ -166,6 +166,9 @@ class EngineServer:
             return GenerateWork(rid, ids, parsed.params, kind="decode", kv=transfer.kv,
                                 first_token=transfer.first_token), extra
         if role == "prefill" and boot is not None:
+            # From here the bootstrap port answers this room's decode engine (and only then:
+            # pd_wire.py hands out KV for rooms a request being served here announced).
+            self.outbox.announce(boot.room)
             extra["bootstrap_room"] = boot.room
             return GenerateWork(rid, ids, parsed.params, kind="prefill"), extra
         return GenerateWork(rid, ids, parsed.params), extra

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import Route
 
 from laps_agent.drain import Drain, DrainGuard, refusal_body
+from laps_agent.gateway.auth import install_auth
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.deadline import RequestDeadline
 from laps_agent.gateway.discovery import Discovery
@@ -30,7 +31,7 @@ from laps_agent.gateway.status import laps_status, readiness
 from laps_agent.tokenizer import unencodable_message, unencodable_text
 
 log = logging.getLogger(__name__)
-_ERROR_STATUSES = (400, 404, 413, 422, 429, 502, 503, 504)
+_ERROR_STATUSES = (400, 401, 404, 413, 422, 429, 502, 503, 504)
 
 
 @dataclass
@@ -99,6 +100,7 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             await discovery.stop()
 
     app = FastAPI(title="laps gateway", version="0.1.0", lifespan=lifespan)
+    install_auth(app, config, metrics, error_response)   # inside the drain guard: see auth.py
     app.add_middleware(DrainGuard, drain=gateway.drain, who="gateway")
     app.state.gateway = gateway
 

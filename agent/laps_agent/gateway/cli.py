@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after SIGTERM/SIGINT: unready at once, new requests get 503 draining, "
                              "the ones in flight finish; exit when none is left or after this many "
                              "seconds (keep it below the pod's terminationGracePeriodSeconds)")
+    auth = p.add_argument_group("authentication (gateway/auth.py)")
+    auth.add_argument("--api-keys-file", help="file of API keys, one a line (a mounted Secret); "
+                      "every endpoint but /health, /live, /metrics then needs "
+                      "'Authorization: Bearer <key>' (401 without); re-read when it changes. "
+                      "Default: no authentication")
+    auth.add_argument("--rate-limit-per-key", type=float, default=GatewayConfig.rate_limit_per_key,
+                      help="requests/s each API key may send (burst: one second's worth); "
+                           "beyond, 429 + Retry-After. 0: no limit. Needs --api-keys-file")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -74,6 +82,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         request_deadline_s=max(args.request_deadline_s, 0.0), drain_grace_s=max(args.drain_grace_s, 0.0),
         engine_load_poll=args.engine_load_poll,
         engine_load_interval_s=max(args.engine_load_interval, 0.01),
+        api_keys_file=args.api_keys_file, rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
                           max_retries=args.max_retries,
                           eject_after_failures=args.eject_after_failures,
@@ -108,6 +117,24 @@ def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParse
     return StaticDiscovery(spec)
 
 
+def check_auth_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A keys file that cannot be used stops the gateway at start (rather than serving everyone
+    401, or everyone unauthenticated)."""
+    if args.rate_limit_per_key > 0 and not args.api_keys_file:
+        parser.error("--rate-limit-per-key counts requests per API key: it needs --api-keys-file")
+    if args.api_keys_file:
+        from laps_agent.gateway.auth import read_keys
+
+        try:
+            read_keys(Path(args.api_keys_file))
+        except OSError as exc:
+            parser.error(f"--api-keys-file {args.api_keys_file}: {exc.strerror}")
+        except UnicodeDecodeError:  # its message quotes file bytes: a key's, maybe
+            parser.error(f"--api-keys-file {args.api_keys_file}: not UTF-8 text")
+        except ValueError as exc:
+            parser.error(f"--api-keys-file: {exc}")
+
+
 def build_estimator(tokenizer_path: str | None, mode: str = "auto"):
     from laps_agent.gateway.estimate import TokenEstimator
 
@@ -121,6 +148,7 @@ def build_estimator(tokenizer_path: str | None, mode: str = "auto"):
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_auth_args(args, parser)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from laps_agent.gateway.app import create_app

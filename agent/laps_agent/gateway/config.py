@@ -52,4 +52,8 @@ class GatewayConfig:
     # between polls a gateway counts its own dispatches, so a burst is spread all the same.
     engine_load_poll: bool = True
     engine_load_interval_s: float = 0.25
+    # API keys (gateway/auth.py): a file of keys, one a line; None: no authentication.
+    api_keys_file: str | None = None
+    # Requests/s per API key (token bucket, burst max(1, this)); 0: no limit. Needs api_keys_file.
+    rate_limit_per_key: float = 0.0
     proxy: ProxyConfig = ProxyConfig()

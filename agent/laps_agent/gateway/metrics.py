@@ -54,6 +54,15 @@ class GatewayMetrics:
         self.request_seconds = Histogram(
             "laps_gateway_request_seconds", "Arrival to the last byte of the answer",
             ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        # Never labelled by key: a key in a label would publish it.
+        self.auth_failures = Counter(
+            "laps_gateway_auth_failures", "Requests refused 401 for a missing or invalid API key",
+            ["reason"], registry=r)
+        self.rate_limited = Counter(
+            "laps_gateway_rate_limited", "Requests refused 429 because their API key was over "
+            "its request rate (--rate-limit-per-key)", registry=r)
+        for reason in ("missing", "invalid"):
+            self.auth_failures.labels(reason)
         # Children made once: labels() costs a lock and a dict lookup on every request. Making
         # them also exports zeros from the start, so dashboards see every series.
         self.pending_requests_of = {g: self.pending_requests.labels(g) for g in GROUPS}

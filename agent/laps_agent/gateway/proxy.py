@@ -72,7 +72,8 @@ class PDProxy:
                  metrics: GatewayMetrics) -> None:
         self._config, self._discovery, self._tracker, self._metrics = config, discovery, tracker, metrics
         self._pool: UpstreamPool | None = None
-        self._rooms = random.Random()  # bootstrap rooms only need to be unlikely to collide
+        # Rooms name a prompt's KV on the prefill engine: unpredictable (os.urandom), not only unique.
+        self._rooms = random.SystemRandom()
         self._tiebreak = itertools.count()
         self._background: set[asyncio.Task] = set()
         self.engine_loads = EngineLoads(config.engine_load_interval_s)

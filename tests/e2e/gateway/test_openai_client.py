@@ -60,3 +60,50 @@ def test_unknown_model_is_a_clear_not_found(engine_gateway):
 def test_models_lists_the_served_model(engine_gateway):
     _, client, _ = engine_gateway
     assert [m.id for m in client.models.list()] == ["test-model"]
+
+
+API_KEY = "sk-laps-e2e-0123456789"
+
+
+@pytest.fixture
+def auth_gateway(tiny_pd_engines, gateway_server, tmp_path):
+    """The same, with API keys on (`--api-keys-file`): returns a client factory by key."""
+    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+
+    keys = tmp_path / "api-keys"
+    keys.write_text(API_KEY + "\n")
+    spec = StaticSpec((tiny_pd_engines.prefill.url,), (), (tiny_pd_engines.decode.url,))
+    gateway = gateway_server(StaticDiscovery(spec), served_model_name="test-model",
+                             api_keys_file=str(keys))
+    clients: list[openai.OpenAI] = []
+
+    def client(api_key: str) -> openai.OpenAI:
+        clients.append(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=api_key, timeout=120,
+                                     max_retries=0))
+        return clients[-1]
+
+    yield client
+    for c in clients:
+        c.close()
+
+
+def test_a_valid_api_key_is_served(auth_gateway):
+    client = auth_gateway(API_KEY)
+    done = client.completions.create(model="test-model", prompt="Once upon a time",
+                                     max_tokens=3, temperature=0)
+    assert done.usage.completion_tokens == 3
+    assert [m.id for m in client.models.list()] == ["test-model"]
+
+
+@pytest.mark.parametrize("api_key", ["sk-not-a-key", None])
+def test_a_wrong_or_missing_api_key_is_401(auth_gateway, api_key):
+    # The client refuses to be made without a key: "missing" is a request it sends without
+    # the Authorization header (openai.Omit).
+    client = auth_gateway(api_key or "placeholder")
+    extra = {"extra_headers": {"Authorization": openai.Omit()}} if api_key is None else {}
+    with pytest.raises(openai.AuthenticationError) as refused:
+        client.chat.completions.create(model="test-model", max_tokens=3,
+                                       messages=[{"role": "user", "content": "hi"}], **extra)
+    assert refused.value.status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list(**extra)

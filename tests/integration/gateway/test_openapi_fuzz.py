@@ -19,24 +19,36 @@ from tests.support.fixtures_gateway import poll
 _CONFIG = GatewayConfig(served_model_name="default", max_body_bytes=64 * 1024)
 
 
-def _app(spec: StaticSpec):
-    return create_app(_CONFIG, StaticDiscovery(spec, poll_s=0.05), TokenEstimator(None))
+_KEY = "sk-fuzz-0123456789"
+
+
+def _app(spec: StaticSpec, config: GatewayConfig = _CONFIG):
+    return create_app(config, StaticDiscovery(spec, poll_s=0.05), TokenEstimator(None))
 
 
 schema = schemathesis.openapi.from_dict(_app(StaticSpec((), (), ())).openapi())
 
 
-@pytest.fixture(scope="module")
-def fuzz_gateway():
+@pytest.fixture(scope="module", params=["open", "auth"])
+def fuzz_gateway(request, tmp_path_factory):
+    """The gateway without authentication, and with it (API keys on; the fuzzer sends a valid
+    key, so its input reaches the handlers): (url, headers)."""
+    config, headers = _CONFIG, {}
+    if request.param == "auth":
+        keys = tmp_path_factory.mktemp("keys") / "api-keys"
+        keys.write_text(_KEY + "\n")
+        config = GatewayConfig(served_model_name="default", max_body_bytes=64 * 1024,
+                               api_keys_file=str(keys), rate_limit_per_key=1000.0)
+        headers = {"Authorization": f"Bearer {_KEY}"}
     servers = [ServerThread(StubEngine(role)).start() for role in ("prefill", "prefill", "decode")]
     spec = StaticSpec((servers[0].url,), (servers[1].url,), (servers[2].url,))
-    app = _app(spec)
+    app = _app(spec, config)
     gateway = ServerThread(app).start()
     servers.append(gateway)
     try:
         # Ready (a prefill and a decode pod), so /health answers 200 rather than 503 "not ready".
         poll(lambda: httpx.get(gateway.url + "/health").status_code == 200, message="stub pods")
-        yield gateway.url
+        yield gateway.url, headers
     finally:
         for server in reversed(servers):
             server.stop()
@@ -45,5 +57,8 @@ def fuzz_gateway():
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 def test_generated_input_never_gets_a_5xx(case, fuzz_gateway):
-    response = case.call(base_url=fuzz_gateway, timeout=30)
+    url, headers = fuzz_gateway
+    response = case.call(base_url=url, headers=headers, timeout=30)
+    if headers:  # the key was accepted: what the fuzzer sent reached the gateway's handlers
+        assert response.status_code != 401
     case.validate_response(response, checks=[not_a_server_error])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from laps_agent.engine.pd import BootstrapError, KVOutbox, KVTransfer, fetch_kv
+from laps_agent.engine.pd_wire import RoomRefused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -28,6 +29,7 @@ def test_corrupt_payload_is_a_bootstrap_error():
 @pytest.mark.parametrize("decode_first", [True, False])
 async def test_outbox_pairs_a_room_whichever_side_comes_first(decode_first):
     outbox = KVOutbox(timeout_s=5)
+    outbox.announce(42)  # the prefill request was accepted
     if decode_first:
         taker = asyncio.create_task(outbox.take(42, wait_s=5))
         await asyncio.sleep(0)  # one loop turn: the taker registers its interest (no timing involved)
@@ -48,8 +50,56 @@ async def test_uncollected_room_is_dropped_after_the_timeout():
     with pytest.raises(BootstrapError, match="within 0.2s"):
         await outbox.hand_off(5, b"x" * 1000)
     assert len(outbox) == 0 and outbox.pending_bytes() == 0
-    assert await outbox.take(5, wait_s=0) is None
+    with pytest.raises(RoomRefused) as refused:  # dropped: nothing left to give, and no wait
+        await outbox.take(5, wait_s=5)
+    assert refused.value.status == 410
     assert outbox._slots == {}
+
+
+async def test_a_room_nobody_announced_gets_nothing():
+    outbox = KVOutbox(timeout_s=5, grace_s=0.05)
+    with pytest.raises(RoomRefused, match="not one this engine is serving") as refused:
+        await asyncio.wait_for(outbox.take(7, wait_s=5), 2)  # the grace window, not wait_s
+    assert refused.value.status == 404 and outbox._slots == {} and outbox._heralds == {}
+
+
+async def test_a_room_already_delivered_gets_nothing():
+    outbox = KVOutbox(timeout_s=5)
+    outbox.announce(8)
+    giver = asyncio.create_task(outbox.hand_off(8, b"secret"))
+    assert await outbox.take(8, wait_s=5) == b"secret"
+    await giver
+    with pytest.raises(RoomRefused, match="already delivered") as refused:
+        await asyncio.wait_for(outbox.take(8, wait_s=5), 2)
+    assert refused.value.status == 410
+
+
+async def test_a_request_announced_just_after_the_decode_side_asked_still_pairs():
+    outbox = KVOutbox(timeout_s=5, grace_s=5)
+    taker = asyncio.create_task(outbox.take(9, wait_s=5))
+    await asyncio.sleep(0)  # the decode side's GET is in, before the prefill request was accepted
+    outbox.announce(9)
+    await outbox.hand_off(9, b"kv")
+    assert await taker == b"kv"
+
+
+async def test_bootstrap_app_answers_unknown_and_delivered_rooms_at_once():
+    import httpx
+
+    from laps_agent.engine.pd_wire import bootstrap_app
+
+    outbox = KVOutbox(timeout_s=5, grace_s=0.05)
+    transport = httpx.ASGITransport(app=bootstrap_app(outbox))
+    async with httpx.AsyncClient(transport=transport, base_url="http://boot") as client:
+        unknown = await client.get("/laps/kv/123", params={"wait": "30"})
+        assert unknown.status_code == 404 and unknown.content.startswith(b"bootstrap_room 123 is not")
+        outbox.announce(124)
+        giver = asyncio.create_task(outbox.hand_off(124, b"kv-bytes"))
+        first = await client.get("/laps/kv/124", params={"wait": "5"})
+        await giver
+        again = await client.get("/laps/kv/124", params={"wait": "30"})
+    assert first.status_code == 200 and first.content == b"kv-bytes"
+    assert again.status_code == 410 and b"kv-bytes" not in again.content
 
 
 async def test_fetch_from_an_unreachable_prefill_engine_fails_in_bounded_time():
