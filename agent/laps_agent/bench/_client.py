@@ -24,7 +24,7 @@ from laps_agent.bench._http_stream import StreamOutcome, _Conn, _Retry  # noqa: 
 class StreamClient:
     """Keep-alive connections to one base URL (http or https)."""
 
-    def __init__(self, base_url: str, *, connect_timeout: float = 10.0):
+    def __init__(self, base_url: str, *, connect_timeout: float = 10.0, api_key: str | None = None):
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -35,6 +35,8 @@ class StreamClient:
         self.prefix = prefix[:-3] if prefix.endswith("/v1") else prefix   # accept ".../v1" too
         self.connect_timeout = connect_timeout
         self._host_header = (f"{self.host}:{self.port}" if parts.port else self.host).encode()
+        # Sent with every request (a gateway with API keys); kept out of repr and logs.
+        self._auth = b"authorization: Bearer %s\r\n" % api_key.encode() if api_key else b""
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
 
@@ -55,8 +57,8 @@ class StreamClient:
         return conn
 
     def _request(self, method: str, path: str, body: bytes | None) -> bytes:
-        head = b"%s %s HTTP/1.1\r\nhost: %s\r\naccept: */*\r\n" % (
-            method.encode(), (self.prefix + path).encode(), self._host_header)
+        head = b"%s %s HTTP/1.1\r\nhost: %s\r\naccept: */*\r\n%s" % (
+            method.encode(), (self.prefix + path).encode(), self._host_header, self._auth)
         if body is None:
             return head + b"\r\n"
         return head + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)

@@ -6,7 +6,7 @@ import asyncio
 import datetime as _dt
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from laps_agent.bench._client import StreamClient, StreamOutcome
@@ -28,16 +28,21 @@ class Target:
     url: str
     model: str
     has_status: bool                  # serves /laps_status (the laps gateway)
+    api_key: str | None = field(default=None, repr=False)   # Bearer key for a gateway with auth
 
 
-async def probe(url: str, *, model: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> Target:
+async def probe(url: str, *, model: str | None = None, timeout: float = PROBE_TIMEOUT_S,
+                api_key: str | None = None) -> Target:
     """Check the target answers (GET /v1/models, which also names the model) and whether it
     has /laps_status. Raises TargetError within about `timeout` seconds."""
-    client = StreamClient(url, connect_timeout=timeout)
+    client = StreamClient(url, connect_timeout=timeout, api_key=api_key)
     try:
         models = await client.get("/v1/models", timeout)
         if models.status == 0:
             raise TargetError(f"cannot reach {url}: {models.error}")
+        if models.status == 401:
+            raise TargetError(f"{url} wants an API key: give --api-key (or set OPENAI_API_KEY)"
+                              if api_key is None else f"{url} refused the API key (401)")
         name = model
         if name is None:
             # No --model: the server must say what it serves (and so prove it speaks OpenAI).
@@ -51,7 +56,7 @@ async def probe(url: str, *, model: str | None = None, timeout: float = PROBE_TI
                                   "server? Give --model NAME if it has no /v1/models")
         status = await client.get("/laps_status", timeout)
         has_status = status.status == 200 and _json_groups(status.body) is not None
-        return Target(url, name, has_status)
+        return Target(url, name, has_status, api_key)
     finally:
         client.close()
 
@@ -91,7 +96,7 @@ class _Run:
                  tokenizer: Any, threshold: int, timeout: float):
         self.target, self.spec, self.plan, self.builder = target, spec, plan, builder
         self.tokenizer, self.threshold, self.timeout = tokenizer, threshold, timeout
-        self.client = StreamClient(target.url)
+        self.client = StreamClient(target.url, api_key=target.api_key)
         self.path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
         self.records: list[RequestRecord] = []
         self.timeline: list[TimelineSample] = []

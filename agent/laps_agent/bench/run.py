@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as _dt
+import os
 import signal
 import sys
 from pathlib import Path
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--slo", type=_slo, default={}, help="TTFT SLOs in seconds, e.g. short=0.5,long=4")
     p.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="Bearer key for a gateway with API keys (default: $OPENAI_API_KEY, as the "
+                        "openai client)")
     p.add_argument("--label", help="name of this run (default: the workload's name)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (a line every 5 s instead)")
     return p
@@ -86,7 +90,7 @@ def _load_tokenizer(arg: str | None) -> tuple[Any, str | None]:
 
 async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
     try:
-        target = await probe(args.url, model=args.model)
+        target = await probe(args.url, model=args.model, api_key=args.api_key)
     except TargetError as exc:
         return _error(str(exc))
     try:

@@ -82,3 +82,33 @@ def test_a_key_over_its_rate_gets_429_and_others_do_not(pd_stack, keys_file):
 def test_without_a_keys_file_there_is_no_authentication(pd_stack):
     gateway, _ = pd_stack()
     assert httpx.post(f"{gateway.url}/v1/completions", json=BODY).status_code == 200
+
+
+def test_laps_bench_sends_its_api_key_and_says_when_one_is_missing(pd_stack, keys_file, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from laps_agent.results import load_result
+
+    gateway, _ = pd_stack(api_keys_file=keys_file)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("name: auth\nseed: 1\nphases:\n  - name: p\n    requests: 4\n"
+                        "    arrival: {process: constant, rate: 50}\n"
+                        "    prompt_tokens: {distribution: fixed, value: 8}\n"
+                        "    output_tokens: {distribution: fixed, value: 2}\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+
+    def bench(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "laps_agent.cli", "bench", "run", gateway.url,
+                               "--workload", str(workload), "--tokenizer", "none", "--no-progress",
+                               "--out", str(tmp_path / f"r{len(extra)}"), *extra],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    without = bench()
+    assert without.returncode == 2 and "wants an API key: give --api-key" in without.stderr
+    done = bench("--api-key", GOOD)
+    assert done.returncode == 0, done.stderr
+    result = load_result(tmp_path / "r2")
+    assert all(r.ok for r in result.records) and len(result.records) == 4
+    assert GOOD not in done.stdout + done.stderr
