@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "need 'Authorization: Bearer <key>' (default: no authentication)")
     p.add_argument("--rate-limit-per-key", type=float, default=0.0,
                    help="requests/s per API key, beyond: 429 (0: none; needs --api-keys-file)")
+    p.add_argument("--request-deadline-s", type=float, default=None,
+                   help="the gateway's total time per request: 504, or an SSE error event once "
+                        "streaming (0: none; default: laps gateway's)")
     p.add_argument("--single-pool", action="store_true",
                    help="no length classes: every prefill engine serves every length (vanilla PD)")
     alloc = p.add_argument_group("allocation (moving prefill engines between the groups)")
@@ -137,11 +140,13 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
 
     spec = StaticSpec(urls("prefill", "short"), urls("prefill", "long"), urls("decode"))
     threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
-    bound = {} if args.max_pending_tokens_per_pod is None else {
+    overrides = {} if args.max_pending_tokens_per_pod is None else {
         "max_pending_tokens_per_pod": max(args.max_pending_tokens_per_pod, 0)}
+    if args.request_deadline_s is not None:
+        overrides["request_deadline_s"] = max(args.request_deadline_s, 0.0)
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
-                           rate_limit_per_key=max(args.rate_limit_per_key, 0.0), **bound)
+                           rate_limit_per_key=max(args.rate_limit_per_key, 0.0), **overrides)
     app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
     sock = bind_listening_socket(args.host, args.port)

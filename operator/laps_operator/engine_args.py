@@ -32,6 +32,8 @@ def builtin_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], lis
         "--length-threshold", str(laps.length_threshold),
         "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
     ]
+    if spec.engine.max_queued_requests is not None:
+        args += ["--max-queued-requests", str(spec.engine.max_queued_requests)]
     if role == "prefill":
         args += [
             "--bootstrap-port", str(BOOTSTRAP_PORT),

@@ -50,6 +50,7 @@ class EngineSpec(_Model):
     image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_queued_requests: int | None = Field(default=None, ge=0)
     extra_args: tuple[str, ...] = ()
     env: tuple[dict[str, Any], ...] = ()
 

@@ -76,3 +76,17 @@ def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
             "model": "emulated-test", "prompt": list(range(100, 1100)), "max_tokens": 1}, timeout=60)
         assert reply.status_code == 200
     assert long_batches() > seen
+
+
+def test_laps_local_bounds_a_request_by_its_deadline(laps_local, tmp_path):
+    """`laps local --request-deadline-s`: an answer that would take longer is cut with a 504
+    naming the deadline, and a short one is served."""
+    slow = {**PROFILE, "name": "slow-decode", "decode": {"overhead_s": 0.05}}
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(slow))
+    stack = laps_local("--engine", "emulated", "--profile", str(path), "--prefill", "2", "--decode", "1",
+                       "--no-allocation", "--request-deadline-s", "1", timeout=120)
+    body = {"model": "emulated-test", "prompt": list(range(100, 140))}
+    cut = httpx.post(stack.url + "/completions", json={**body, "max_tokens": 200}, timeout=30)
+    assert cut.status_code == 504 and "1s deadline" in cut.json()["error"]["message"], cut.text
+    assert httpx.post(stack.url + "/completions", json={**body, "max_tokens": 3}, timeout=30).status_code == 200

@@ -265,6 +265,18 @@ def test_rendered_builtin_engine_args_are_what_laps_engine_accepts():
     assert prefill.labels_file == "/etc/podinfo/labels" and prefill.bootstrap_port == 8998
     decode = engine_parser().parse_args(container(build_decode_deployment(CLUSTER, spec))["args"][1:])
     assert decode.role == "decode" and decode.device == "cpu"
+    assert prefill.max_queued_requests is None and decode.max_queued_requests is None  # engine default
+
+
+def test_the_engine_queue_bound_comes_from_the_cr():
+    from laps_agent.engine.cli import build_parser as engine_parser
+
+    spec = spec_of(engine={"maxQueuedRequests": 64})
+    for build in (build_prefill_statefulset, build_decode_deployment):
+        args = engine_parser().parse_args(container(build(CLUSTER, spec))["args"][1:])
+        assert args.max_queued_requests == 64
+    with pytest.raises(ValueError, match="maxQueuedRequests"):
+        spec_of(engine={"maxQueuedRequests": -1})
 
 
 def test_rendered_gateway_args_are_what_laps_gateway_accepts():
