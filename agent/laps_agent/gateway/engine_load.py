@@ -73,18 +73,18 @@ class EngineLoads:
     def _fresh(self, pod: _Pod, now: float) -> bool:
         return pod.reported is not None and now - pod.asked_at <= self.stale_after_s
 
-    def others(self, name: str) -> tuple[int, int]:
-        """(requests, tokens) other gateway replicas had on `name` at its last fresh answer."""
-        pod = self._pods.get(name)
-        if pod is None or not self._fresh(pod, self._clock()):
+    def _others(self, pod: _Pod, now: float) -> tuple[int, int]:
+        """(requests, tokens) other gateway replicas had on the pod at its last fresh answer."""
+        if not self._fresh(pod, now):
             return 0, 0
         return (max(0, pod.reported[0] - pod.own_then[0]), max(0, pod.reported[1] - pod.own_then[1]))
 
     def merged(self, own: Mapping[str, EndpointLoad]) -> Mapping[str, EndpointLoad]:
         """The load routing sees: `own` where no answer adds to it (then `own` itself)."""
         view: dict[str, EndpointLoad] | None = None
-        for name in self._pods:
-            requests, tokens = self.others(name)
+        now = self._clock()
+        for name, pod in self._pods.items():
+            requests, tokens = self._others(pod, now)
             if requests or tokens:
                 if view is None:
                     view = dict(own)

@@ -19,7 +19,7 @@ import itertools
 import json
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from laps_agent.gateway.admission import admit, group_load
@@ -30,7 +30,8 @@ from laps_agent.gateway.failures import GatewayError, UpstreamStatus, judge_stat
 from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.payload import PDPayload
-from laps_agent.gateway.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
+from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
+                                        choose_route)
 from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                                          UpstreamResponse, UpstreamTimeout, address)
 
@@ -95,17 +96,16 @@ class PDProxy:
         if self._pool is not None:
             await self._pool.aclose()
 
-    def route(self, tokens: int, exclude: set[str], membership: Membership | None = None) -> RouteDecision:
-        membership = membership or self._discovery.membership()
+    def route(self, tokens: int, exclude: set[str], membership: Membership,
+              loads: Mapping[str, EndpointLoad]) -> RouteDecision:
         return choose_route(tokens, self._config.length_threshold, membership.groups,
-                            membership.decode, self.engine_loads.merged(self._tracker.loads()),
-                            exclude=frozenset(exclude), tiebreak=next(self._tiebreak))
+                            membership.decode, loads, exclude=frozenset(exclude),
+                            tiebreak=next(self._tiebreak))
 
-    def admit(self, d: RouteDecision, membership: Membership) -> None:
+    def admit(self, d: RouteDecision, membership: Membership, loads: Mapping[str, EndpointLoad]) -> None:
         """Admission control of the group that would serve the request (its class's own, or
         the other one on fallback, which must not be swamped either): 429 when it is full."""
-        pods, pending = group_load(membership.groups.get(d.group, ()),
-                                   self.engine_loads.merged(self._tracker.loads()),
+        pods, pending = group_load(membership.groups.get(d.group, ()), loads,
                                    self._tracker.group_pending(d.group)[1])
         verdict = admit(pending, pods, self._config.max_pending_tokens_per_pod)
         if verdict.admitted:
@@ -123,15 +123,17 @@ class PDProxy:
         failure: GatewayError | None = None
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
+            # One view of the pods' loads (own + engine-reported) serves routing and admission.
+            loads = self.engine_loads.merged(self._tracker.loads())
             try:
-                decision = self.route(call.tokens, exclude, membership)
+                decision = self.route(call.tokens, exclude, membership, loads)
             except NoEndpointError as exc:
                 message = f"no healthy pod can take this request ({exc})"
                 if failure is not None:
                     message += f"; last failure: {failure.message}"
                 raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s) from None
             if attempt == 0:
-                self.admit(decision, membership)  # retries were admitted already
+                self.admit(decision, membership, loads)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
                 if decision.fallback:
                     self._metrics.fallbacks_of[decision.cls].inc()
