@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from laps_agent.engine.sampling_params import SamplingError, SamplingParams
-from laps_agent.tokenizer import unencodable_message, unencodable_text  # noqa: F401 (api.*)
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256

@@ -30,6 +30,7 @@ from laps_agent.engine.http_util import ClientGone, error, sse, until_disconnect
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
+from laps_agent.tokenizer import unencodable_message, unencodable_text
 
 if TYPE_CHECKING:
     from laps_agent.engine.engine import Engine
@@ -200,9 +201,9 @@ class EngineServer:
             return error(api.ApiError(400, f"malformed JSON body: {exc}"))
         except RecursionError:
             return error(api.ApiError(400, "malformed JSON body: nested too deeply"))
-        where = api.unencodable_text(raw, body)
+        where = unencodable_text(raw, body)
         if where is not None:  # checked up front: templates, stop strings and the tokenizer fail on it
-            return error(api.ApiError(400, api.unencodable_message(where)))
+            return error(api.ApiError(400, unencodable_message(where)))
         try:
             if kind == "generate":
                 parsed = api.parse_generate(body)
