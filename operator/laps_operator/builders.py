@@ -195,7 +195,7 @@ def build_services(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any
 
 
 def build_gateway_rbac(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any]]:
-    """ServiceAccount + Role + RoleBinding letting the gateway discover engines."""
+    """ServiceAccount + Role + RoleBinding letting the gateway discover engines (EndpointSlices)."""
     name = cluster.gateway
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cluster, name, "gateway")},
@@ -203,11 +203,10 @@ def build_gateway_rbac(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str,
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(cluster, name, "gateway"),
-            "rules": [
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                 "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch"]},
-            ],
+            # Exactly what discovery uses (list, then watch from that list's resourceVersion):
+            # the least-privilege e2e test compares this with what the gateway really asks for.
+            "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                       "verbs": ["list", "watch"]}],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -56,6 +56,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # No handler needs one any more, so kopf removes this finalizer from clusters that an older
     # operator gave it, and adds it to none.
     settings.persistence.finalizer = "laps.io/operator"
+    # No runtime scanning of namespaces and CRDs: it needs cluster-wide list/watch on both, which
+    # an operator confined to some namespaces must not hold (least privilege; checked by the
+    # least-privilege e2e test). The namespaces are fixed by the command line and the CRD is
+    # installed with the chart before the operator starts.
+    settings.scanning.disabled = True
     memo.kube = load_kube()
 
 

@@ -32,46 +32,58 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{/* The rules the operator needs. It must hold every permission it grants to the gateway Role
-     (Kubernetes forbids escalation), hence endpointslices here. Without Prometheus the
-     allocation loop lists the gateway pods (pods: list) and reads their /metrics over the pod
-     network: the NetworkPolicy the operator renders around the gateways lets in pods labelled
-     app.kubernetes.io/name=laps, app.kubernetes.io/component=operator (laps.selectorLabels). */}}
+{{/* The rules the operator needs, derived from what it does: the least-privilege e2e test
+     (tests/e2e/operator/test_least_privilege_e2e.py) records every permission the operator uses
+     through the story create / scale / relabel / repair / prune / delete and compares it with
+     these rules both ways (nothing missing, nothing unused); removing any one rule makes a named
+     step of that story fail with 403. Why each is here:
+     - LAPSClusters: kopf lists, watches and patches them (its progress annotations); the
+       operator reads one before each write and patches its status.
+     - lapsclusters/finalizers update: children carry ownerReferences with blockOwnerDeletion:
+       true, which the OwnerReferencesPermissionEnforcement admission plugin allows only to
+       whoever may update the owner's finalizers. The same plugin lets only a holder of `delete`
+       on an object set its ownerReferences: hence `delete` on every child kind.
+     - pods: prefill pods are watched for group planning and relabelled between the short and
+       long Services; without Prometheus the allocation loop lists the gateway pods and reads
+       their /metrics over the pod network (the NetworkPolicy the operator renders around the
+       gateways lets in pods labelled app.kubernetes.io/name=laps,
+       app.kubernetes.io/component=operator: laps.selectorLabels).
+     - children: read before each write, created, repaired by patch, pruned when the spec no
+       longer wants them; the workloads are also watched, for readiness.
+     - endpointslices list/watch: what the gateway Role grants; RBAC lets only a holder of a
+       permission grant it (no escalation). */}}
 {{- define "laps.operatorRules" -}}
 - apiGroups: [laps.io]
-  resources: [lapsclusters, lapsclusters/status]
-  verbs: [get, list, watch, patch, update]
-{{- /* Children carry ownerReferences with blockOwnerDeletion: true, which the
-       OwnerReferencesPermissionEnforcement admission plugin allows only to whoever may update
-       the owner's finalizers. */}}
+  resources: [lapsclusters]
+  verbs: [get, list, watch, patch]
+- apiGroups: [laps.io]
+  resources: [lapsclusters/status]
+  verbs: [patch]
 - apiGroups: [laps.io]
   resources: [lapsclusters/finalizers]
-  verbs: [update, patch]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, patch]
-- apiGroups: [""]
-  resources: [services, configmaps, serviceaccounts]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [list, watch, patch]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services, configmaps, serviceaccounts]
+  verbs: [get, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, list, watch, create, patch, update, delete]
-- apiGroups: [discovery.k8s.io]
-  resources: [endpointslices]
-  verbs: [get, list, watch]
-- apiGroups: [monitoring.coreos.com]
-  resources: [podmonitors]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [get, create, patch, delete]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
 {{- end -}}

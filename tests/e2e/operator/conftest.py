@@ -72,14 +72,18 @@ def start_operator(kube_api, tmp_path) -> Iterator[Callable[..., OperatorProcess
     kube_api.apply_crd(CRD)
     started: list[OperatorProcess] = []
 
-    def start(**env_overrides: str) -> OperatorProcess:
+    def start(*, kubeconfig: pathlib.Path | None = None, scope: tuple[str, ...] = ("--namespace", "default"),
+              **env_overrides: str) -> OperatorProcess:
+        """`kubeconfig`: whose credentials it runs with (default: the admin's); `scope`: the
+        chart's `--all-namespaces` or `--namespace=...` arguments."""
+        kubeconfig = kubeconfig or kube_api.kubeconfig
         metrics_port, liveness_port = free_port(), free_port()
         log_path = tmp_path / f"operator-{len(started)}.log"
-        env = {**os.environ, "KUBECONFIG": str(kube_api.kubeconfig), "PYTHONUNBUFFERED": "1", **env_overrides}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **env_overrides}
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "laps_agent.cli", "operator", "--kubeconfig", str(kube_api.kubeconfig),
-                 "--namespace", "default", "--bind", "127.0.0.1", "--metrics-port", str(metrics_port),
+                [sys.executable, "-m", "laps_agent.cli", "operator", "--kubeconfig", str(kubeconfig),
+                 *scope, "--bind", "127.0.0.1", "--metrics-port", str(metrics_port),
                  "--liveness-port", str(liveness_port)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
             )

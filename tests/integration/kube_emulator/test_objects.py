@@ -14,7 +14,7 @@ def _config_map(name: str, labels: dict | None = None, **extra) -> dict:
 
 
 def test_create_answers_201_and_sets_server_fields(kube_api):
-    response = httpx.post(f"{kube_api.url}/api/v1/namespaces/ns1/configmaps",
+    response = kube_api.http.post(f"/api/v1/namespaces/ns1/configmaps",
                           json={"metadata": {"name": "c"}, "data": {"k": "v"}})
     assert response.status_code == 201
     meta = response.json()["metadata"]
@@ -68,7 +68,7 @@ def test_lists_carry_kind_and_filter_by_label_selector(kube_api, core):
     core.create_namespaced_pod("default", _pod("p1", {"app": "x", "tier": "web"}))
     core.create_namespaced_pod("default", _pod("p2", {"app": "x", "tier": "db"}))
     core.create_namespaced_pod("default", _pod("p3", {"app": "y"}))
-    listing = httpx.get(f"{kube_api.url}/api/v1/namespaces/default/pods").json()
+    listing = kube_api.http.get(f"/api/v1/namespaces/default/pods").json()
     assert listing["kind"] == "PodList" and listing["apiVersion"] == "v1"
 
     def names(selector: str) -> list[str]:
@@ -117,14 +117,14 @@ def test_list_across_all_namespaces(core):
 ])
 def test_bad_create_is_rejected_with_a_message_and_stores_nothing(kube_api, body, status):
     url = f"{kube_api.url}/api/v1/namespaces/default/configmaps"
-    response = httpx.post(url, content=body, headers={"Content-Type": "application/json"})
+    response = kube_api.http.post(url, content=body, headers={"Content-Type": "application/json"})
     assert response.status_code == status
     assert response.json()["kind"] == "Status" and response.json()["message"]
-    assert httpx.get(url).json()["items"] == []
+    assert kube_api.http.get(url).json()["items"] == []
 
 
 def test_unknown_resource_is_404(kube_api):
-    response = httpx.get(f"{kube_api.url}/apis/nothing.example.com/v1/things")
+    response = kube_api.http.get(f"/apis/nothing.example.com/v1/things")
     assert response.status_code == 404
 
 

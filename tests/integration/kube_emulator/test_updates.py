@@ -47,7 +47,7 @@ def test_pod_labels_patch_keeps_other_labels(core):
 
 def test_strategic_merge_on_a_custom_resource_is_415(kube_api, widgets):
     widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {"metadata": {"name": "w"}})
-    response = httpx.patch(f"{kube_api.url}/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/w",
+    response = kube_api.http.patch(f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/w",
                            json={"spec": {"size": 2}},
                            headers={"Content-Type": "application/strategic-merge-patch+json"})
     assert response.status_code == 415
@@ -145,9 +145,9 @@ def test_server_side_apply_creates_then_updates(kube_api):
     url = f"{kube_api.url}/api/v1/namespaces/default/configmaps/applied?fieldManager=test"
     headers = {"Content-Type": "application/apply-patch+yaml"}
     manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: applied}}\ndata: {{a: '{}'}}\n"
-    first = httpx.patch(url, content=manifest.format(1), headers=headers)
+    first = kube_api.http.patch(url, content=manifest.format(1), headers=headers)
     assert first.status_code == 201 and first.json()["data"] == {"a": "1"}
-    second = httpx.patch(url, content=manifest.format(2), headers=headers)
+    second = kube_api.http.patch(url, content=manifest.format(2), headers=headers)
     assert second.status_code == 200 and second.json()["data"] == {"a": "2"}
 
 

@@ -122,7 +122,7 @@ def test_cluster_wide_watch_sees_all_namespaces(kube_api):
 def test_watch_streams_json_lines(kube_api, discovery):
     discovery.create_namespaced_endpoint_slice("serving", _slice("s", "svc"))
     url = f"{kube_api.url}/apis/discovery.k8s.io/v1/namespaces/serving/endpointslices"
-    with httpx.stream("GET", url, params={"watch": "true", "timeoutSeconds": "1"}) as response:
+    with kube_api.http.stream("GET", url, params={"watch": "true", "timeoutSeconds": "1"}) as response:
         assert response.headers["content-type"].startswith("application/json")
         lines = [line for line in response.iter_lines() if line]
     assert len(lines) == 1 and '"type": "ADDED"' in lines[0]
@@ -130,7 +130,7 @@ def test_watch_streams_json_lines(kube_api, discovery):
 
 def test_an_abandoned_watch_is_cleaned_up(kube_api):
     url = f"{kube_api.url}/api/v1/namespaces/default/configmaps"
-    with httpx.stream("GET", url, params={"watch": "true"}) as response:
+    with kube_api.http.stream("GET", url, params={"watch": "true"}) as response:
         assert response.status_code == 200
     resource = kube_api.emulator.resource("", "v1", "configmaps")
     deadline = time.monotonic() + _DEADLINE_S
@@ -144,7 +144,7 @@ def test_watch_on_one_object_url_sees_only_that_object(kube_api):
     for name in ("mine", "other"):
         core.create_namespaced_config_map("default", {"metadata": {"name": name}})
     url = f"{kube_api.url}/api/v1/namespaces/default/configmaps/mine"
-    with httpx.stream("GET", url, params={"watch": "true", "timeoutSeconds": "1"}) as response:
+    with kube_api.http.stream("GET", url, params={"watch": "true", "timeoutSeconds": "1"}) as response:
         lines = [line for line in response.iter_lines() if line]
     assert len(lines) == 1 and '"name": "mine"' in lines[0]
 
