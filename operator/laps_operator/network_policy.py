@@ -46,9 +46,12 @@ def _cluster_pods(cluster: ClusterRef, roles: tuple[str, ...]) -> dict[str, Any]
     }}
 
 
-def operator_peer() -> dict[str, Any]:
-    # The operator runs in its release's namespace, which the operator is not told: any namespace.
-    return {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
+def operator_peer(operator_namespace: str | None) -> dict[str, Any]:
+    """The operator's pods, in its own namespace (the chart tells it: $POD_NAMESPACE); in any
+    namespace when it does not know its own (run outside a pod)."""
+    namespaces = ({"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
+                  if operator_namespace else {})
+    return {"namespaceSelector": namespaces, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
 
 
 def _peers(peers: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
@@ -80,21 +83,22 @@ def _engine_rules(cluster: ClusterRef, spec: ClusterSpec, role: str) -> list[dic
     return rules
 
 
-def _gateway_rules(spec: ClusterSpec) -> list[dict[str, Any]]:
+def _gateway_rules(spec: ClusterSpec, operator_namespace: str | None) -> list[dict[str, Any]]:
     policy = spec.network_policy
     port = _ports(spec.gateway.port)
     if not policy.gateway_ingress:
         return [{"ports": port}]  # no `from`: every source, on this port only
     peers = _peers((*policy.gateway_ingress, *policy.metrics_from))
     if not spec.monitoring.prometheus_url:
-        peers.append(operator_peer())
+        peers.append(operator_peer(operator_namespace))
     return [{"from": peers, "ports": port}]
 
 
-def build_network_policies(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any]]:
+def build_network_policies(cluster: ClusterRef, spec: ClusterSpec,
+                           operator_namespace: str | None = None) -> list[dict[str, Any]]:
     return [
         *(_policy(cluster, role, _engine_rules(cluster, spec, role)) for role in ENGINE_ROLES),
-        _policy(cluster, "gateway", _gateway_rules(spec)),
+        _policy(cluster, "gateway", _gateway_rules(spec, operator_namespace)),
     ]
 
 

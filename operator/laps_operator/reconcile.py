@@ -4,6 +4,7 @@ kopf handlers in `main` call these and turn the outcome into Events and retries.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,11 @@ class Outcome:
 def cluster_ref(body: dict[str, Any]) -> ClusterRef:
     meta = body["metadata"]
     return ClusterRef(meta["name"], meta.get("namespace") or "default", meta.get("uid") or "")
+
+
+def own_namespace() -> str | None:
+    """The operator's namespace, from the downward API variable the chart sets."""
+    return os.environ.get("POD_NAMESPACE") or None
 
 
 def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any], resource_version: str | None = None) -> None:
@@ -81,7 +87,8 @@ def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
         outcome.invalid, outcome.phase = str(exc), "Invalid"
         return outcome
 
-    outcome.applied = apply_all(kube, build_children(ref, spec), optional_kinds=frozenset({"PodMonitor"}))
+    outcome.applied = apply_all(kube, build_children(ref, spec, own_namespace()),
+                                optional_kinds=frozenset({"PodMonitor"}))
     for api_version, kind, name in optional_children(ref, spec):
         removed = delete_if_owned(kube, Ref(api_version, kind, ref.namespace, name), ref.uid)
         if removed:

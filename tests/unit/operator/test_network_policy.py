@@ -82,6 +82,15 @@ def test_gateway_ingress_restricts_the_gateway_and_keeps_metrics_and_the_operato
     assert admitted(gateway, 8000) == [ingress, PROMETHEUS]
 
 
+def test_the_operator_is_let_in_from_its_own_namespace_only_when_it_knows_it():
+    ingress = {"podSelector": {"matchLabels": {"app": "edge"}}}
+    spec = parse_spec({**BASE, "networkPolicy": {"gatewayIngress": [ingress]}})
+    gateway = build_network_policies(CLUSTER, spec, operator_namespace="laps-system")[-1]
+    assert admitted(gateway, 8000)[-1] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "laps-system"}},
+        "podSelector": OPERATOR["podSelector"]}
+
+
 def test_metrics_from_replaces_the_prometheus_default():
     scraper = {"ipBlock": {"cidr": "10.1.0.0/16"}}
     built = policies(networkPolicy={"metricsFrom": [scraper]})
