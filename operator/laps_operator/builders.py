@@ -305,12 +305,14 @@ def _scrape_interval(spec: ClusterSpec) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def build_children(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any]]:
-    """Everything the cluster should own, in creation order (config and RBAC before workloads)."""
+def build_children(cluster: ClusterRef, spec: ClusterSpec,
+                   operator_namespace: str | None = None) -> list[dict[str, Any]]:
+    """Everything the cluster should own, in creation order (config and RBAC before workloads).
+    `operator_namespace`: where the operator runs, the only namespace its pods are let in from."""
     children = [build_config_map(cluster, spec), *build_gateway_rbac(cluster, spec)]
     children += build_services(cluster, spec)
     if spec.network_policy.enabled:  # before the pods they guard: never a moment unguarded
-        children += build_network_policies(cluster, spec)
+        children += build_network_policies(cluster, spec, operator_namespace)
     children += [
         build_prefill_statefulset(cluster, spec),
         build_decode_deployment(cluster, spec),
