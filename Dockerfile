@@ -3,10 +3,13 @@
 #   docker build --target operator -t laps-operator .   # control plane, no torch
 #   docker build --target gateway  -t laps-gateway  .   # gateway: HTTP + tokenizer, no torch
 #   docker build --target engine   -t laps-engine   .   # builtin engine (CPU torch by default)
+#   docker build --target engine-sglang -t laps-engine-sglang .  # official SGLang + the LAPS plugin
 # For a CUDA engine image pass a torch build for your CUDA version, e.g.
 #   --build-arg TORCH_REQ="torch==2.13.0" --build-arg PIP_EXTRA_INDEX_URL=<your torch CUDA index>
 #   --build-arg WITH_FLASH_ATTN=1
 ARG PYTHON_IMAGE=python:3.11-slim
+# Must equal pyproject.toml's `sglang` extra (tests/sglang/test_pin.py checks it).
+ARG SGLANG_VERSION=0.5.23
 
 FROM ${PYTHON_IMAGE} AS source
 WORKDIR /src
@@ -44,3 +47,21 @@ USER 65532:65532
 EXPOSE 30000 8998
 ENTRYPOINT ["laps"]
 CMD ["engine", "--role", "mixed"]
+
+# The official SGLang image (CUDA 13; SGLang's docs name v0.5.19-cu129 the last CUDA 12 tag, later
+# releases are tagged v<version>; not pulled or built in this project's CI) with this
+# project installed --no-deps: SGLang's own environment stays as its image ships it, and the
+# entry point `sglang.srt.plugins: laps` makes every `python3 -m sglang.launch_server` load the
+# plugin (inactive unless LAPS_SCHEDULER / LAPS_CONFIG_FILE, which the operator sets on prefill).
+FROM lmsysorg/sglang:v${SGLANG_VERSION} AS engine-sglang
+ARG SGLANG_VERSION
+COPY --from=source /src /src
+RUN python3 -m pip install --no-cache-dir --no-deps /src \
+ && python3 -c "import importlib.metadata as m; from laps_agent.sglang_plugin.compat import PINNED; \
+v = m.version('sglang'); assert v == PINNED == '${SGLANG_VERSION}', (v, PINNED); \
+assert 'laps' in [e.name for e in m.entry_points(group='sglang.srt.plugins')]" \
+ && rm -rf /src
+USER 65532:65532
+EXPOSE 30000 8998
+ENTRYPOINT []
+CMD ["python3", "-m", "sglang.launch_server", "--help"]

@@ -5,8 +5,8 @@ local:
 	.venv/bin/laps local $(ARGS)
 
 test:
-	./scripts/setup.sh --with-prometheus
+	./scripts/setup.sh --with-prometheus --with-sglang
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 setup:
-	./scripts/setup.sh --with-prometheus
+	./scripts/setup.sh --with-prometheus --with-sglang

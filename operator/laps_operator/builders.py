@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .engine_args import engine_command, gateway_command, model_visible_to_gateway
+from .engine_args import engine_command, gateway_command, model_visible_to_gateway, sglang_plugin_env
 from .gateway_auth import gateway_auth
 from .naming import (
     BOOTSTRAP_PORT,
@@ -80,6 +80,10 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
+        # SGLang's KV transfer advertises this address to its peers (else it guesses one).
+        *([_field_env("SGLANG_HOST_IP", "status.podIP")] if spec.engine.backend == "sglang" else []),
+        # Before the user's env, so an entry there with the same name wins.
+        *sglang_plugin_env(spec, role),
         *(dict(e) for e in spec.engine.env),
     ]
     volumes, mounts = _model_volume(spec)

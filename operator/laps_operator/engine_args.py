@@ -1,7 +1,7 @@
 """Container command lines rendered from the LAPS knobs (pure).
 
 Builtin engines and the gateway take the flags of docs/contracts.md; the `sglang` backend takes
-SGLang's own launcher with the LAPS flags of the reference patches.
+a stock SGLang launcher, with the LAPS plugin configured through the environment.
 """
 from __future__ import annotations
 
@@ -51,34 +51,57 @@ def builtin_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], lis
 
 
 def sglang_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], list[str]]:
-    """(command, args) of `python -m sglang.launch_server` with the LAPS patches' flags."""
+    """(command, args) of a stock `python3 -m sglang.launch_server` (no fork flags: SGLang's
+    parser rejects unknown ones). The LAPS knobs reach the plugin as environment variables
+    (`sglang_plugin_env`)."""
     pool = spec.prefill if role == "prefill" else spec.decode
-    laps, sched, graphs = spec.laps, spec.laps.scheduler, spec.laps.batch_prefill_graphs
     args = [
         "--model-path", spec.model.path,
         "--served-model-name", spec.model.served,
         "--host", "0.0.0.0",
         "--port", str(ENGINE_PORT),
         "--disaggregation-mode", role,
+        "--disaggregation-transfer-backend", spec.engine.sglang.transfer_backend,
         "--tp-size", str(pool.tensor_parallel_size),
+        # The plugin's laps_engine_* series join SGLang's own on this server's /metrics.
         "--enable-metrics",
     ]
     if role == "prefill":
         args += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
-        if sched.enabled:
-            # SGLang ignores the LAPS scheduler outside prefill mode, so only prefill gets it.
-            args += [
-                "--enable-laps-scheduler",
-                "--laps-length-threshold", str(laps.length_threshold),
-                "--laps-wait-window-ms", _fmt(sched.wait_window_ms),
-                "--laps-wait-max-batch", str(sched.wait_max_batch),
-            ]
-        if graphs.enabled:
-            # SGLang's list options are argparse nargs="+": one value per word.
-            args += ["--enable-batch-prefill-cuda-graph", "--batch-prefill-max-seq-len", str(max(graphs.seq_lengths))]
-            args += ["--batch-prefill-batch-sizes", *map(str, graphs.batch_sizes)]
-            args += ["--batch-prefill-seq-lengths", *map(str, graphs.seq_lengths)]
-    return ["python", "-m", "sglang.launch_server"], args + list(spec.engine.extra_args)
+        graphs = spec.laps.batch_prefill_graphs
+        if graphs.enabled and spec.engine.device != "cpu":
+            args += ["--cuda-graph-config", sglang_prefill_graph_config(graphs.batch_sizes, graphs.seq_lengths)]
+    return ["python3", "-m", "sglang.launch_server"], args + list(spec.engine.extra_args)
+
+
+def sglang_prefill_graph_config(batch_sizes: tuple[int, ...], seq_lengths: tuple[int, ...]) -> str:
+    """SGLang's own multi-request prefill graphs for the CR's bucket grid (README, "Batch-prefill
+    CUDA graphs and SGLang"): its `full` prefill backend captures the whole transformer body
+    per *total-token* bucket with a fixed number of request slots, so the (batch, length) grid
+    becomes the set of products b*s and max(batch sizes) slots. No hook needed."""
+    import json
+
+    tokens = sorted({b * s for b in batch_sizes for s in seq_lengths})
+    prefill = {"backend": "full", "bs": tokens, "full_prefill_max_req": max(batch_sizes)}
+    return json.dumps({"prefill": prefill}, separators=(",", ":"))
+
+
+def sglang_plugin_env(spec: ClusterSpec, role: str) -> list[dict[str, str]]:
+    """The LAPS plugin's configuration (laps_agent/sglang_plugin/settings.py), prefill only:
+    the plugin schedules nothing elsewhere, and decode pods then run vanilla SGLang."""
+    if spec.engine.backend != "sglang" or role != "prefill":
+        return []
+    laps, sched = spec.laps, spec.laps.scheduler
+    values = {
+        "LAPS_SCHEDULER": "1" if sched.enabled else "0",
+        "LAPS_LENGTH_THRESHOLD": str(laps.length_threshold),
+        "LAPS_WAIT_WINDOW_MS": _fmt(sched.wait_window_ms),
+        "LAPS_WAIT_MAX_BATCH": str(sched.wait_max_batch),
+        "LAPS_ADAPTIVE_WINDOW": "1" if sched.adaptive_window else "0",
+        "LAPS_MAX_LONG_WAIT_MS": _fmt(sched.max_long_wait_ms),
+        "LAPS_LABELS_FILE": LABELS_FILE,
+    }
+    return [{"name": k, "value": v} for k, v in values.items()]
 
 
 def engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], list[str]]:

@@ -45,8 +45,18 @@ class ModelSpec(_Model):
         return self.served_name or self.name
 
 
+# SGLang 0.5.23's --disaggregation-transfer-backend choices that move real KV (`fake` moves none).
+SGLANG_TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp", "nixl", "ascend", "mori")
+
+
+class SGLangSpec(_Model):
+    # How a SGLang prefill pod hands its KV to decode (backend sglang only).
+    transfer_backend: Literal["mooncake", "mooncake_tcp", "nixl", "ascend", "mori"] = "mooncake"
+
+
 class EngineSpec(_Model):
     backend: Literal["builtin", "sglang"] = "builtin"
+    sglang: SGLangSpec = SGLangSpec()
     image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     device: Literal["auto", "cpu", "cuda"] = "auto"

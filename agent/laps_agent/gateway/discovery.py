@@ -168,7 +168,12 @@ class StaticDiscovery(Discovery):
         try:
             response = await self._client.get(f"{url}/get_server_info")
             response.raise_for_status()
-            port = response.json().get("bootstrap_port")
+            info = response.json()
+            # Builtin engines say `bootstrap_port`; stock SGLang `disaggregation_bootstrap_port`
+            # (a prefill server's; a decode server reports the default too, which means nothing).
+            port = info.get("bootstrap_port")
+            if port is None and info.get("disaggregation_mode") == "prefill":
+                port = info.get("disaggregation_bootstrap_port")
         except (httpx.HTTPError, ValueError, AttributeError):
             return  # not up yet; asked again on the next poll
         self._bootstrap[url] = int(port) if port is not None else None

@@ -131,31 +131,47 @@ def test_decode_deployment_renders_decode_role_without_prefill_only_parts():
     assert not any(v["name"] == "podinfo" for v in dep["spec"]["template"]["spec"]["volumes"])
 
 
-def test_sglang_backend_renders_launch_server_with_the_reference_flags():
-    spec = spec_of(engine={"backend": "sglang", "image": "sglang:laps"},
+def test_sglang_backend_renders_a_stock_launch_server_and_the_plugin_env():
+    spec = spec_of(engine={"backend": "sglang", "image": "sglang:laps", "sglang": {"transferBackend": "nixl"},
+                           "env": [{"name": "LAPS_WAIT_MAX_BATCH", "value": "2"}]},
                    prefill={"replicas": 4, "tensorParallelSize": 2},
-                   laps={"lengthThreshold": 300, "scheduler": {"waitWindowMs": 10, "waitMaxBatch": 4},
-                         "batchPrefillGraphs": {"batchSizes": [1, 2], "seqLengths": [128, 256]}})
+                   laps={"lengthThreshold": 300, "scheduler": {"waitWindowMs": 10, "waitMaxBatch": 4,
+                                                               "maxLongWaitMs": 500}})
     c = container(build_prefill_statefulset(CLUSTER, spec))
     args = c["args"]
-    assert c["command"] == ["python", "-m", "sglang.launch_server"]
+    assert c["command"] == ["python3", "-m", "sglang.launch_server"]
     assert flag(args, "--model-path") == "/models/smol.gguf"
     assert flag(args, "--disaggregation-mode") == "prefill"
+    assert flag(args, "--disaggregation-transfer-backend") == "nixl"
+    assert flag(args, "--disaggregation-bootstrap-port") == "8998"
     assert flag(args, "--tp-size") == "2"
-    assert "--enable-laps-scheduler" in args
-    assert flag(args, "--laps-length-threshold") == "300"
-    assert float(flag(args, "--laps-wait-window-ms")) == 10.0
-    assert flag(args, "--laps-wait-max-batch") == "4"
-    assert "--enable-batch-prefill-cuda-graph" in args
-    i = args.index("--batch-prefill-batch-sizes")
-    assert args[i + 1:i + 3] == ["1", "2"]
-    i = args.index("--batch-prefill-seq-lengths")
-    assert args[i + 1:i + 3] == ["128", "256"]
+    # Stock SGLang rejects unknown flags: no fork flag may be rendered.
+    assert not [a for a in args if "laps" in a or "batch-prefill" in a]
+    env = [(e["name"], e.get("value")) for e in c["env"]]
+    values = dict(env)
+    assert values["LAPS_SCHEDULER"] == "1"
+    assert values["LAPS_LENGTH_THRESHOLD"] == "300"
+    assert float(values["LAPS_WAIT_WINDOW_MS"]) == 10.0
+    assert float(values["LAPS_MAX_LONG_WAIT_MS"]) == 500.0
+    # The user's own entry comes last, so it wins over the rendered one.
+    names = [name for name, _ in env]
+    assert names.index("LAPS_WAIT_MAX_BATCH") < len(names) - 1 and env[-1] == ("LAPS_WAIT_MAX_BATCH", "2")
+    assert any(e["name"] == "SGLANG_HOST_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+               for e in c["env"])
     # A TP-2 engine without an explicit GPU limit asks for two GPUs.
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    decode_args = container(build_decode_deployment(CLUSTER, spec))["args"]
-    assert flag(decode_args, "--disaggregation-mode") == "decode"
-    assert "--enable-laps-scheduler" not in decode_args
+    decode = container(build_decode_deployment(CLUSTER, spec))
+    assert flag(decode["args"], "--disaggregation-mode") == "decode"
+    assert "--disaggregation-bootstrap-port" not in decode["args"]
+    assert not [e for e in decode["env"] if e["name"].startswith("LAPS_") and e["name"] != "LAPS_WAIT_MAX_BATCH"]
+
+
+def test_sglang_plugin_env_says_off_when_the_scheduler_is_disabled():
+    spec = spec_of(engine={"backend": "sglang"}, laps={"scheduler": {"enabled": False}})
+    env = {e["name"]: e.get("value") for e in container(build_prefill_statefulset(CLUSTER, spec))["env"]}
+    assert env["LAPS_SCHEDULER"] == "0"
+    assert flag(container(build_prefill_statefulset(CLUSTER, spec))["args"],
+                "--disaggregation-transfer-backend") == "mooncake"  # the CRD's default
 
 
 def test_pool_scheduling_fields_and_resources_pass_through():
@@ -308,3 +324,14 @@ def test_pod_monitor_scrapes_at_least_twice_per_allocation_interval(allocation, 
     pm = build_pod_monitor(CLUSTER, spec_of(monitoring={"podMonitor": True}, prefill={"replicas": 2},
                                             laps={"allocation": allocation}))
     assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == interval
+
+
+def test_sglang_prefill_gets_sglang_s_own_full_prefill_graphs_for_the_bucket_grid():
+    spec = spec_of(engine={"backend": "sglang", "device": "cuda"},
+                   laps={"batchPrefillGraphs": {"batchSizes": [1, 4], "seqLengths": [64, 128]}})
+    args = container(build_prefill_statefulset(CLUSTER, spec))["args"]
+    config = json.loads(flag(args, "--cuda-graph-config"))
+    assert config == {"prefill": {"backend": "full", "bs": [64, 128, 256, 512], "full_prefill_max_req": 4}}
+    assert "--cuda-graph-config" not in container(build_decode_deployment(CLUSTER, spec))["args"]
+    off = spec_of(engine={"backend": "sglang", "device": "cuda"}, laps={"batchPrefillGraphs": {"enabled": False}})
+    assert "--cuda-graph-config" not in container(build_prefill_statefulset(CLUSTER, off))["args"]

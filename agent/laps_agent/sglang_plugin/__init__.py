@@ -1,0 +1,61 @@
+"""LAPS as a plugin to a stock SGLang (no fork): length-aware prefill scheduling on a prefill
+server, decided by the same `laps_agent.scheduling` code as the builtin engine.
+
+SGLang calls `register()` in each of its processes through the entry point group
+`sglang.srt.plugins` (pyproject.toml), before its scheduler exists. Nothing here imports SGLang
+at module level, so `laps_agent` stays importable (and testable) where SGLang is absent.
+
+Modules: settings.py (env / config file), driver.py (policy <-> SGLang's waiting_queue, no
+SGLang), hooks.py (the hooks), compat.py (what of SGLang is touched, checked at start),
+metrics.py (the laps_engine_* series).
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("laps.sglang_plugin")
+_TARGET_BATCH = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
+# The tokenizer (HTTP) side stamps each request's arrival but 0.5.23 does not send the stamps
+# to the scheduler; the plugin adds them (its waiting times count from arrival, see hooks.py).
+_TARGET_STAMPS = "sglang.srt.observability.req_time_stats.APIServerReqTimeStats.__getstate__"
+_TARGET_RESULT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
+                  ".process_batch_result_disagg_prefill")
+
+
+def register() -> None:
+    """Entry point: register the hooks when the scheduler is enabled; otherwise do nothing, so
+    the server is vanilla SGLang."""
+    import sys
+
+    from .settings import load_settings
+
+    try:
+        settings = load_settings()
+    except (OSError, ValueError) as exc:
+        # A misconfigured plugin must be loud but must not take the server down with it.
+        log.error("LAPS plugin disabled: bad configuration: %s", exc)
+        return
+    if not settings.enabled:
+        log.info("LAPS plugin installed but off (set LAPS_SCHEDULER=1 or LAPS_CONFIG_FILE)")
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .hooks import make_hooks, send_arrival_stamps
+
+    # Any process may serialise a request for the scheduler (the launcher loads plugins before
+    # it imports its tokenizer); the target module is light. If it changed, SGLang logs that the
+    # hook failed and the scheduler falls back to its own receive time (hooks.py).
+    HookRegistry.register(_TARGET_STAMPS, send_arrival_stamps, HookType.AFTER)
+    # The scheduler hooks only where the scheduler runs: its process has imported the module
+    # by the time it loads plugins; others skip the check rather than import it for nothing.
+    if "sglang.srt.managers.scheduler" not in sys.modules:
+        return
+    from .compat import problems
+
+    found = problems()
+    if found:
+        log.error("LAPS plugin disabled: the installed SGLang does not match it: %s", "; ".join(found))
+        return
+    around, after = make_hooks(settings)
+    HookRegistry.register(_TARGET_BATCH, around, HookType.AROUND)
+    HookRegistry.register(_TARGET_RESULT, after, HookType.AFTER)

@@ -1,0 +1,124 @@
+"""Everything of SGLang the plugin touches, checked against the installed SGLang.
+
+The plugin patches private methods of SGLang's scheduler, which SGLang may rename or re-sign in
+any release. `check()` resolves each name and compares signatures before any hook is applied:
+on a mismatch the plugin stays off (the server runs vanilla, with an error in its log naming
+what changed) rather than corrupting scheduling; tests/sglang/test_compat.py fails on it.
+Keep this list in step with hooks.py: every attribute hooks.py reads or calls is here.
+"""
+from __future__ import annotations
+
+import inspect
+import pkgutil
+from dataclasses import dataclass
+
+PINNED = "0.5.23"  # pyproject.toml's `sglang` extra; tests/sglang/test_pin.py keeps them equal
+
+
+@dataclass(frozen=True)
+class Callable_:
+    target: str                  # dotted name
+    params: tuple[str, ...]      # leading parameter names, in order (self included)
+
+
+@dataclass(frozen=True)
+class Attr:
+    owner: str                   # dotted class name
+    name: str                    # attribute set in __init__ (read from the source) or on the class
+
+
+CALLABLES = (
+    # The AROUND hook: LAPS picks the subset of waiting_queue this builds a batch from.
+    Callable_("sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+              ("self", "prefill_delayer_single_pass", "running_batch")),
+    # The AFTER hook: a prefill batch's result (TTFT, batch latency, cost model).
+    Callable_("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
+              ".process_batch_result_disagg_prefill", ("self", "batch", "result")),
+    # The uncached-token count: SGLang's own radix-cache prefix match (as its LPM policy).
+    Callable_("sglang.srt.mem_cache.common.match_kv_cache", ("req", "tree_cache", "token_ids")),
+    Callable_("sglang.srt.constrained.grammar_manager.GrammarManager.has_waiting_grammars", ("self",)),
+    # AFTER hook in the tokenizer process: the arrival stamps travel with the request.
+    Callable_("sglang.srt.observability.req_time_stats.APIServerReqTimeStats.__getstate__", ("self",)),
+    Callable_("sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.new_from_obj", ("obj",)),
+    Callable_("sglang.srt.utils.common.broadcast_pyobj", ("data", "rank", "dist_group", "src")),
+)
+ATTRS = (
+    Attr("sglang.srt.managers.scheduler.Scheduler", "waiting_queue"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "chunked_req"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "grammar_manager"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "tree_cache"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "disaggregation_mode"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "server_args"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "tp_size"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "tp_group"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "tp_cpu_group"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "pool_stats_observer"),
+    Attr("sglang.srt.managers.scheduler.Scheduler", "disagg_prefill_inflight_queue"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "rid"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "origin_input_ids"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "output_ids"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "prefix_len"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "inflight_middle_chunks"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "time_stats"),
+    *(Attr("sglang.srt.observability.req_time_stats.SchedulerReqTimeStats", name)
+      for name in ("api_server_dispatch_time", "created_time", "prefill_bootstrap_queue_entry_time")),
+    *(Attr("sglang.srt.observability.req_time_stats.APIServerReqTimeStats", name)
+      for name in ("api_server_dispatch_time", "created_time")),
+    Attr("sglang.srt.managers.schedule_batch.ScheduleBatch", "reqs"),
+    Attr("sglang.srt.server_args.ServerArgs", "pp_size"),
+    Attr("sglang.srt.server_args.ServerArgs", "served_model_name"),
+)
+ENUMS = (("sglang.srt.disaggregation.utils.DisaggregationMode", "PREFILL"),)
+
+
+def _assigned_in_class(cls: type, name: str) -> bool:
+    """`name` is a class attribute, a dataclass field, a property, or `self.name = ...` /
+    `self.name: T = ...` somewhere in the class's (or a base's) source."""
+    for klass in cls.__mro__:
+        if name in vars(klass) or name in getattr(klass, "__annotations__", {}):
+            return True
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if f"self.{name} =" in source or f"self.{name}:" in source:
+            return True
+    return False
+
+
+def problems() -> list[str]:
+    """Every mismatch between this plugin and the installed SGLang, one sentence each."""
+    found = []
+    try:
+        from importlib.metadata import version
+
+        installed = version("sglang")
+        if installed != PINNED:
+            found.append(f"sglang {installed} is installed; the plugin is written for {PINNED}")
+    except Exception as exc:  # noqa: BLE001 - any failure is the message
+        found.append(f"sglang is not installed: {exc}")
+        return found
+    for spec in CALLABLES:
+        try:
+            obj = pkgutil.resolve_name(spec.target)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{spec.target} is missing ({exc})")
+            continue
+        obj = inspect.unwrap(obj)  # a hook already applied must not hide the signature
+        names = tuple(inspect.signature(obj).parameters)[: len(spec.params)]
+        if names != spec.params:
+            found.append(f"{spec.target} takes {names}, the plugin expects {spec.params}")
+    for attr in ATTRS:
+        try:
+            cls = pkgutil.resolve_name(attr.owner)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{attr.owner} is missing ({exc})")
+            continue
+        if not _assigned_in_class(cls, attr.name):
+            found.append(f"{attr.owner}.{attr.name} is no longer set by SGLang")
+    for owner, member in ENUMS:
+        try:
+            getattr(pkgutil.resolve_name(owner), member)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{owner}.{member} is missing ({exc})")
+    return found

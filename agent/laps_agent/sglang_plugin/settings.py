@@ -1,0 +1,114 @@
+"""The plugin's configuration: environment variables and/or a YAML file, no SGLang flags.
+
+SGLang's launcher rejects unknown flags, so the LAPS knobs cannot ride on its command line
+without a fork. They come instead from (later wins):
+
+1. `LAPS_CONFIG_FILE`: a YAML file shaped like a LAPSCluster's `spec.laps` (the CRD's names):
+   `lengthThreshold`, `scheduler: {enabled, waitWindowMs, waitMaxBatch, adaptiveWindow,
+   maxLongWaitMs}`;
+2. one environment variable per builtin-engine flag (`laps engine --length-threshold` ->
+   `LAPS_LENGTH_THRESHOLD`, `--laps-scheduler` -> `LAPS_SCHEDULER`, ...), the form the operator
+   renders into the pod.
+
+Without `LAPS_SCHEDULER` or a file saying `scheduler.enabled: true` the plugin stays out of
+SGLang's way entirely (installing it into an image must not change a vanilla server).
+Pure Python: imported and tested without SGLang.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
+
+CONFIG_FILE_ENV = "LAPS_CONFIG_FILE"
+# env var -> (SchedulerConfig field, parser); names mirror `laps engine`'s flags.
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+ENV_KNOBS: dict[str, tuple[str, type | object]] = {
+    "LAPS_SCHEDULER": ("enabled", _bool),
+    "LAPS_LENGTH_THRESHOLD": ("length_threshold", int),
+    "LAPS_WAIT_WINDOW_MS": ("wait_window_ms", float),
+    "LAPS_WAIT_MAX_BATCH": ("wait_max_batch", int),
+    "LAPS_ADAPTIVE_WINDOW": ("adaptive_window", _bool),
+    "LAPS_MAX_LONG_WAIT_MS": ("max_long_wait_ms", float),
+    "LAPS_LONG_IN_WINDOW": ("long_in_window", str),
+    # SGLang's own budgets still apply inside a batch; these cap what LAPS hands it.
+    "LAPS_MAX_BATCH_SIZE": ("max_batch_size", int),
+    "LAPS_MAX_PREFILL_TOKENS": ("max_prefill_tokens", int),
+}
+# CRD camelCase (spec.laps.scheduler.*) -> SchedulerConfig field
+_FILE_SCHEDULER_KEYS = {
+    "enabled": "enabled", "waitWindowMs": "wait_window_ms", "waitMaxBatch": "wait_max_batch",
+    "adaptiveWindow": "adaptive_window", "maxLongWaitMs": "max_long_wait_ms",
+    "longInWindow": "long_in_window",
+}
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(enabled=False))
+    labels_file: str | None = None      # downward-API labels (the pod's prefill group)
+    sources: tuple[str, ...] = ()       # where the values came from, for the start-up log
+
+    @property
+    def enabled(self) -> bool:
+        return self.scheduler.enabled
+
+
+def _from_file(path: Path) -> dict:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path}: expected a mapping like spec.laps, got {type(data).__name__}")
+    unknown = set(data) - {"lengthThreshold", "scheduler", "batchPrefillGraphs", "allocation"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+    values: dict = {}
+    if "lengthThreshold" in data:
+        values["length_threshold"] = int(data["lengthThreshold"])
+    sched = data.get("scheduler") or {}
+    bad = set(sched) - set(_FILE_SCHEDULER_KEYS)
+    if bad:
+        raise ValueError(f"{path}: unknown scheduler keys {sorted(bad)}")
+    for key, name in _FILE_SCHEDULER_KEYS.items():
+        if key in sched:
+            values[name] = sched[key]
+    # A file that configures the scheduler means "on" unless it says otherwise (as in the CRD).
+    values.setdefault("enabled", True)
+    return values
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
+    """Settings from `environ` (default os.environ); ValueError names the bad variable/key."""
+    env = os.environ if environ is None else environ
+    values: dict = {"enabled": False}
+    sources = []
+    file = env.get(CONFIG_FILE_ENV)
+    if file:
+        values.update(_from_file(Path(file)))
+        sources.append(file)
+    for var, (name, parse) in ENV_KNOBS.items():
+        if var in env:
+            try:
+                values[name] = parse(env[var])  # type: ignore[operator]
+            except ValueError as exc:
+                raise ValueError(f"{var}={env[var]!r}: {exc}") from None
+            sources.append(var)
+    if values.get("long_in_window", "cost") not in LONG_IN_WINDOW_RULES:
+        raise ValueError(f"LAPS_LONG_IN_WINDOW must be one of {LONG_IN_WINDOW_RULES}")
+    return PluginSettings(scheduler=SchedulerConfig(**values),
+                          labels_file=env.get("LAPS_LABELS_FILE") or None, sources=tuple(sources))

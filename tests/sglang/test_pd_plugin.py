@@ -1,0 +1,137 @@
+"""Real SGLang PD with the LAPS plugin: a prefill server (plugin on) and a decode server on
+loopback (mooncake_tcp), this project's gateway in front, the official `openai` client; then a
+burst of mixed requests whose batch order shows the LAPS policy at work inside SGLang."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.sglang.burst import L1_WORDS, Sender, plugin_batches, prompt, send_short_first_burst
+from tests.sglang.conftest import start_prefill
+from tests.support.waiting import poll
+
+pytestmark = pytest.mark.sglang
+
+# The bound sits between how long L2 waits for L1 (~3 s on this loaded 2-core machine) and
+# how long L3 waits for BIG (~14 s): about 2x margin either way.
+WINDOW_MS, LONG_BOUND_MS, THRESHOLD = 300, 7000, 256
+
+
+@pytest.fixture(scope="module")
+def laps_prefill(sglang_logs):
+    log = sglang_logs / "laps-batches.jsonl"
+    server = start_prefill(sglang_logs, {
+        "LAPS_SCHEDULER": "1", "LAPS_LENGTH_THRESHOLD": str(THRESHOLD),
+        "LAPS_WAIT_WINDOW_MS": str(WINDOW_MS), "LAPS_WAIT_MAX_BATCH": "8",
+        "LAPS_MAX_LONG_WAIT_MS": str(LONG_BOUND_MS), "LAPS_BATCH_LOG": str(log)})
+    server.batch_log = log
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(laps_prefill, decode_server, gateway_for):
+    return gateway_for(laps_prefill, decode_server)
+
+
+def test_openai_client_through_gateway_and_real_pd(gateway, laps_prefill):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{gateway}/v1", api_key="unused", timeout=120)
+    done = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8,
+                                     temperature=0)
+    # Same greedy text as Hugging Face transformers gives for this prompt: the KV really moved.
+    assert "Paris" in done.choices[0].text
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16, temperature=0)
+    text = chat.choices[0].message.content
+    assert text and chat.usage.completion_tokens > 0
+    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=16,
+                                            temperature=0, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == text  # greedy: streaming and not streaming agree
+    pieces = list(client.completions.create(model="smollm2", prompt="The capital of France is",
+                                            max_tokens=8, temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in pieces if p.choices) == done.choices[0].text
+    assert "LAPS scheduler active" in laps_prefill.log_text()
+
+
+def _after(batches: list[dict], start: int) -> list[dict]:
+    return batches[start:]
+
+
+def _index_of(batches: list[dict], rid: str) -> int:
+    return next(i for i, b in enumerate(batches) if rid in b["rids"])
+
+
+def _wait_long_dispatched(server, seen: int) -> int:
+    """Index of the first long batch logged after the first `seen` batches (sync point: the
+    long request is now running, so what comes next queues behind it)."""
+    def found():
+        batches = plugin_batches(server.batch_log)
+        return next((i + 1 for i, b in enumerate(batches) if i >= seen and b["queue"] == "long"), None)
+    return poll(found, timeout=120, message="the long request's batch to start") - 1
+
+
+def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, laps_prefill):
+    server = laps_prefill
+    # C. The window: three short requests ~60 ms apart on an idle server wait for each other
+    # and go as one batch (without a window each would run alone as it arrives).
+    start = len(plugin_batches(server.batch_log))
+    s = Sender(gateway)
+    for i in range(3):
+        s.send(f"w{i}", prompt(12 + 3 * i, seed=100 + i))
+        if i < 2:
+            time.sleep(0.06)  # the workload's shape (arrivals spread within the window), not a sync
+    s.join()
+    window = _after(plugin_batches(server.batch_log), start)
+    assert any(b["queue"] == "short" and len(b["rids"]) >= 2 and b["reason"] == "short_window_expired"
+               for b in window), window
+
+    # A. Short first: while a long request runs, another long one and four short ones arrive
+    # (the long one sent first); the short ones run before it, batched together.
+    seen = len(plugin_batches(server.batch_log))
+    a = Sender(gateway)
+    a.send("L1", prompt(L1_WORDS, seed=1))
+    first = _wait_long_dispatched(server, seen)
+    send_short_first_burst(a)
+    done = a.join()
+    tokens = {name: t for name, (_, t) in done.items()}
+    assert all(tokens[f"S{i}"] <= THRESHOLD < tokens["L2"] for i in range(4)), tokens
+    batches = _after(plugin_batches(server.batch_log), first)
+    l2 = _index_of(batches, a.rids["L2"])
+    shorts = [_index_of(batches, a.rids[f"S{i}"]) for i in range(4)]
+    assert max(shorts) < l2, batches
+    assert len({batches[i]["reason"] for i in shorts} - {"short_window_cut_for_long", "short_window_expired",
+                                                          "short_target_depth", "short_batch_full", "short"}) == 0
+    assert len(set(shorts)) < len(shorts), f"short requests were not batched together: {batches}"
+
+    # B. Starvation bound: a long request that has waited LONG_BOUND_MS behind a big one runs
+    # next even though short requests wait too.
+    seen = len(plugin_batches(server.batch_log))
+    b = Sender(gateway)
+    b.send("BIG", prompt(2550, seed=3))  # ~3800 tokens: one chunk (4096)
+    first = _wait_long_dispatched(server, seen)
+    b.send("L3", prompt(540, seed=4))
+    for i in range(3):
+        b.send(f"T{i}", prompt(17 + 4 * i, seed=20 + i))
+    done = b.join()
+    assert sorted(done) == ["BIG", "L3", "T0", "T1", "T2"]
+    batches = _after(plugin_batches(server.batch_log), first)
+    l3 = _index_of(batches, b.rids["L3"])
+    assert batches[l3]["reason"] == "long_starved", batches
+    assert batches[l3]["waited_s"][0] >= LONG_BOUND_MS / 1000, batches  # counted from arrival
+    assert all(_index_of(batches, b.rids[f"T{i}"]) > l3 for i in range(3)), batches
+
+    # The same story in the builtin engine's series, from SGLang's own /metrics.
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    for series in ('laps_engine_ttft_seconds_count{class="short"}', 'laps_engine_ttft_seconds_count{class="long"}',
+                   'laps_engine_prefill_latency_seconds_count{class="long"}', "laps_engine_prefill_batch_size_count",
+                   'laps_engine_queue_requests{queue="short"}'):
+        assert series in metrics, series
+    short_ttft = next(line for line in metrics.splitlines() if line.startswith('laps_engine_ttft_seconds_count{class="short"}'))
+    assert float(short_ttft.split()[-1]) >= 7
