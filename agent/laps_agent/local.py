@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-deadline-s", type=float, default=None,
                    help="the gateway's total time per request: 504, or an SSE error event once "
                         "streaming (0: none; default: laps gateway's)")
+    p.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=True,
+                   help="the gateway's cache affinity (as laps gateway --prefix-affinity)")
     p.add_argument("--single-pool", action="store_true",
                    help="no length classes: every prefill engine serves every length (vanilla PD)")
     alloc = p.add_argument_group("allocation (moving prefill engines between the groups)")
@@ -146,7 +148,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
         overrides["request_deadline_s"] = max(args.request_deadline_s, 0.0)
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
-                           rate_limit_per_key=max(args.rate_limit_per_key, 0.0), **overrides)
+                           rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
+                           prefix_affinity=args.prefix_affinity, **overrides)
     app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
     sock = bind_listening_socket(args.host, args.port)

@@ -15,6 +15,10 @@ one in the simulator compare the same systems.
   (laps_operator.allocation).
 - `laps-static` and `laps-reference-rule`: `laps` with the split never moved, or moved by the
   reference's pending-count rule (to compare allocation alone).
+- `laps` and its variants route with cache affinity and classify by the expected uncached
+  length (gateway/routing.py, issue 12); `laps-noaffinity` is `laps` without it (full-length
+  classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and `reference`
+  have no affinity either (as shipped).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ class SystemConfig:
     # The gateway's admission control per group (None: the gateway's default bound; 0: none, as
     # the reference router, which queues without limit).
     max_pending_tokens_per_pod: int | None = None
+    affinity: bool = False              # the gateway's cache affinity + expected-uncached classes
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -54,18 +59,20 @@ class SystemConfig:
         bound = ([] if self.max_pending_tokens_per_pod is None
                  else ["--max-pending-tokens-per-pod", str(self.max_pending_tokens_per_pod)])
         return (["--estimator", self.estimator, "--allocation", self.allocation, *bound]
-                + ([] if self.groups else ["--single-pool"]))
+                + ([] if self.groups else ["--single-pool"])
+                + ([] if self.affinity else ["--no-prefix-affinity"]))
 
 
 SYSTEMS: dict[str, SystemConfig] = {
     "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
                               estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0),
-    "laps": SystemConfig("laps", allocation="laps"),
+    "laps": SystemConfig("laps", allocation="laps", affinity=True),
+    "laps-noaffinity": SystemConfig("laps-noaffinity", allocation="laps"),
     # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how
     # pods move between the groups.
-    "laps-static": SystemConfig("laps-static", allocation="none"),
-    "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference"),
+    "laps-static": SystemConfig("laps-static", allocation="none", affinity=True),
+    "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference", affinity=True),
 }
 
 

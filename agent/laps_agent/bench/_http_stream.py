@@ -24,6 +24,10 @@ class StreamOutcome:
     prompt_tokens: int | None = None
     done_marker: bool = False          # saw `data: [DONE]`
     body: bytes | None = None          # the body of a non-stream answer (GETs, errors)
+    cached_tokens: int | None = None   # usage.prompt_tokens_details.cached_tokens, when the server says
+    # The answer's text pieces, collected only when the caller sets a list (a conversation turn
+    # whose answer the next turn re-sends); None keeps the per-event cost of plain requests.
+    text: list[str] | None = None
 
 
 class _Retry(Exception):
@@ -252,10 +256,12 @@ class _Conn(asyncio.Protocol):
                 text = delta.get("content") or delta.get("reasoning_content")
             if text:
                 out.content_at.append(now)
+                if out.text is not None:
+                    out.text.append(text)
                 break
         usage = event.get("usage")
-        if usage and usage.get("prompt_tokens") is not None:
-            out.prompt_tokens = int(usage["prompt_tokens"])
+        if usage:
+            _usage(out, usage)
 
     def _plain_body(self, body: bytes) -> None:
         """A 200 answer that is not an event stream (the server ignored `stream`)."""
@@ -266,7 +272,21 @@ class _Conn(asyncio.Protocol):
             text = choice.get("text") or (choice.get("message") or {}).get("content")
             if text:
                 out.content_at.append(out.end_at)
-            out.prompt_tokens = (doc.get("usage") or {}).get("prompt_tokens")
+                if out.text is not None:
+                    out.text.append(text)
+            _usage(out, doc.get("usage") or {})
         except (ValueError, AttributeError, IndexError):
             out.error = "200 answer that is neither an event stream nor JSON"
         out.done_marker = True
+
+
+def _usage(out: StreamOutcome, usage: dict) -> None:
+    """prompt_tokens and, where the server reports them, the cached ones (OpenAI's
+    prompt_tokens_details; null or absent on servers without a prefix cache report)."""
+    if not isinstance(usage, dict):
+        return
+    if usage.get("prompt_tokens") is not None:
+        out.prompt_tokens = int(usage["prompt_tokens"])
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        out.cached_tokens = int(details["cached_tokens"])

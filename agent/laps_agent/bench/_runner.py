@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from laps_agent.bench._client import StreamClient, StreamOutcome
+from laps_agent.bench._conversations import (PodLoad, busy_ratios, converse, prefill_busy, prefix_meta,
+                                              shared_prefix_tokens)
 from laps_agent.results import RequestRecord, RunResult, TimelineSample
 from laps_agent.scheduling.classes import length_class
 from laps_agent.workload import Plan, PromptBuilder, WorkloadSpec, plan_requests
@@ -88,7 +90,8 @@ def _record(plan: Plan, i: int, cls: str, dispatched: float, t0: float, out: Str
         ttft_s=times[0] - dispatched if times else None, e2e_s=(out.end_at or time.perf_counter()) - dispatched,
         tokens=len(times), itl_mean_s=sum(gaps) / len(gaps) if gaps else None,
         itl_p90_s=_p90(gaps) if gaps else None, itl_max_s=max(gaps) if gaps else None,
-        server_prompt_tokens=out.prompt_tokens, sent_prompt_tokens=sent_tokens)
+        server_prompt_tokens=out.prompt_tokens, sent_prompt_tokens=sent_tokens,
+        turn=int(plan.turn[i]) if plan.conversation[i] >= 0 else None, cached_tokens=out.cached_tokens)
 
 
 class _Run:
@@ -104,12 +107,17 @@ class _Run:
         self.t0 = 0.0
         self.tasks: set[asyncio.Task] = set()
         self.on_record: Callable[[RequestRecord], None] | None = None
-        self.drained = asyncio.Event()
+        self.turns_not_sent = 0
+        self.pods = PodLoad()
 
-    def _body(self, i: int) -> tuple[dict, int | None]:
+    def _body(self, i: int, build: bool = True) -> tuple[dict, int | None]:
+        """The body of request i; without `build`, no prompt (a later conversation turn's)."""
         req = self.plan[i]
+        # include_usage: the final usage chunk carries prompt and cached tokens.
         body: dict[str, Any] = {"model": self.target.model, "max_tokens": req.output_tokens, "stream": True,
                                 "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0}
+        if not build:
+            return body, None
         if req.source is not None:  # a JSONL line: its own text, counted at planning
             if self.spec.api == "chat":
                 body["messages"] = req.source.chat_messages()
@@ -120,9 +128,11 @@ class _Run:
         body["messages" if self.spec.api == "chat" else "prompt"] = built.value
         return body, built.tokens
 
-    async def _one(self, i: int, body: dict, sent_tokens: int | None) -> None:
+    async def _one(self, i: int, body: dict, sent_tokens: int | None,
+                   collect_text: bool = False) -> tuple[StreamOutcome, RequestRecord]:
+        self.sent += 1
         dispatched = time.perf_counter()
-        out = StreamOutcome()
+        out = StreamOutcome(text=[] if collect_text else None)
         try:
             await self.client.stream(self.path, body, self.timeout, out)
         except asyncio.CancelledError:  # the run was stopped: the request still counts, as cut
@@ -132,10 +142,9 @@ class _Run:
         self.records.append(record)
         self.done += 1
         self.failed += not record.ok
-        if self.done == self.sent:
-            self.drained.set()
         if self.on_record is not None:
             self.on_record(record)
+        return out, record
 
     async def _poll_status(self) -> None:
         while True:
@@ -143,26 +152,31 @@ class _Run:
             doc = _json_groups(out.body) if out.status == 200 else None
             if doc is not None:
                 self.timeline.append(TimelineSample.from_status(time.perf_counter() - self.t0, doc))
+                self.pods.add(doc)
             await asyncio.sleep(STATUS_INTERVAL_S)
 
     async def dispatch(self) -> None:
-        """Send every request at its planned time (open loop)."""
-        at = self.plan.at
-        for i in range(len(self.plan)):
+        """Send every single request and every conversation's first turn at its planned time
+        (open loop); a conversation's later turns follow its own answers (_conversations)."""
+        at, conv, plan = self.plan.at, self.plan.conversation, self.plan
+        for i in range(len(plan)):
+            if conv[i] >= 0 and plan.turns_of(int(conv[i]))[0] != i:
+                continue  # a later turn: sent by its conversation's task
             delay = self.t0 + at[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            body, sent_tokens = self._body(i)
-            task = asyncio.create_task(self._one(i, body, sent_tokens))
+            if conv[i] >= 0:
+                task = asyncio.create_task(converse(self, plan.turns_of(int(conv[i]))))
+            else:
+                body, sent_tokens = self._body(i)
+                task = asyncio.create_task(self._one(i, body, sent_tokens))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-            self.sent += 1
 
     async def _dispatch_and_drain(self) -> None:
         await self.dispatch()
-        self.drained.clear()
-        if self.done < self.sent:
-            await self.drained.wait()  # set by the request that finishes last
+        while self.tasks:  # requests in flight, conversations with turns to come
+            await asyncio.wait(set(self.tasks))
 
     async def run(self, stop: asyncio.Event | None) -> bool:
         """Dispatch, then wait for every answer; False when `stop` cut the run short."""
@@ -224,6 +238,8 @@ async def run_workload(url: str, spec: WorkloadSpec, *, seed: int | None = None,
     builder = PromptBuilder(tokenizer, spec.seed)
     run = _Run(target, spec, plan, builder, tokenizer, threshold, timeout)
     run.on_record = on_record
+    multi_turn = bool((plan.conversation >= 0).any())
+    busy_before = await prefill_busy(run.client, StreamClient) if multi_turn and target.has_status else None
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     run.t0 = time.perf_counter()
     helpers = [asyncio.create_task(run._poll_status())] if target.has_status else []
@@ -235,6 +251,7 @@ async def run_workload(url: str, spec: WorkloadSpec, *, seed: int | None = None,
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
+        busy_after = await prefill_busy(run.client, StreamClient) if busy_before is not None else None
         run.client.close()
     duration = time.perf_counter() - run.t0
     run.records.sort(key=lambda r: r.index)
@@ -248,6 +265,12 @@ async def run_workload(url: str, spec: WorkloadSpec, *, seed: int | None = None,
             "prompt_note": ("prompt token counts are exact in the tokenizer" if builder.mode != "approximate"
                             else "no tokenizer: one filler word counted as one token (approximate)"),
             "chars_per_token": builder.chars_per_token, "laps_status": target.has_status}
+    if multi_turn:
+        meta.update(conversations="closed loop per conversation, open loop across conversations",
+                    turns_not_sent=run.turns_not_sent,
+                    prefix=prefix_meta(run.records, plan, run.pods if target.has_status else None,
+                                       shared_tokens=shared_prefix_tokens(tokenizer, spec.api),
+                                       busy=busy_ratios(busy_before, busy_after)))
     return RunResult(meta, run.records, run.timeline)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from laps_agent.local_process import LocalProcess
 from laps_agent.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
+from laps_agent.results.turns import summarize_turns, turns_report
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload import WorkloadError, WorkloadSpec, load_workload
 from laps_agent.workload.plan import warmup_spec
@@ -73,8 +74,13 @@ async def _measure(url: str, spec: WorkloadSpec, rate_scale: float, args, tokeni
 
     if args.warmup_s > 0:
         print(f"[compare] {label}: warm-up {args.warmup_s:g} s", flush=True)
+        # Conversations' later turns come long after the warm-up phase ends: stop at its end
+        # (what is in flight is cut; the warm-up's results are not kept).
+        stop = asyncio.Event()
+        if spec.phases[0].conversation is not None:
+            asyncio.get_running_loop().call_later(args.warmup_s, stop.set)
         await run_workload(url, warmup_spec(spec, args.warmup_s), rate_scale=rate_scale,
-                           tokenizer=tokenizer, timeout=args.timeout, label=f"{label}-warm-up")
+                           tokenizer=tokenizer, timeout=args.timeout, label=f"{label}-warm-up", stop=stop)
     print(f"[compare] {label}: measuring", flush=True)
     return await run_workload(url, spec, rate_scale=rate_scale, max_requests=args.max_requests,
                               tokenizer=tokenizer, timeout=args.timeout, label=label, progress="lines")
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(rate x{rate_scale:.3f})", flush=True)
     tokenizer = load_tokenizer(args.model or default_model_path())
     out = args.out or Path("bench-results") / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
-    labelled = []
+    labelled, turns = [], []
     for sys_config in systems:
         local = LocalProcess(local_args(args, sys_config, engine_args), out / sys_config.name / "local")
         try:
@@ -125,11 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         save(result, out / sys_config.name, slo=args.slo)
         summary = summarize(result, slo=args.slo, by_phase=len(result.meta.get("phases") or []) > 1)
         labelled.append((sys_config.name, summary, moves_by_phase(result) if result.timeline else None))
+        if "prefix" in result.meta:  # a workload with conversations (issue 12)
+            turns.append((sys_config.name, summarize_turns(result)))
         print(f"\n## {sys_config.name}\n\n{markdown(summary)}\n", flush=True)
     table = compare_markdown([(label, summary) for label, summary, _ in labelled])
     per_phase = phases_markdown(labelled)
     if per_phase:
         table += "\n\n## per phase\n\n" + per_phase
+    if turns:
+        table += "\n\n" + turns_report(turns)
     (out / "compare.md").write_text(table + "\n")
     print(table)
     print(f"\nresults: {out}")

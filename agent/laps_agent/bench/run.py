@@ -121,6 +121,10 @@ async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
     print()
     print(markdown(summarize(result, slo=args.slo, by_phase=by_phase)))
     print()
+    if "prefix" in result.meta:  # a workload with conversations (issue 12)
+        from laps_agent.results.turns import summarize_turns, turns_report
+
+        print(turns_report([(label, summarize_turns(result))]) + "\n")
     for name, path in paths.items():
         print(f"{name:>16}: {path}")
     if result.meta["interrupted"]:

@@ -13,6 +13,7 @@ from laps_agent.tokenizer import TokenizerError, load_tokenizer
 
 from .core import EngineModel
 from .engine import EmulatedEngine, EmulatedKVCodec
+from .prefix_cache import PrefixCacheModel
 from .profile import load_profile
 
 log = logging.getLogger("laps.engine")
@@ -39,6 +40,8 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
     model = EngineModel(profile, args.role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                         max_running=max_running, kv_pages=args.kv_pages, context_len=context,
                         on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None))
+    if args.prefix_cache and args.role != "decode":   # decode engines keep no cache (as the builtin)
+        model.prefix_cache = PrefixCacheModel(model.num_pages * model.page_size, model.page_size)
     engine = EmulatedEngine(model, tokenizer, config, on_first_token=metrics.observe_first_token)
     settings = server_settings(args, name, max_running, backend="emulated", profile=profile.name)
     log.info("emulated engine: profile %s (%s), %d KV pages x %d tokens, max %d running", profile.name,

@@ -9,11 +9,12 @@ decision. It mirrors the builtin engine's loop (engine.py / engine_core.py) step
                      (only while fewer than max_running requests decode)
                   -> ONE decode step for every running request.
 
-Only durations differ: a prefill batch takes `profile.prefill_seconds` (eager, or the padded /
-CUDA-graph bucket that `bucket_for_batch` picks: the cheaper path by the profile's own costs), a decode
-step `profile.decode_seconds(batch, context tokens)`. KV is counted in pages with the builtin
-engine's reservation rule (`kv_reservation`); a batch that does not fit goes back to the head of
-its queue (`requeue`), an import waits at the head of the import queue.
+Only durations differ: a prefill batch takes `profile.prefill_seconds` of its uncached tokens
+(eager, or the padded / CUDA-graph bucket that `bucket_for_batch` picks: the cheaper path by the
+profile's own costs; a `PrefixCacheModel` says what is cached), a decode step
+`profile.decode_seconds(batch, context tokens)`. KV is counted in pages with the builtin engine's
+reservation rule (`kv_reservation`); a batch that does not fit goes back to the head of its queue
+(`requeue`), an import waits at the head of the import queue.
 
 Events report what clients see: a request's tokens ("token", `tokens` = completion tokens so
 far; the first one is its time to first token), the end of a prefill-only request ("prefilled":
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
@@ -32,6 +33,7 @@ from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
 from laps_agent.scheduling.config import SchedulerConfig
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
+from .prefix_cache import PrefixCacheModel
 from .profile import Profile
 
 KINDS = ("generate", "prefill", "decode")
@@ -50,6 +52,7 @@ class ModelRequest:
     pages: int = 0            # KV pages held
     outputs: int = 0          # completion tokens this request will produce here in all
     start_step: int = 0       # decode steps done by the engine when it joined the running set
+    blocks: Sequence[int] | None = None   # the prompt's KV-page keys, for the prefix cache
 
 
 @dataclass(slots=True)
@@ -68,7 +71,8 @@ class EngineModel:
                  grid: BucketGrid | None = None, *, batch_prefill_graphs_mode: str = "auto",
                  max_running: int | None = None, kv_pages: int | None = None,
                  context_len: int | None = None, token_events: bool = True,
-                 on_prefill: Callable[[PrefillRecord], None] | None = None) -> None:
+                 on_prefill: Callable[[PrefillRecord], None] | None = None,
+                 prefix_cache: PrefixCacheModel | None = None) -> None:
         self.profile, self.role = profile, role
         self.scheduler = PrefillScheduler(scheduler, grid)
         self.grid, self.batch_prefill_graphs_mode = grid, batch_prefill_graphs_mode
@@ -76,22 +80,18 @@ class EngineModel:
         self.page_size = profile.engine.page_size
         self.num_pages = kv_pages or profile.kv_capacity_pages()
         self.context_len = min(context_len or profile.engine.context_length, profile.engine.context_length)
-        self.token_events, self.on_prefill = token_events, on_prefill
-        self.free_pages = self.num_pages
+        self.token_events, self.on_prefill, self.prefix_cache = token_events, on_prefill, prefix_cache
+        self.free_pages, self._tie, self.step = self.num_pages, 0, 0        # step: decode steps done
         self.requests: dict[str, ModelRequest] = {}
-        self.imports: deque[str] = deque()
         self.running: dict[str, ModelRequest] = {}
+        self.imports: deque[str] = deque()
         self._finishing: list[tuple[int, int, str]] = []   # (finish step, tie, rid)
-        self._tie = 0
-        self.step = 0                                       # decode steps done
         self._sum_prompt = self._sum_start = 0              # over running: context bookkeeping
-        self._stage = _IDLE
-        self._batch: list[ModelRequest] = []
+        self._stage, self._batch = _IDLE, []
         self.busy_until: float | None = None
         self.wake_at: float | None = None
         self.busy_seconds = 0.0                             # modelled compute time, for utilisation
 
-    # ---- limits ------------------------------------------------------------------------------
     @property
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
@@ -123,7 +123,9 @@ class EngineModel:
         if req.kind == "decode":
             req.cls = req.cls or self.scheduler.classify(req.prompt_tokens - req.cached_tokens)
             self.imports.append(req.rid)
-        else:
+        else:  # classified, as the builtin engine, by what is not cached here
+            if self.prefix_cache is not None:
+                req.cached_tokens = self.prefix_cache.cached_tokens(req.blocks, req.prompt_tokens)
             item = PrefillItem(req.rid, req.prompt_tokens, req.cached_tokens, req.arrival)
             req.cls = self.scheduler.add(item, now)
         return []
@@ -239,6 +241,8 @@ class EngineModel:
             for req in batch:
                 if self.requests.get(req.rid) is not req:
                     continue  # aborted while its batch ran
+                if self.prefix_cache is not None:  # its KV is computed: the cache keeps it
+                    self.prefix_cache.insert(req.blocks)
                 if req.kind == "prefill":
                     self._release(req)
                     events.append(Event(req.rid, "prefilled", t, 1, True, cls=req.cls))

@@ -50,6 +50,16 @@ class EmulatedTransfer:
     meta: dict = field(default_factory=dict)
 
 
+def page_keys(input_ids: list[int], page_size: int) -> list[int]:
+    """One key per whole KV page of a prompt, chained (a key stands for all tokens up to the end
+    of its page), as the prefix cache model wants them."""
+    keys, key = [], 0
+    for start in range(0, len(input_ids) - page_size + 1, page_size):
+        key = hash((key, tuple(input_ids[start:start + page_size])))
+        keys.append(key)
+    return keys
+
+
 class EmulatedKVCodec:
     """The hand-off of an emulated prefill engine: the wire and the protocol are the builtin
     engine's, the payload is a header only, and the modelled transfer time of the prompt's KV
@@ -58,16 +68,19 @@ class EmulatedKVCodec:
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
 
-    async def encode(self, room: int, input_ids: list[int], first_token: int, kv: Any) -> bytes:
+    async def encode(self, room: int, input_ids: list[int], first_token: int, kv: Any,
+                     meta: dict | None = None) -> bytes:
         await asyncio.sleep(self.profile.transfer_seconds(len(input_ids)))
         return encode_frame({"room": room, "input_ids": input_ids, "first_token": first_token,
-                             "emulated": True, "kv_bytes": len(input_ids) * self.profile.model.kv_bytes_per_token})
+                             "emulated": True, "kv_bytes": len(input_ids) * self.profile.model.kv_bytes_per_token,
+                             "meta": meta or {}})
 
     async def decode(self, payload: bytes) -> EmulatedTransfer:
         header, _ = decode_frame(payload)
         try:
             return EmulatedTransfer(int(header["room"]), [int(t) for t in header["input_ids"]],
-                                    int(header["first_token"]), meta={"kv_bytes": header.get("kv_bytes")})
+                                    int(header["first_token"]),
+                                    meta={**(header.get("meta") or {}), "kv_bytes": header.get("kv_bytes")})
         except (KeyError, TypeError, ValueError) as exc:
             raise BootstrapError(f"corrupt KV transfer payload: {exc}") from None
 
@@ -85,6 +98,7 @@ class EmulatedEngine:
         self.snapshot: dict[str, Any] = model.snapshot()
         self._vocab = synthetic_vocabulary(tokenizer)
         self._live: dict[str, tuple[GenerateWork, OutputSink]] = {}
+        self._requests: dict[str, ModelRequest] = {}   # for the cached tokens the model found
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -112,11 +126,15 @@ class EmulatedEngine:
                            work.arrival)
         if work.kind == "decode":
             req.cls = ""  # the model classifies it like the prefill engine did
+        elif self.model.prefix_cache is not None:
+            req.blocks = page_keys(work.input_ids, self.model.page_size)
+        self._requests[work.rid] = req
         self._live[work.rid] = (work, sink)
         self._dispatch(self.model.add(req, time.monotonic()))
         self._wake.set()
 
     def abort(self, rid: str) -> None:
+        self._requests.pop(rid, None)
         if self._live.pop(rid, None) is not None:
             self.model.abort(rid)
             if self._wake is not None:
@@ -159,11 +177,15 @@ class EmulatedEngine:
             work, sink = entry
             if ev.finished:
                 del self._live[ev.rid]
+                req = self._requests.pop(ev.rid, None)
+            else:
+                req = self._requests.get(ev.rid)
             if ev.kind == "error":
                 self._emit(sink, EngineOutput(ev.rid, finished=True, finish_reason="error", error=ev.error,
                                               error_status=400))
                 continue
             out = self._output(work, ev)
+            out.cached_tokens = work.cached_tokens if work.kind == "decode" else (req.cached_tokens if req else 0)
             if ev.tokens == 1:
                 out.ttft_s = ev.time - work.arrival
                 if self.on_first_token is not None:
@@ -185,6 +207,7 @@ class EmulatedEngine:
         return out
 
     def _fail(self, rid: str, message: str) -> None:
+        self._requests.pop(rid, None)
         work, sink = self._live.pop(rid)
         self.model.abort(rid)
         self._emit(sink, EngineOutput(rid, finished=True, finish_reason="error", error=message))

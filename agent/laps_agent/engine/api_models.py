@@ -66,6 +66,19 @@ def _bootstrap(body: dict) -> Bootstrap | None:
     return Bootstrap(host, port, room)
 
 
+# The class ("short" | "long") the gateway gave a request, by the uncached length it expected
+# at this pod. A header, not a body field: engines of other kinds (stock SGLang) refuse unknown
+# body fields but ignore unknown headers. The engine only counts it against its own class.
+LAPS_CLASS_HEADER = "X-LAPS-Class"
+
+
+def gateway_class(value: str | None) -> str | None:
+    """The X-LAPS-Class header's value, checked (None when the request has none)."""
+    if value is not None and value not in ("short", "long"):
+        raise ApiError(400, f'{LAPS_CLASS_HEADER} must be "short" or "long", got {value!r}')
+    return value
+
+
 def _params(raw: dict) -> SamplingParams:
     try:
         return SamplingParams.from_dict(raw)
@@ -171,8 +184,9 @@ def parse_chat(body: Any, apply_template) -> ParsedRequest:
 
 
 # ---- response shapes -----------------------------------------------------------------------
-def usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def openai_finish(reason: str | None) -> str | None:
@@ -180,7 +194,8 @@ def openai_finish(reason: str | None) -> str | None:
 
 
 def completion_body(rid: str, model: str, text: str, finish: str | None, prompt: int, completion: int,
-                    *, chunk: bool = False, chat: bool = False, first: bool = False, with_usage: bool = True) -> dict:
+                    *, chunk: bool = False, chat: bool = False, first: bool = False, with_usage: bool = True,
+                    cached: int = 0) -> dict:
     created = int(time.time())
     if chat:
         if chunk:
@@ -195,18 +210,19 @@ def completion_body(rid: str, model: str, text: str, finish: str | None, prompt:
         obj = "text_completion"
     body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
     if with_usage and not chunk:
-        body["usage"] = usage(prompt, completion)
+        body["usage"] = usage(prompt, completion, cached)
     return body
 
 
-def usage_chunk(rid: str, model: str, prompt: int, completion: int, chat: bool) -> dict:
+def usage_chunk(rid: str, model: str, prompt: int, completion: int, chat: bool, cached: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [], "usage": usage(prompt, completion)}
+            "model": model, "choices": [], "usage": usage(prompt, completion, cached)}
 
 
 def generate_body(rid: str, text: str, output_ids: list[int], finish: str | None, matched: Any,
-                  prompt: int, completion: int, e2e: float, extra: dict | None = None) -> dict:
+                  prompt: int, completion: int, e2e: float, extra: dict | None = None, cached: int = 0) -> dict:
     meta = {"id": rid, "finish_reason": {"type": finish, "matched": matched} if finish else None,
-            "prompt_tokens": prompt, "completion_tokens": completion, "e2e_latency": e2e}
+            "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+            "e2e_latency": e2e}
     meta.update(extra or {})
     return {"text": text, "output_ids": output_ids, "meta_info": meta}

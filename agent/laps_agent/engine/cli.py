@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-graph-max-context", type=int, default=4096,
                    help="longest context a decode graph serves (its page-table width); longer "
                         "sequences decode eagerly")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the KV of full prompt pages (radix tree, LRU-evicted when the pool is "
+                        "needed) and prefill only the uncached rest of later prompts; decode engines "
+                        "keep none")
     p.add_argument("--labels-file", default="/etc/podinfo/labels")
     p.add_argument("--kv-pages", type=int, default=None,
                    help="KV pool size in pages (default: on CUDA from --mem-fraction of the free device "
@@ -174,7 +178,8 @@ def build(args: argparse.Namespace):
         log.info("CUDA graphs captured in %.1fs", time.monotonic() - started)
     config = EngineConfig(role=args.role, scheduler=sched, batch_prefill_graphs=grid is not None,
                           batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
-                          max_running_requests=max_running, context_len=context)
+                          max_running_requests=max_running, context_len=context,
+                          prefix_cache=args.prefix_cache)
     name = args.served_model_name or loaded.name
     metrics = EngineMetrics(args.role, name, args.labels_file)
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,

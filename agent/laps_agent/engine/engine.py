@@ -133,4 +133,5 @@ class Engine(EngineCore):
     def _publish_snapshot(self, prefilling: tuple[int, int] = (0, 0)) -> None:
         self.snapshot = {"running": len(self._running), "queues": self.scheduler.pending(),
                          "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
-                         "waiting_kv": len(self._imports), "live": len(self._live)}
+                         "waiting_kv": len(self._imports), "live": len(self._live),
+                         "prefix_cache_pages": self.kv.cached_pages}

@@ -21,6 +21,9 @@ class EngineConfig:
     max_running_requests: int = 32
     context_len: int = 2048
     idle_wait_s: float = 0.5              # upper bound on one idle sleep (also re-checks `stop`)
+    # Keep the KV of full prompt pages after a request (radix tree, kv_cache.py) and skip
+    # recomputing them for later prompts with the same prefix. Decode-role engines ignore it.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -30,6 +33,18 @@ class EngineConfig:
         if self.batch_prefill_graphs_mode not in BATCH_PREFILL_GRAPHS_MODES:
             raise ValueError(f"batch_prefill_graphs_mode must be one of {BATCH_PREFILL_GRAPHS_MODES}, "
                              f"got {self.batch_prefill_graphs_mode!r}")
+
+
+@dataclass
+class PrefillRequest:
+    """One request of a prefill batch: how much of its prompt the prefix cache saved, and the
+    class it was scheduled in here (by its uncached tokens at admission) next to the class the
+    gateway chose for it (the X-LAPS-Class request header; None when it sent none)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    cls: str
+    gateway_cls: str | None = None
 
 
 @dataclass
@@ -43,6 +58,8 @@ class PrefillRecord:
     path: str
     bucketed: bool
     seconds: float
+    requests: list[PrefillRequest] = field(default_factory=list)
+    evicted_pages: int = 0                # prefix-cache pages evicted to make room since the last record
 
 
 def kv_reservation(kind: str, prompt_tokens: int, max_new_tokens: int, context_len: int,

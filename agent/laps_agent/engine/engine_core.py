@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from laps_agent.engine.engine_config import EngineConfig, PrefillRecord, kv_reservation
+from laps_agent.engine.engine_config import EngineConfig, PrefillRecord, PrefillRequest, kv_reservation
 from laps_agent.engine.kv_cache import KVCacheFull, PagedKVAllocator
 from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
 from laps_agent.engine.runner import ForwardItem
@@ -26,6 +26,7 @@ class _Live:
     sink: OutputSink
     stop: StopState
     cls: str
+    cached: int = 0   # prompt tokens whose KV came from the prefix cache (known after allocation)
 
 
 class EngineCore:
@@ -35,7 +36,12 @@ class EngineCore:
         self.runner, self.tokenizer, self.config = runner, tokenizer, config
         self.grid = grid if config.batch_prefill_graphs else None
         self.scheduler = PrefillScheduler(config.scheduler, self.grid)
-        self.kv = PagedKVAllocator(runner.num_pages, runner.page_size)
+        # A decode engine keeps no prefix cache: it computes no prompt (its KV arrives whole from
+        # the prefill engine, which sends all of it: the PD protocol has no way to send only what
+        # is missing), so cached pages there could only take room from running requests.
+        self.kv = PagedKVAllocator(runner.num_pages, runner.page_size,
+                                   prefix_cache=config.prefix_cache and config.role != "decode")
+        self._evicted_seen = 0  # kv.evicted_pages already reported in a PrefillRecord
         self.eos_ids = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.on_prefill, self.on_first_token = on_prefill, on_first_token
         self._live: dict[str, _Live] = {}
@@ -53,12 +59,18 @@ class EngineCore:
                               error=f"request id {work.rid!r} is already in use"))
             return
         stop = StopState(work.params, self.eos_ids, self._decode_text)
-        live = _Live(work, sink, stop, cls=self._classify(len(work.input_ids)))
+        live = _Live(work, sink, stop, cls=self._classify(len(work.input_ids)), cached=work.cached_tokens)
         self._live[work.rid] = live
         if work.kind == "decode":
             self._imports.append(work.rid)
         else:
-            item = PrefillItem(rid=work.rid, prompt_tokens=len(work.input_ids), arrival=work.arrival)
+            # Matched at admission, so the request is classified (and counted in the queues) by
+            # what prefill will really compute here. Nothing is held until the batch starts:
+            # pinning cached pages for queued requests could fill the pool with prefixes of
+            # requests that cannot start. If some of it is evicted meanwhile, the prefill just
+            # computes more (_prefill_once re-matches); the class stays.
+            item = PrefillItem(rid=work.rid, prompt_tokens=len(work.input_ids),
+                               cached_tokens=self.kv.match(work.input_ids), arrival=work.arrival)
             try:
                 live.cls = self.scheduler.add(item, time.monotonic())
             except ValueError as exc:  # refused by the scheduler: fail this request only
@@ -117,12 +129,13 @@ class EngineCore:
             if live is None:
                 continue  # aborted between scheduling and now
             try:
-                self.kv.allocate(item.rid, self._reserve_tokens(live.work))
+                self.kv.allocate(item.rid, self._reserve_tokens(live.work), live.work.input_ids)
             except KVCacheFull:
                 # Out of pages: the rest go back to the head of their queue (keeping their
                 # waiting time) while decode finishes requests and frees pages.
                 self.scheduler.requeue([r for r in decision.batch[i:] if r.rid in self._live], now)
                 break
+            live.cached = self.kv.cached_tokens(item.rid)
             admitted.append(item)
         if not admitted:
             return False, None
@@ -131,9 +144,10 @@ class EngineCore:
 
     def _run_prefill(self, batch: list, queue: str | None) -> None:
         lives = [self._live[item.rid] for item in batch]
-        items = [ForwardItem(token_ids=list(l.work.input_ids), start_pos=0,
+        # Only the uncached suffix is computed; it attends to the cached prefix's pages.
+        items = [ForwardItem(token_ids=list(l.work.input_ids[l.cached:]), start_pos=l.cached,
                              pages=self._pages(l.work.rid, len(l.work.input_ids))) for l in lives]
-        lengths = [len(l.work.input_ids) for l in lives]
+        lengths = [len(it.token_ids) for it in items]
         bucketed = self._use_bucket(queue, lengths)
         started = time.monotonic()
         try:
@@ -143,12 +157,18 @@ class EngineCore:
             for live in lives:
                 self._fail(live.work.rid, f"prefill failed: {exc}")
             return
+        for live in lives:  # the prompt's full pages now hold its KV: later prompts may share them
+            self.kv.insert(live.work.rid, live.work.input_ids)
         tokens = sample_each(logits, [l.work.params for l in lives], [0] * len(lives))
         seconds = time.monotonic() - started
         self.scheduler.observe_prefill(batch, seconds)
+        evicted, self._evicted_seen = self.kv.evicted_pages - self._evicted_seen, self.kv.evicted_pages
         record = PrefillRecord(cls=lives[0].cls if queue != "fifo" else None, size=len(lives),
                                real_tokens=stats.real_tokens, padded_tokens=stats.padded_tokens,
-                               path=stats.path, bucketed=bucketed, seconds=seconds)
+                               path=stats.path, bucketed=bucketed, seconds=seconds,
+                               requests=[PrefillRequest(len(l.work.input_ids), l.cached, l.cls,
+                                                        l.work.gateway_cls) for l in lives],
+                               evicted_pages=evicted)
         if self.on_prefill is not None:
             self.on_prefill(record)
         for live, token in zip(lives, tokens):
@@ -180,7 +200,7 @@ class EngineCore:
         self._emit(live, EngineOutput(
             rid, token_ids=[token], text=self._decode_text([token]), finished=True,
             finish_reason="prefilled", prompt_tokens=len(live.work.input_ids), completion_tokens=1,
-            kv=kv, ttft_s=ttft, cls=live.cls))
+            cached_tokens=live.cached, kv=kv, ttft_s=ttft, cls=live.cls))
 
     def _decode_once(self) -> None:
         rids = list(self._running)
@@ -209,7 +229,8 @@ class EngineCore:
         rid = live.work.rid
         text = live.stop.add(token)
         out = EngineOutput(rid, token_ids=[token], text=text, prompt_tokens=len(live.work.input_ids),
-                           completion_tokens=len(live.stop.output_ids), cls=live.cls)
+                           completion_tokens=len(live.stop.output_ids), cached_tokens=live.cached,
+                           cls=live.cls)
         if first:
             out.ttft_s = time.monotonic() - live.work.arrival
             if self.on_first_token is not None:
@@ -222,6 +243,10 @@ class EngineCore:
             out.matched_stop = live.stop.matched_stop
             if not live.stop.finished:
                 out.text += live.stop.text[live.stop.emitted:]
+            # Cache the answer too (every position but the last token's, whose KV was never
+            # computed): a chat's next turn re-sends it. Where the re-sent text tokenizes
+            # differently from what was generated, the match simply ends there.
+            self.kv.insert(rid, list(live.work.input_ids) + live.stop.output_ids[:-1])
             self._release(rid)
         elif first:
             self._running.append(rid)

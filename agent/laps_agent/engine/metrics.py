@@ -13,6 +13,8 @@ log = logging.getLogger(__name__)
 
 GROUP_LABEL = "laps.io/prefill-group"
 _LABEL_LINE = re.compile(r'^\s*([^=\s]+)\s*=\s*"(.*)"\s*$')
+_CACHED_TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_CLASSES = ("short", "long")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -52,10 +54,21 @@ class EngineMetrics:
         self.padding = Counter("laps_engine_padding_tokens_total", "Padding tokens computed by bucketed prefill", registry=r)
         self.kv_usage = Gauge("laps_engine_kv_usage_ratio", "Share of KV pages in use", registry=r)
         self.running = Gauge("laps_engine_running_requests", "Requests decoding", registry=r)
+        # Prefix cache: hit rate = hit tokens / lookup tokens (prompt tokens that reached prefill).
+        self.prefix_lookup = Counter("laps_engine_prefix_cache_lookup_tokens_total", "Prompt tokens prefilled here, cached or not", registry=r)
+        self.prefix_hit = Counter("laps_engine_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache", registry=r)
+        self.cached_tokens = Histogram("laps_engine_prefix_cached_tokens", "Prefix-cached prompt tokens per request", buckets=_CACHED_TOKEN_BUCKETS, registry=r)
+        self.prefix_evicted = Counter("laps_engine_prefix_cache_evicted_pages_total", "Prefix-cache pages evicted to make room", registry=r)
+        self.prefix_pages = Gauge("laps_engine_prefix_cache_pages", "KV pages the prefix cache holds (in use or evictable)", registry=r)
+        # This engine's class (uncached tokens at admission) against the one the gateway chose:
+        # off-diagonal series count misclassifications (gateway_class="none": it sent none).
+        self.classes = Counter("laps_engine_class_total", "Prefilled requests by gateway and engine class", ["gateway_class", "engine_class"], registry=r)
         self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r)
         for queue in ("short", "long"):
             self.queue_requests.labels(queue)
             self.queue_tokens.labels(queue)
+            for gateway_class in (*_CLASSES, "none"):
+                self.classes.labels(gateway_class, queue)
 
     # engine-thread hooks (prometheus_client is thread-safe)
     def observe_prefill(self, rec: PrefillRecord, batch_prefill_graphs: bool) -> None:
@@ -67,6 +80,14 @@ class EngineMetrics:
             self.padding.inc(max(rec.padded_tokens - rec.real_tokens, 0))
         elif batch_prefill_graphs and rec.cls == "short":
             self.bucket_misses.inc()
+        for req in rec.requests:
+            self.prefix_lookup.inc(req.prompt_tokens)
+            self.prefix_hit.inc(req.cached_tokens)
+            self.cached_tokens.observe(req.cached_tokens)
+            gateway = req.gateway_cls if req.gateway_cls in _CLASSES else "none"
+            self.classes.labels(gateway, req.cls).inc()
+        if rec.evicted_pages:
+            self.prefix_evicted.inc(rec.evicted_pages)
 
     def observe_first_token(self, cls: str | None, seconds: float) -> None:
         self.ttft.labels(cls or "short").observe(seconds)
@@ -81,6 +102,7 @@ class EngineMetrics:
             self.queue_tokens.labels(queue).set(toks)
         self.kv_usage.set(snapshot.get("kv_usage", 0.0))
         self.running.set(snapshot.get("running", 0))
+        self.prefix_pages.set(snapshot.get("prefix_cache_pages", 0))
         # The group label changes under a running pod (operator relabels): re-read every scrape.
         self.info.clear()
         self.info.labels(self.role, read_group(self.labels_file) or "", self.model).set(1)

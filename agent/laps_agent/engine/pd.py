@@ -51,10 +51,10 @@ class TensorKVCodec:
     """KVCodec of the builtin engine; the (de)serialisation copies run off the event loop."""
 
     async def encode(self, room: int, input_ids: list[int], first_token: int,
-                     kv: torch.Tensor | KVExport) -> bytes:
+                     kv: torch.Tensor | KVExport, meta: dict | None = None) -> bytes:
         def run() -> bytes:  # waits for the engine's device-to-host copy here, not on its loop
             return KVTransfer(room=room, input_ids=list(input_ids), first_token=first_token,
-                              kv=resolve(kv)).encode()
+                              kv=resolve(kv), meta=dict(meta or {})).encode()
 
         return await asyncio.to_thread(run)
 

@@ -71,10 +71,14 @@ class HandOff(Protocol):
     input_ids: list[int]
     first_token: int
     kv: Any
+    meta: dict      # what the prefill side sent along (`encode(meta=...)`), e.g. cached_tokens
 
 
 class KVCodec(Protocol):
-    async def encode(self, room: int, input_ids: list[int], first_token: int, kv: Any) -> bytes: ...
+    # `meta` (a small JSON object, e.g. {"cached_tokens": n}) comes back as the HandOff's meta.
+    # Callers pass it only when they have something to say, so codecs may leave it out.
+    async def encode(self, room: int, input_ids: list[int], first_token: int, kv: Any,
+                     meta: dict | None = None) -> bytes: ...
     async def decode(self, payload: bytes) -> HandOff: ...
 
 

@@ -31,6 +31,8 @@ class GenerateWork:
     arrival: float = field(default_factory=time.monotonic)
     kv: Any = None                 # decode: CPU tensor [layers, 2, len(input_ids), kv_heads, head_dim]
     first_token: int | None = None  # decode: the token the prefill engine sampled
+    gateway_cls: str | None = None  # the class the gateway chose (X-LAPS-Class header), for metrics
+    cached_tokens: int = 0          # decode: prompt tokens the prefill engine's prefix cache held
 
 
 @dataclass
@@ -45,6 +47,7 @@ class EngineOutput:
     matched_stop: str | int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0                                # prompt tokens served by the prefix cache
     error: str | None = None
     error_status: int = 500
     kv: Any = None                                        # prefill role: exported prompt KV

@@ -145,6 +145,7 @@ class EngineServer:
         ids = self.tokenize(parsed)
         rid = parsed.rid or new_rid()
         role, boot = self.settings.role, parsed.bootstrap
+        gateway_cls = api.gateway_class(request.headers.get(api.LAPS_CLASS_HEADER))
         extra: dict[str, Any] = {}
         if role == "decode":
             if boot is None:
@@ -164,19 +165,24 @@ class EngineServer:
                 raise api.ApiError(502, "prefill and decode engines tokenized the prompt differently",
                                    "bootstrap_error")
             extra["bootstrap_room"] = boot.room
+            cached = (getattr(transfer, "meta", None) or {}).get("cached_tokens")
             return GenerateWork(rid, ids, parsed.params, kind="decode", kv=transfer.kv,
-                                first_token=transfer.first_token), extra
+                                first_token=transfer.first_token, gateway_cls=gateway_cls,
+                                cached_tokens=cached if isinstance(cached, int) else 0), extra
         if role == "prefill" and boot is not None:
             # From here the bootstrap port answers this room's decode engine (and only then:
             # pd_wire.py hands out KV for rooms a request being served here announced).
             self.outbox.announce(boot.room)
             extra["bootstrap_room"] = boot.room
-            return GenerateWork(rid, ids, parsed.params, kind="prefill"), extra
-        return GenerateWork(rid, ids, parsed.params), extra
+            return GenerateWork(rid, ids, parsed.params, kind="prefill", gateway_cls=gateway_cls), extra
+        return GenerateWork(rid, ids, parsed.params, gateway_cls=gateway_cls), extra
 
     async def hand_off(self, out: EngineOutput, boot: api.Bootstrap, input_ids: list[int]) -> None:
         """Park the prefilled KV for the decode engine and wait until it is collected."""
-        payload = await self.codec.encode(boot.room, list(input_ids), out.token_ids[0], out.kv)
+        # The decode engine answers the client, so it reports the prefix cache hit made here.
+        meta = {"cached_tokens": out.cached_tokens} if out.cached_tokens else None
+        args = (boot.room, list(input_ids), out.token_ids[0], out.kv)
+        payload = await (self.codec.encode(*args, meta=meta) if meta else self.codec.encode(*args))
         out.kv = None
         await self.outbox.hand_off(boot.room, payload)
 
@@ -254,9 +260,11 @@ class EngineServer:
         model = self.settings.served_model_name
         if parsed.kind == "generate":
             return api.generate_body(work.rid, text, ids, last.finish_reason, last.matched_stop,
-                                     last.prompt_tokens, last.completion_tokens, time.monotonic() - started, extra)
+                                     last.prompt_tokens, last.completion_tokens, time.monotonic() - started, extra,
+                                     cached=last.cached_tokens)
         return api.completion_body(_oid(parsed, work), model, text, api.openai_finish(last.finish_reason),
-                                   last.prompt_tokens, last.completion_tokens, chat=parsed.kind == "chat")
+                                   last.prompt_tokens, last.completion_tokens, chat=parsed.kind == "chat",
+                                   cached=last.cached_tokens)
 
     async def _sse(self, work, parsed, first_and_gen, extra, started) -> AsyncIterator[bytes]:
         first, gen = first_and_gen
@@ -284,7 +292,7 @@ class EngineServer:
                 if parsed.kind == "generate":
                     body = api.generate_body(work.rid, text, ids, out.finish_reason if out.finished else None,
                                              out.matched_stop, out.prompt_tokens, out.completion_tokens,
-                                             time.monotonic() - started, extra)
+                                             time.monotonic() - started, extra, cached=out.cached_tokens)
                 else:
                     if not out.text and not out.finished and sent_role:
                         continue  # nothing new to show (text held back for a possible stop string)
@@ -293,7 +301,8 @@ class EngineServer:
                     sent_role = True
                 yield sse(body)
             if parsed.include_usage and parsed.kind != "generate":
-                yield sse(api.usage_chunk(oid, model, last.prompt_tokens, last.completion_tokens, chat))
+                yield sse(api.usage_chunk(oid, model, last.prompt_tokens, last.completion_tokens, chat,
+                                      last.cached_tokens))
             yield b"data: [DONE]\n\n"
         finally:
             await gen.aclose()

@@ -78,6 +78,7 @@ def build_app(server: EngineServer) -> FastAPI:
                 "scheduler": {k: getattr(cfg.scheduler, k) for k in cfg.scheduler.__dataclass_fields__},
                 "max_prompt_tokens": engine.max_prompt_tokens(), "context_length": cfg.context_len,
                 "kv_pages": engine.kv.num_pages, "page_size": engine.kv.page_size,
+                "prefix_cache": getattr(engine.kv, "cache", None) is not None,
                 "max_running_requests": cfg.max_running_requests, "batch_prefill_graphs": engine.grid is not None,
                 "bootstrap_timeout_s": s.bootstrap_timeout_s,
                 "bootstrap": {"pending_rooms": len(server.outbox), "fetching": server.fetching},

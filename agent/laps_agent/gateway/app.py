@@ -24,6 +24,7 @@ from laps_agent.gateway.failures import GatewayError, UpstreamStatus
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.payload import PDPayload
+from laps_agent.gateway.prefix import prefix_chain
 from laps_agent.gateway.proxy import PDProxy, ProxyCall, Reply, StreamReply
 from laps_agent.gateway.relay import HangupGuard, RelayResponse
 from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
@@ -201,8 +202,10 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     except ValueError as exc:  # an estimate is advisory: never fail a valid request over it
         log.warning("token estimate failed (%s); using the body size", exc)
         tokens = len(raw) // 4
+    # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
+    chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
     call = ProxyCall(path=request.url.path, body=PDPayload(raw, body), stream=parsed.stream,
-                     tokens=tokens)
+                     tokens=tokens, prefix=chain)
     reply = None
     async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls
         reply = await gateway.proxy.forward(call)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
+from laps_agent.gateway.routing import AffinityBound
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
 
@@ -28,6 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "with this gateway's dispatches: several gateway replicas then share it")
     p.add_argument("--engine-load-interval", type=float, default=GatewayConfig.engine_load_interval_s,
                    help="seconds between two polls of every pod's /get_load")
+    aff = p.add_argument_group("cache affinity (gateway/routing.py)")
+    aff.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction,
+                     default=GatewayConfig.prefix_affinity,
+                     help="send a prompt to the prefill pod expected to hold its prefix (this "
+                          "gateway's record of what it sent where) and classify it by the tokens "
+                          "left to prefill there; off: full-length classes, least-loaded pods")
+    aff.add_argument("--affinity-load-factor", type=float, default=AffinityBound().load_factor,
+                     help="a pod with more pending tokens than this x its group's mean (plus "
+                          "--affinity-slack-tokens) loses affinity")
+    aff.add_argument("--affinity-slack-tokens", type=int, default=AffinityBound().slack_tokens)
+    aff.add_argument("--prefix-record-blocks", type=int, default=GatewayConfig.prefix_record_blocks_per_pod,
+                     help="blocks (a chat message or 256 characters) remembered per prefill pod (LRU)")
     static = p.add_argument_group("static discovery")
     static.add_argument("--prefill-short", default="", help="URL[,URL...]")
     static.add_argument("--prefill-long", default="", help="URL[,URL...]")
@@ -83,6 +96,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         engine_load_poll=args.engine_load_poll,
         engine_load_interval_s=max(args.engine_load_interval, 0.01),
         api_keys_file=args.api_keys_file, rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
+        prefix_affinity=args.prefix_affinity, prefix_record_blocks_per_pod=max(args.prefix_record_blocks, 1),
+        affinity_bound=AffinityBound(max(args.affinity_load_factor, 1.0), max(args.affinity_slack_tokens, 0)),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
                           max_retries=args.max_retries,
                           eject_after_failures=args.eject_after_failures,

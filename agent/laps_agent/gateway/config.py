@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from laps_agent.drain import DEFAULT_GRACE_S
 from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD
 from laps_agent.gateway.outlier import DEFAULT_MAX_EJECTION_PERCENT
+from laps_agent.gateway.prefix import DEFAULT_RECORD_BLOCKS_PER_POD
+from laps_agent.gateway.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
 
@@ -56,4 +58,14 @@ class GatewayConfig:
     api_keys_file: str | None = None
     # Requests/s per API key (token bucket, burst max(1, this)); 0: no limit. Needs api_keys_file.
     rate_limit_per_key: float = 0.0
+    # Cache affinity (gateway/routing.py, affinity.py): route a prompt to the pod expected to
+    # hold its prefix and classify it by the expected uncached length. Off: full-length classes,
+    # least-loaded pods (the behaviour before issue 12).
+    prefix_affinity: bool = True
+    # When a pod holding the prefix loses affinity for being too loaded (routing.AffinityBound).
+    affinity_bound: AffinityBound = DEFAULT_AFFINITY_BOUND
+    # The record of what was sent where, per prefill pod, in blocks (a chat message or 256
+    # characters each, gateway/prefix.py): about the prefix cache of one pod; a larger record
+    # than the pod's cache only over-predicts hits, which laps_gateway_class_disagreements shows.
+    prefix_record_blocks_per_pod: int = DEFAULT_RECORD_BLOCKS_PER_POD
     proxy: ProxyConfig = ProxyConfig()

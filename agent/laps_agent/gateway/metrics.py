@@ -61,6 +61,20 @@ class GatewayMetrics:
         self.rate_limited = Counter(
             "laps_gateway_rate_limited", "Requests refused 429 because their API key was over "
             "its request rate (--rate-limit-per-key)", registry=r)
+        # Cache affinity and expected uncached length (gateway/affinity.py).
+        self.affinity = Counter(
+            "laps_gateway_affinity_routes", "Requests routed to a prefill pod expected to hold a "
+            "prefix of their prompt (outcome=hit) or to none (outcome=miss)", ["outcome"], registry=r)
+        self.expected_cached_tokens = Counter(
+            "laps_gateway_expected_cached_tokens", "Prompt tokens the chosen prefill pods were "
+            "expected to hold (the gateway's record of what it sent where)", registry=r)
+        self.class_checks = Counter(
+            "laps_gateway_class_checks", "Requests whose engine answer reported its cached tokens, "
+            "by the gateway's class and the class of the uncached tokens the engine saw",
+            ["gateway_class", "engine_class"], registry=r)
+        self.class_disagreements = Counter(
+            "laps_gateway_class_disagreements", "Of those, the ones whose gateway class differs "
+            "from the engine's", ["gateway_class", "engine_class"], registry=r)
         for reason in ("missing", "invalid"):
             self.auth_failures.labels(reason)
         # Children made once: labels() costs a lock and a dict lookup on every request. Making
@@ -74,6 +88,10 @@ class GatewayMetrics:
             for outcome in ("ejected", "capped", "draining"):
                 self.ejections.labels(pool, outcome)
         self.ttft_of = {c: self.ttft.labels(c) for c in CLASSES}
+        self.affinity_of = {o: self.affinity.labels(o) for o in ("hit", "miss")}
+        self.class_checks_of = {(g, e): self.class_checks.labels(g, e) for g in CLASSES for e in CLASSES}
+        self.class_disagreements_of = {(g, e): self.class_disagreements.labels(g, e)
+                                       for g in CLASSES for e in CLASSES if g != e}
         self.request_seconds_of = {c: self.request_seconds.labels(c) for c in CLASSES}
         for direction in ("short_to_long", "long_to_short"):
             self.rebalances.labels(direction)

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from laps_agent.gateway.admission import admit, group_load
+from laps_agent.gateway.affinity import CacheAffinity
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery, Membership
 from laps_agent.gateway.engine_load import EngineLoadPoller, EngineLoads
@@ -30,6 +30,8 @@ from laps_agent.gateway.failures import GatewayError, UpstreamStatus, judge_stat
 from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.payload import PDPayload
+from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
+from laps_agent.gateway.replies import Reply, StreamReply, sse_error  # noqa: F401 (their home was here)
 from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
                                         choose_route)
 from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
@@ -48,24 +50,8 @@ class ProxyCall:
     stream: bool
     tokens: int               # estimated prompt tokens
     started: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class Reply:
-    """A whole answer: the decode pod's (success or its own error), passed through."""
-    status: int
-    body: bytes
-    content_type: str
-
-
-@dataclass
-class StreamReply:
-    chunks: AsyncGenerator[bytes, None]  # starts with the decode pod's first chunk
-    close: Callable[[], Awaitable[None]]  # idempotent clean-up (`chunks` runs it too)
-
-
-def sse_error(message: str, kind: str = "upstream_error") -> bytes:
-    return b"data: " + json.dumps({"error": {"message": message, "type": kind}}).encode() + b"\n\n"
+    prefix: PrefixChain | None = None    # the prompt's block chain (cache affinity)
+    engine_checked: bool = False         # an engine's answer said how much it found cached
 
 
 class PDProxy:
@@ -80,6 +66,8 @@ class PDProxy:
         self.engine_loads = EngineLoads(config.engine_load_interval_s)
         self._poller = EngineLoadPoller(self.engine_loads, discovery, tracker.loads,
                                         enabled=config.engine_load_poll)
+        record = PrefixRecord(config.prefix_record_blocks_per_pod) if config.prefix_affinity else None
+        self.affinity = CacheAffinity(record, config.length_threshold, metrics)
 
     async def start(self) -> None:
         cfg = self._config.proxy
@@ -97,10 +85,10 @@ class PDProxy:
             await self._pool.aclose()
 
     def route(self, tokens: int, exclude: set[str], membership: Membership,
-              loads: Mapping[str, EndpointLoad]) -> RouteDecision:
+              loads: Mapping[str, EndpointLoad], held=None) -> RouteDecision:
         return choose_route(tokens, self._config.length_threshold, membership.groups,
                             membership.decode, loads, exclude=frozenset(exclude),
-                            tiebreak=next(self._tiebreak))
+                            tiebreak=next(self._tiebreak), held=held, bound=self._config.affinity_bound)
 
     def admit(self, d: RouteDecision, membership: Membership, loads: Mapping[str, EndpointLoad]) -> None:
         """Admission control of the group that would serve the request (its class's own, or
@@ -121,12 +109,13 @@ class PDProxy:
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
         failure: GatewayError | None = None
+        held = self.affinity.held(call.prefix)
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
             # One view of the pods' loads (own + engine-reported) serves routing and admission.
             loads = self.engine_loads.merged(self._tracker.loads())
             try:
-                decision = self.route(call.tokens, exclude, membership, loads)
+                decision = self.route(call.tokens, exclude, membership, loads, held)
             except NoEndpointError as exc:
                 message = f"no healthy pod can take this request ({exc})"
                 if failure is not None:
@@ -135,6 +124,7 @@ class PDProxy:
             if attempt == 0:
                 self.admit(decision, membership, loads)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
+                self.affinity.routed(decision)
                 if decision.fallback:
                     self._metrics.fallbacks_of[decision.cls].inc()
             else:
@@ -149,7 +139,9 @@ class PDProxy:
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
         payload = call.body.with_bootstrap(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
                                            self._rooms.getrandbits(63))
-        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, call.tokens)
+        # The pod's work is what it is expected not to hold (routing's expected uncached length).
+        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, max(1, call.tokens - d.cached))
+        self.affinity.sent(d, call.prefix)
         self._tracker.begin_decode(d.decode.name)
         prefill = asyncio.create_task(self._prefill(d, call, payload, ticket))
         decode = asyncio.create_task(self._decode(d, call, payload))
@@ -161,6 +153,8 @@ class PDProxy:
             result = await decode
             self._end_prefill_phase(call, d, ticket)  # the decode pod's first byte says so
             if isinstance(result, Reply):
+                if not call.engine_checked:
+                    call.engine_checked = self.affinity.engine_answer(d, result.body)
                 self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
                 self._tracker.end_decode(d.decode.name)
                 handed_over = True
@@ -200,13 +194,18 @@ class PDProxy:
                        ticket: PrefillTicket) -> None:
         pod = d.prefill
         try:
-            response = await self._pool.post(*address(pod.url), call.path, payload)
+            # The class chosen here goes along, so the engine can count where the gateway's
+            # expected uncached length and its own split disagree (laps_engine_class_total).
+            response = await self._pool.post(*address(pod.url), call.path, payload,
+                                             b"x-laps-class: %s\r\n" % d.cls.encode())
             body = await response.read()
         except UpstreamError as exc:
             raise self._transport_failure(d, "prefill", exc) from None
         if response.status >= 300:
             raise self._status_failure(d, "prefill", response.status, body)
         self._tracker.record_success(pod.name)
+        if not call.engine_checked:
+            call.engine_checked = self.affinity.engine_answer(d, body)
         self._end_prefill_phase(call, d, ticket)
 
     async def _decode(self, d: RouteDecision, call: ProxyCall, payload: bytes):

@@ -1,4 +1,5 @@
-"""Pure routing policy of the gateway: class by length, least-loaded prefill and decode pods.
+"""Pure routing policy of the gateway: class by length, least-loaded prefill and decode pods,
+and (given what each pod is expected to hold) cache affinity with a load bound.
 
 Order of preference for the prefill pod: the group of the request's class ("short" | "long");
 within it the pod with the fewest pending tokens, then fewest pending requests, then a rotation
@@ -6,12 +7,25 @@ by `tiebreak` among the pods still tied (so equal pods share the load determinis
 Unhealthy and excluded pods are skipped. If the class's group has no usable pod, the other
 group serves it and the decision says fallback=True. The decode pod is chosen the same way
 from the decode list. This runs once per request, so it allocates nothing per endpoint.
+
+Cache affinity (`held` given: the prompt tokens each pod is expected to hold of this request,
+gateway/prefix.py): the class is decided by the *expected uncached* length at the pod that would
+serve it, not the full length. In each group the candidate is the pod holding the longest prefix
+among the pods within the load bound (`AffinityBound`), else the least-loaded pod. Then:
+1. the short group's candidate leaves a short uncached length -> short, there;
+2. else the long group's candidate does (a long pod holds the conversation: its new turn is
+   short work for that pod, whose own dual queue serves it as short) -> short, on that pod;
+3. else -> long, on the long group's candidate (a long prefill stays off the short pods, even
+   one that holds part of it: that is what the groups are for).
+So a conversation sticks to the pod that served its earlier turns while that pod stays within
+the bound, and a 40-token turn of a 1,000-token conversation is short where its prefix is held.
+The same function is the simulator's router (laps_agent.sim): one policy, several drivers.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import AbstractSet, Mapping, Sequence
+from typing import AbstractSet, Callable, Mapping, Sequence
 
 from laps_agent.scheduling.classes import LONG, SHORT, length_class
 
@@ -40,6 +54,23 @@ class RouteDecision:
     prefill: Endpoint
     decode: Endpoint
     fallback: bool
+    cached: int = 0     # prompt tokens the prefill pod is expected to hold (affinity); 0: none
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityBound:
+    """When a pod holding a request's prefix may still get it (consistent hashing with bounded
+    loads, Mirrokni et al.): its pending tokens must be at most load_factor x its group's mean
+    plus slack_tokens; a pod beyond loses affinity and the request goes by load."""
+    # 1.5: the hot-spot target (issue 12) is max pod load <= 1.5x its group's mean; affinity
+    # never sends work to a pod past that, so it cannot create such a hot spot by itself.
+    load_factor: float = 1.5
+    # Near idle, the mean is tiny and one in-flight prompt puts a pod "far above" it; the slack
+    # (about one long prompt) keeps conversations sticky at low load, where spreading gains nothing.
+    slack_tokens: int = 2048
+
+
+DEFAULT_AFFINITY_BOUND = AffinityBound()
 
 
 class NoEndpointError(Exception):
@@ -90,9 +121,69 @@ def _describe(name: str, endpoints: Sequence[Endpoint], load: Mapping[str, Endpo
     return f"{name}: {len(endpoints)} pods, " + ", ".join(parts)
 
 
+def _affine(endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad], exclude: AbstractSet[str],
+            tiebreak: int, held: Callable[[Endpoint], int], bound: AffinityBound) -> tuple[Endpoint | None, int]:
+    """The group's pod holding the longest prefix within the load bound (ties: fewer pending
+    tokens, then list order), with the tokens it holds; else the least-loaded pod and 0."""
+    total = count = 0
+    for ep in endpoints:
+        state = load.get(ep.name, _UNKNOWN)
+        if ep.name not in exclude and state.healthy:
+            total += state.pending_tokens
+            count += 1
+    if count == 0:
+        return None, 0
+    limit = bound.load_factor * total / count + bound.slack_tokens
+    best: Endpoint | None = None
+    best_held = best_load = 0
+    for ep in endpoints:
+        state = load.get(ep.name, _UNKNOWN)
+        if ep.name in exclude or not state.healthy or state.pending_tokens > limit:
+            continue
+        got = held(ep)
+        if got > best_held or (got == best_held and got > 0 and state.pending_tokens < best_load):
+            best, best_held, best_load = ep, got, state.pending_tokens
+    if best is not None:
+        return best, best_held
+    return _least_loaded(endpoints, load, exclude, tiebreak), 0
+
+
+def _affine_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
+                  load: Mapping[str, EndpointLoad], exclude: AbstractSet[str], tiebreak: int,
+                  held: Callable[[Endpoint], int], bound: AffinityBound) -> tuple[str, str, Endpoint | None, bool, int]:
+    """(class, group, prefill pod or None, fallback, expected cached tokens): rules 1-3 above."""
+    short, short_held = _affine(groups.get(SHORT, ()), load, exclude, tiebreak, held, bound)
+    if short is not None and length_class(tokens - short_held, threshold) == SHORT:
+        return SHORT, SHORT, short, False, short_held
+    long_, long_held = _affine(groups.get(LONG, ()), load, exclude, tiebreak, held, bound)
+    if long_ is not None:
+        cls = length_class(tokens - long_held, threshold)
+        # A short request on a long pod is a fallback only if no short pod could take it at all.
+        return cls, LONG, long_, cls == SHORT and short is None, long_held
+    if short is not None:  # long work, and no usable long pod: the short group serves it
+        return LONG, SHORT, short, True, short_held
+    return length_class(tokens, threshold), LONG, None, True, 0
+
+
 def choose_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
                  decode: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
-                 exclude: AbstractSet[str] = frozenset(), tiebreak: int = 0) -> RouteDecision:
+                 exclude: AbstractSet[str] = frozenset(), tiebreak: int = 0,
+                 held: Callable[[Endpoint], int] | None = None,
+                 bound: AffinityBound = DEFAULT_AFFINITY_BOUND) -> RouteDecision:
+    """`held(endpoint)`: prompt tokens of this request the pod is expected to hold (None: no
+    cache affinity, classes by the full length)."""
+    if held is not None:
+        cls, group, prefill, fallback, cached = _affine_route(tokens, threshold, groups, load, exclude,
+                                                               tiebreak, held, bound)
+        if prefill is None:
+            raise NoEndpointError(
+                f"no usable prefill pod for a {cls} request ({tokens} tokens): "
+                f"{_describe('prefill-short', groups.get(SHORT, ()), load, exclude)}; "
+                f"{_describe('prefill-long', groups.get(LONG, ()), load, exclude)}")
+        decode_ep = _least_loaded(decode, load, exclude, tiebreak)
+        if decode_ep is None:
+            raise NoEndpointError(f"no usable decode pod: {_describe('decode', decode, load, exclude)}")
+        return RouteDecision(cls, group, prefill, decode_ep, fallback, cached)
     cls = length_class(tokens, threshold)
     group, fallback = cls, False
     prefill = _least_loaded(groups.get(cls, ()), load, exclude, tiebreak)

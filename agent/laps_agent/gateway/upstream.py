@@ -200,9 +200,10 @@ class UpstreamPool:
             raise UpstreamConnectError(f"connect to {key[0]}:{key[1]} failed: {exc}") from None
         return conn
 
-    async def post(self, host: str, port: int, path: str, body: bytes) -> UpstreamResponse:
-        request = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
-                   b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, len(body))) + body
+    async def post(self, host: str, port: int, path: str, body: bytes, headers: bytes = b"") -> UpstreamResponse:
+        """`headers`: extra header lines, each ending in CRLF."""
+        request = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n%s"
+                   b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, headers, len(body))) + body
         return await self._request((host, port), request)
 
     async def get(self, host: str, port: int, path: str) -> UpstreamResponse:

@@ -36,6 +36,8 @@ class RequestRecord:
     itl_max_s: float | None = None
     server_prompt_tokens: int | None = None   # usage.prompt_tokens when the server sends it
     sent_prompt_tokens: int | None = None     # token count of the prompt actually sent (our tokenizer)
+    turn: int | None = None                   # turn index in its conversation (1 = first); None: single
+    cached_tokens: int | None = None          # prompt tokens the server found cached, when it says
 
     @property
     def ok(self) -> bool:
@@ -47,6 +49,7 @@ COLUMNS: dict[str, str] = {
     "index": "i", "phase": "s", "cls": "s", "prompt_tokens": "i", "output_tokens": "i", "sent_s": "f",
     "status": "i", "error": "os", "ttft_s": "f", "e2e_s": "f", "tokens": "i", "itl_mean_s": "f",
     "itl_p90_s": "f", "itl_max_s": "f", "server_prompt_tokens": "oi", "sent_prompt_tokens": "oi",
+    "turn": "oi", "cached_tokens": "oi",
 }
 assert list(COLUMNS) == [f.name for f in fields(RequestRecord)]
 
@@ -96,12 +99,13 @@ class RequestTable:
     @classmethod
     def from_columns(cls, /, **columns: Any) -> RequestTable:  # "/": a column is named cls
         """Arrays by column name; `error`, `server_prompt_tokens`, `sent_prompt_tokens`, the ITL
-        columns and `tokens` may be left out (no error / unknown / zero)."""
+        columns, `turn`, `cached_tokens` and `tokens` may be left out (no error / unknown / zero)."""
         n = len(columns["index"])
         defaults = {"error": np.full(n, None, dtype=object), "server_prompt_tokens": np.full(n, -1),
                     "sent_prompt_tokens": np.full(n, -1), "tokens": np.zeros(n, dtype=np.int64),
                     "itl_mean_s": np.full(n, np.nan), "itl_p90_s": np.full(n, np.nan),
-                    "itl_max_s": np.full(n, np.nan)}
+                    "itl_max_s": np.full(n, np.nan), "turn": np.full(n, -1),
+                    "cached_tokens": np.full(n, -1)}
         return cls({**defaults, **columns})
 
     def __len__(self) -> int:

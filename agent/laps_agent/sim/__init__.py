@@ -23,6 +23,8 @@ from laps_agent.results import (RequestTable, RunResult, compare_markdown, markd
                                 phases_markdown, save, summarize)
 from laps_agent.scheduling.classes import LONG, SHORT, is_short
 from laps_agent.systems import SYSTEMS, SystemConfig, system
+from laps_agent.results.turns import pod_load, summarize_turns, turns_report
+from laps_agent.workload.conversations import oracle_cached_tokens
 from laps_agent.workload.plan import Plan, plan_requests, warmup_spec
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
 
@@ -46,14 +48,18 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
                          engine_args=engine_args, estimate=estimate, hop_s=hop_s)
     skip, offset = 0, 0.0
-    at, prompts, outputs_all = plan.at, plan.prompt_tokens, plan.output_tokens
+    at, prompts, outputs_all, convs = plan.at, plan.prompt_tokens, plan.output_tokens, plan.conversation
     if warmup is not None and len(warmup):
         skip, offset = len(warmup), warmup.duration_s
         at = np.concatenate([warmup.at, plan.at + offset])
         prompts = np.concatenate([warmup.prompt_tokens, plan.prompt_tokens])
         outputs_all = np.concatenate([warmup.output_tokens, plan.output_tokens])
+        # The warm-up's conversations must not share prefixes with the measured ones.
+        shift = int(plan.conversation.max(initial=-1)) + 1
+        convs = np.concatenate([np.where(warmup.conversation >= 0, warmup.conversation + shift, -1),
+                                plan.conversation])
     started = time.perf_counter()
-    outcome = cluster.run(at, prompts, outputs_all)
+    outcome = cluster.run(at, prompts, outputs_all, convs)
     wall = time.perf_counter() - started
     reqs = outcome.requests[skip:]
     for r in reqs:  # measured from the start of the measured run
@@ -77,7 +83,8 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
         cls=np.where(is_short(plan.prompt_tokens, threshold), SHORT, LONG).astype(object),
         prompt_tokens=plan.prompt_tokens, output_tokens=outputs, sent_s=sent, status=status,
         error=np.array([r.error for r in reqs], dtype=object), ttft_s=first - sent, e2e_s=done - sent,
-        tokens=np.where(status == 200, outputs, 0), itl_mean_s=itl)
+        tokens=np.where(status == 200, outputs, 0), itl_mean_s=itl,
+        turn=np.where(plan.conversation >= 0, plan.turn, -1), cached_tokens=np.array([r.cached for r in reqs]))
     meta = {"label": label or sys_config.name, "tool": "laps sim", "target": "sim", "system": sys_config.name,
             "profile": profile.name, "profile_provenance": profile.provenance,
             "cluster": {"prefill": prefill, "decode": decode}, "threshold": threshold,
@@ -85,9 +92,20 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
             "seed": plan.spec.seed, "rate_scale": plan.rate_scale, "phases": [w.to_dict() for w in plan.phases],
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "duration_s": outcome.duration, "sim_wall_s": wall,
-            "prefill_utilisation": utilisation, "moves": [
+            "prefill_utilisation": utilisation, "prefix": _prefix_meta(plan, cluster, outcome), "moves": [
                 {"t": t - offset, "pod": m.pod, "from": m.source, "to": m.target} for t, m in cluster.moves]}
     return RunResult(meta, table, outcome.timeline)
+
+
+def _prefix_meta(plan: Plan, cluster: SimCluster, outcome) -> dict:
+    """What the multi-turn report needs beyond the records (results/turns.py)."""
+    block = cluster.prefixes.block_tokens
+    oracle = oracle_cached_tokens(plan.prompt_tokens, plan.history_tokens, block)
+    total = int(plan.prompt_tokens.sum())
+    busy = {ep.name: b for ep, b in zip(cluster.prefill_eps, outcome.prefill_busy)}
+    groups = {g: [ep.name for ep in eps] for g, eps in cluster.groups.items() if eps}
+    return {"block_tokens": block, "oracle_hit_rate": float(oracle.sum() / total) if total else None,
+            "pod_load": pod_load(busy, groups), "affinity": cluster.system.affinity}
 
 
 def default_chars_per_token() -> float:
@@ -183,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests)
     warmup = plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale) if args.warmup_s > 0 else None
     out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    labelled = []
+    labelled, turns = [], []
     for sys_config in systems:
         result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
                           threshold=threshold, engine_args=tuple(engine_args), warmup=warmup,
@@ -193,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                      plots=not args.no_plots)
         summary = summarize(result, slo=args.slo, by_phase=len(plan.phases) > 1)
         labelled.append((sys_config.name, summary, moves_by_phase(result)))
+        turns.append((sys_config.name, summarize_turns(result)))
         print(f"\n## {sys_config.name}: {len(plan)} requests, {args.prefill} prefill + {args.decode} decode, "
               f"profile {profile.name}; simulated {result.meta['duration_s']:.0f} s in "
               f"{result.meta['sim_wall_s']:.1f} s\n")
@@ -203,4 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         per_phase = phases_markdown(labelled)
         if per_phase:
             print("\n## per phase\n\n" + per_phase)
+    if (plan.conversation >= 0).any():
+        print_turns(turns)
     return 0
+
+
+def print_turns(turns: list) -> None:
+    """Multi-turn table and issue 12's targets (results.turns.turns_report)."""
+    print("\n" + turns_report(turns))

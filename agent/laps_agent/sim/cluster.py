@@ -2,8 +2,9 @@
 
 Discrete events on a virtual clock. What runs is the product's own code: `choose_route` and the
 gateway's `LoadTracker` pick the prefill and decode pod of every request exactly as the gateway
-does; every engine is an `EngineModel` (the emulated engine's model: the real `PrefillScheduler`,
-batch and step times from the profile). A request's path mirrors the emulated engines':
+does (with cache affinity for systems that have it: prefix.py); every engine is an
+`EngineModel` (the emulated engine's model: the real `PrefillScheduler`, batch and step times
+from the profile, a prefix cache on each prefill engine). A request's path mirrors the emulated engines':
 
   arrival -> route (pending work booked on the prefill pod) -> prefill queue and batch
   -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
@@ -34,6 +35,8 @@ from laps_agent.gateway.routing import Endpoint, NoEndpointError, choose_route
 from laps_agent.results.records import TimelineSample
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD, length_class
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
+
+from .prefix import SimPrefixes
 from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
                                       group_pressure, reference_decide)
 from laps_operator.groups import initial_short_count
@@ -57,6 +60,9 @@ class SimRequest:
     done: float | None = None
     status: int = 0
     error: str | None = None
+    conversation: int = -1
+    cached: int = -1              # prompt tokens its prefill engine found cached (-1: never got there)
+    expected: int = 0             # what the gateway expected it to find
 
 
 @dataclass
@@ -74,7 +80,7 @@ class SimCluster:
                  estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
                  interval_s: float = 5.0, hop_s: float = HOP_S,
-                 max_pending_tokens_per_pod: int | None = None) -> None:
+                 max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None) -> None:
         if prefill < 1 or decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
@@ -85,12 +91,15 @@ class SimCluster:
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
 
-        def model(role: str) -> EngineModel:
+        # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record.
+        self.prefixes = SimPrefixes(profile, prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens)
+
+        def model(role: str, cache=None) -> EngineModel:
             return EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
-                               max_running=running, kv_pages=args.kv_pages, token_events=False)
+                               max_running=running, kv_pages=args.kv_pages, token_events=False, prefix_cache=cache)
 
         self.profile, self.system = profile, system
-        self.prefill = [model("prefill") for _ in range(prefill)]
+        self.prefill = [model("prefill", self.prefixes.caches[i]) for i in range(prefill)]
         self.decode = [model("decode") for _ in range(decode)]
         self.prefill_eps = [Endpoint(f"prefill-{i}", f"sim://prefill-{i}", f"prefill-{i}", 0) for i in range(prefill)]
         self.decode_eps = [Endpoint(f"decode-{i}", f"sim://decode-{i}", f"decode-{i}", 0) for i in range(decode)]
@@ -120,11 +129,14 @@ class SimCluster:
         self._tiebreak = itertools.count()
 
     # ---- the run -------------------------------------------------------------------------------
-    def run(self, at: Sequence[float], prompt_tokens: Sequence[int], output_tokens: Sequence[int]) -> SimOutcome:
-        """Simulate requests arriving at times `at` (sorted, seconds) until every one finished."""
+    def run(self, at: Sequence[float], prompt_tokens: Sequence[int], output_tokens: Sequence[int],
+            conversation: Sequence[int] | None = None) -> SimOutcome:
+        """Simulate requests arriving at times `at` (sorted, seconds) until every one finished;
+        `conversation`: each request's conversation id (-1: none), whose turns share prefixes."""
         n = len(at)
         reqs = [SimRequest(i, int(prompt_tokens[i]), int(output_tokens[i]),
-                           self.estimate(int(prompt_tokens[i])), float(at[i])) for i in range(n)]
+                           self.estimate(int(prompt_tokens[i])), float(at[i]),
+                           conversation=-1 if conversation is None else int(conversation[i])) for i in range(n)]
         for r in reqs:
             r.cls = length_class(r.prompt_tokens, self.class_threshold)
         heap: list = []
@@ -171,7 +183,8 @@ class SimCluster:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
         try:
             d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps,
-                             self.tracker.loads(), tiebreak=next(self._tiebreak))
+                             self.tracker.loads(), tiebreak=next(self._tiebreak),
+                             held=self.prefixes.held(r.conversation, r.prompt_tokens))
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
@@ -181,8 +194,10 @@ class SimCluster:
             self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
             return
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
-        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, r.routed_tokens)
+        r.expected = d.cached  # the pod's work: what it is not expected to hold (as the gateway books it)
+        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, max(1, r.routed_tokens - d.cached))
         self.tracker.begin_decode(d.decode.name)
+        self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
         if self.hop_s > 0:
             heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
         else:
@@ -190,10 +205,13 @@ class SimCluster:
 
     def _arrive(self, r: SimRequest, now: float) -> None:
         engine = self.prefill[r.prefill]
-        errors = engine.add(ModelRequest(r.index, "prefill", r.prompt_tokens, r.output_tokens, now), now)
+        req = ModelRequest(r.index, "prefill", r.prompt_tokens, r.output_tokens, now,
+                           blocks=self.prefixes.blocks(r.conversation, r.prompt_tokens))
+        errors = engine.add(req, now)
         if errors:
             self._fail(r, now, 400, errors[0].error)
             return
+        r.cached = req.cached_tokens
         self._poll(r.prefill, now)
 
     def _kv_arrived(self, r: SimRequest, now: float) -> None:

@@ -9,6 +9,11 @@ The plan is stored as numpy arrays (a simulator plans millions of requests); `pl
 `rate_scale` multiplies every phase's rate: a phase with `duration_s` keeps its duration (and
 gets more or fewer requests), a phase with `requests` keeps its count (and gets shorter or
 longer). A phase given by `requests` ends at its last arrival; the next one starts there.
+
+A phase with `conversation` (conversations.py): its arrivals (and `requests`) start
+conversations, whose later turns may come after the phase's end; the plan is in send order all
+the same, and arrays `conversation` (-1: a single request), `turn` (1-based), `new_tokens` and
+`history_tokens` say which turn of which conversation each request is.
 """
 from __future__ import annotations
 
@@ -18,11 +23,12 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import arrivals
+from .conversations import expand
 from .jsonl import JsonlLine, JsonlSource, load_jsonl, pick
 from .lengths import sample_lengths
 from .spec import Jsonl, WorkloadSpec
 
-_ARRIVALS, _PROMPTS, _OUTPUTS, _LINES = range(4)
+_ARRIVALS, _PROMPTS, _OUTPUTS, _LINES, _TURNS, _NEW, _THINK = range(7)
 
 
 def _rng(seed: int, phase: int, stream: int) -> np.random.Generator:
@@ -51,6 +57,10 @@ class PlannedRequest:
     prompt_tokens: int
     output_tokens: int
     source: JsonlLine | None = None   # the JSONL line of a jsonl phase
+    conversation: int = -1            # -1: not part of a conversation
+    turn: int = 1
+    new_tokens: int = 0               # the user message this turn adds (turn 1: its prompt)
+    history_tokens: int = 0           # the previous turn's prompt (0: none)
 
 
 class Plan:
@@ -59,10 +69,18 @@ class Plan:
 
     def __init__(self, spec: WorkloadSpec, at: np.ndarray, prompt_tokens: np.ndarray,
                  output_tokens: np.ndarray, phase: np.ndarray, line: np.ndarray,
-                 phases: list[PhaseWindow], sources: dict[int, JsonlSource], rate_scale: float):
+                 phases: list[PhaseWindow], sources: dict[int, JsonlSource], rate_scale: float,
+                 conversation: np.ndarray | None = None, turn: np.ndarray | None = None,
+                 new_tokens: np.ndarray | None = None, history_tokens: np.ndarray | None = None):
         self.spec, self.at, self.prompt_tokens, self.output_tokens = spec, at, prompt_tokens, output_tokens
         self.phase, self.line, self.phases, self.sources = phase, line, phases, sources
         self.rate_scale = rate_scale
+        n = at.size
+        self.conversation = conversation if conversation is not None else np.full(n, -1, dtype=np.int64)
+        self.turn = turn if turn is not None else np.ones(n, dtype=np.int32)
+        self.new_tokens = new_tokens if new_tokens is not None else prompt_tokens
+        self.history_tokens = history_tokens if history_tokens is not None else np.zeros(n, dtype=np.int64)
+        self._turns_of: dict[int, list[int]] | None = None
 
     def __len__(self) -> int:
         return int(self.at.size)
@@ -76,7 +94,18 @@ class Plan:
         line = int(self.line[i])
         source = self.sources[phase].lines[line] if line >= 0 else None
         return PlannedRequest(i, phase, float(self.at[i]), int(self.prompt_tokens[i]),
-                              int(self.output_tokens[i]), source)
+                              int(self.output_tokens[i]), source, int(self.conversation[i]),
+                              int(self.turn[i]), int(self.new_tokens[i]), int(self.history_tokens[i]))
+
+    def turns_of(self, conversation: int) -> list[int]:
+        """Plan indices of a conversation's turns, first turn first."""
+        if self._turns_of is None:
+            self._turns_of = {}
+            for i in np.flatnonzero(self.conversation >= 0):
+                self._turns_of.setdefault(int(self.conversation[i]), []).append(int(i))
+            for turns in self._turns_of.values():
+                turns.sort(key=lambda i: int(self.turn[i]))
+        return self._turns_of.get(conversation, [])
 
     def __iter__(self) -> Iterator[PlannedRequest]:
         return (self[i] for i in range(len(self)))
@@ -104,6 +133,7 @@ def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: 
     loaded: dict[str, JsonlSource] = {}
     next_line: dict[str, int] = {}
     start = 0.0
+    conversations = 0
     for p, phase in enumerate(spec.phases):
         if budget is not None and budget <= 0:
             break
@@ -134,17 +164,32 @@ def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: 
             outputs = np.where(given > 0, given, outputs)
         else:
             prompts = sample_lengths(phase.prompt_tokens, n, _rng(spec.seed, p, _PROMPTS))
-        parts.append((start + times, prompts, outputs, np.full(n, p, dtype=np.int32), line))
+        conv, turn, new, history = np.full(n, -1, dtype=np.int64), np.ones(n, np.int32), prompts, np.zeros(n, np.int64)
+        if phase.conversation is not None:
+            t = expand(phase.conversation, times, prompts, _rng(spec.seed, p, _OUTPUTS), _rng(spec.seed, p, _TURNS),
+                       _rng(spec.seed, p, _NEW), _rng(spec.seed, p, _THINK), phase.output_tokens, conversations)
+            conversations += n
+            order = np.argsort(t.at, kind="stable")[:budget]
+            times, prompts, outputs = t.at[order], t.prompt_tokens[order], t.output_tokens[order]
+            new, conv, turn, history = t.new_tokens[order], t.conversation[order], t.turn[order], t.history_tokens[order]
+            n, line = times.size, np.full(times.size, -1, dtype=np.int64)
+        parts.append((start + times, prompts, outputs, np.full(n, p, dtype=np.int32), line, conv, turn, new, history))
         windows.append(PhaseWindow(p, phase.name, start, end, process.mean_rate, n))
         start = end
         if budget is not None:
             budget -= n
     if parts:
-        at, prompts, outputs, phase_idx, lines = (np.concatenate(col) for col in zip(*parts))
+        cols = [np.concatenate(col) for col in zip(*parts)]
+        if conversations:  # later turns may come after the next phase began: send order
+            order = np.argsort(cols[0], kind="stable")
+            cols = [c[order] for c in cols]
+        at, prompts, outputs, phase_idx, lines, conv, turn, new, history = cols
     else:
         at, prompts, outputs = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
         phase_idx, lines = np.empty(0, np.int32), np.empty(0, np.int64)
-    return Plan(spec, at, prompts, outputs, phase_idx, lines, windows, sources, rate_scale)
+        conv, turn, new, history = None, None, None, None
+    return Plan(spec, at, prompts, outputs, phase_idx, lines, windows, sources, rate_scale,
+                conv, turn, new, history)
 
 
 def warmup_spec(spec: WorkloadSpec, seconds: float) -> WorkloadSpec:

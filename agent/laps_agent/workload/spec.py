@@ -33,20 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
+from .spec_errors import _RuleError, format_validation_error
+
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 DEFAULT_THRESHOLD = DEFAULT_LENGTH_THRESHOLD
 
 
 class WorkloadError(ValueError):
     """A workload that does not exist or is not valid; the message names the file and field."""
-
-
-class _RuleError(ValueError):
-    """A rule of a whole model about one of its fields: the error path gets that field appended."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
 
 
 class _Strict(BaseModel):
@@ -157,6 +151,25 @@ class Bursty(_Strict):
 Arrival = Annotated[Union[Poisson, Constant, Bursty], Field(discriminator="process")]
 
 
+class Conversation(_Strict):
+    """A phase of multi-turn conversations (workload/conversations.py): the phase's arrivals
+    start conversations, its prompt_tokens is the first turn's prompt, its output_tokens every
+    answer; each later turn re-sends the whole conversation plus `new_tokens` of user message."""
+    turns: LengthDist                               # turns per conversation (>= 1)
+    new_tokens: LengthDist                          # the user message a later turn adds
+    think_s: float = Field(default=20.0, gt=0)      # mean pause between reading an answer and the next turn
+    min_think_s: float = Field(default=2.0, ge=0)
+    # The user reads the answer at this pace before thinking (a recorded conversation's clock).
+    answer_tokens_per_s: float = Field(default=30.0, gt=0)
+    max_prompt_tokens: int = Field(default=32000, ge=2)   # a conversation ends before passing it
+
+    @model_validator(mode="after")
+    def _think(self) -> Conversation:
+        if self.min_think_s > self.think_s:
+            raise _RuleError("min_think_s", f"must be <= think_s ({self.think_s:g}), got {self.min_think_s:g}")
+        return self
+
+
 class Phase(_Strict):
     name: str = Field(min_length=1)
     duration_s: float | None = Field(default=None, gt=0)
@@ -164,6 +177,7 @@ class Phase(_Strict):
     arrival: Arrival
     prompt_tokens: LengthDist
     output_tokens: LengthDist
+    conversation: Conversation | None = None        # multi-turn: arrivals start conversations
 
     @model_validator(mode="after")
     def _one_length(self) -> Phase:
@@ -207,61 +221,6 @@ class WorkloadSpec(_Strict):
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json", exclude_none=True)
-
-
-# ---------------------------------------------------------------- errors
-
-_TAGS = {"fixed", "uniform", "lognormal", "mixture", "lmsys", "jsonl", "poisson", "constant", "bursty"}
-
-
-def _path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in _TAGS:  # pydantic's discriminated-union branch, not a key of the file
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _message(err: dict) -> tuple[str, str]:
-    """(extra path suffix, message) of one pydantic error, in the words of this file format."""
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "greater_than":
-        return "", f"must be > {ctx.get('gt'):g}"
-    if kind == "greater_than_equal":
-        return "", f"must be >= {ctx.get('ge'):g}"
-    if kind == "extra_forbidden":
-        return "", "unknown key"
-    if kind == "missing":
-        return "", "required"
-    if kind == "union_tag_invalid":
-        key = str(ctx.get("discriminator", "")).strip("'")
-        return f".{key}", f"unknown {key} {ctx.get('tag')!r} (expected one of: {ctx.get('expected_tags')})"
-    if kind == "union_tag_not_found":
-        key = str(ctx.get("discriminator", "")).strip("'")
-        return f".{key}", "required"
-    if kind == "literal_error":
-        return "", f"must be {ctx.get('expected')}"
-    if kind in ("too_short", "string_too_short"):
-        return "", "must not be empty"
-    if kind == "value_error":
-        return "", str(ctx.get("error", err["msg"]))
-    return "", err["msg"]
-
-
-def format_validation_error(exc: ValidationError, origin: str) -> str:
-    lines = []
-    for err in exc.errors():
-        suffix, message = _message(err)
-        where = _path(tuple(err["loc"])) + suffix
-        rule = (err.get("ctx") or {}).get("error")
-        if isinstance(rule, _RuleError):
-            where = f"{where}.{rule.field}" if where else rule.field
-        lines.append(f"{origin}: {where.lstrip('.') or 'workload'}: {message}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- loading

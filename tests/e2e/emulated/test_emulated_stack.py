@@ -73,11 +73,12 @@ def test_a_batch_takes_the_time_its_profile_gives(emulated_stack):
     stack, profile = emulated_stack
     short_engine = httpx.get(stack.base + "/laps_status").json()["groups"]["short"]["pods"][0]["url"]
     client = openai.OpenAI(base_url=stack.url, api_key="unused", timeout=60, max_retries=0)
-    for tokens, bucket in ((100, (1, 128)), (30, (1, 32))):
+    # Prompts that share no prefix: the engine's prefix cache would otherwise skip a page.
+    for first_id, tokens, bucket in ((1000, 100, (1, 128)), (5000, 30, (1, 32))):
         before = _metric(httpx.get(short_engine + "/metrics").text,
                          "laps_engine_prefill_latency_seconds_sum", 0.0, **{"class": "short"})
         started = time.monotonic()
-        stream = client.completions.create(model="emulated-test", prompt=list(range(1000, 1000 + tokens)),
+        stream = client.completions.create(model="emulated-test", prompt=list(range(first_id, first_id + tokens)),
                                            max_tokens=2, stream=True)
         first = next(iter(stream))
         ttft = time.monotonic() - started

@@ -41,8 +41,11 @@ def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
         async with httpx.AsyncClient(base_url=stack.url, timeout=120) as client:
             tasks = set()
             while not stop.is_set():
+                # Each prompt its own first token, so no two share a KV page (a repeat would be a
+                # prefix-cache hit: short work).
+                prompt = [1 + len(tasks) % 40000, *range(101, 2100)]
                 tasks.add(asyncio.create_task(client.post("/completions", json={
-                    "model": "emulated-test", "prompt": list(range(100, 2100)), "max_tokens": 2})))
+                    "model": "emulated-test", "prompt": prompt, "max_tokens": 2})))
                 await asyncio.sleep(0.05)  # the load's pace, not synchronisation
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -71,9 +74,10 @@ def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
                        "laps_engine_prefill_latency_seconds_count", 0.0, **{"class": "long"})
 
     seen = long_batches()
-    for _ in range(6):  # least-pending routing over three idle long engines reaches all of them
+    for k in range(6):  # least-pending routing over three idle long engines reaches all of them
+        prompt = [45000 + k, *range(101, 1100)]   # new prompts: no pod holds them, no affinity
         reply = httpx.post(stack.url + "/completions", json={
-            "model": "emulated-test", "prompt": list(range(100, 1100)), "max_tokens": 1}, timeout=60)
+            "model": "emulated-test", "prompt": prompt, "max_tokens": 1}, timeout=60)
         assert reply.status_code == 200
     assert long_batches() > seen
 

@@ -19,13 +19,14 @@ def make_engine(tiny_loaded):  # tiny_loaded: tests/support/fixtures_models.py
 
     started: list[Engine] = []
 
-    def make(num_pages: int = 256, bucketed: str = "auto", **sched) -> tuple[Engine, list]:
+    def make(num_pages: int = 256, bucketed: str = "auto", prefix_cache: bool = True,
+             **sched) -> tuple[Engine, list]:
         grid = BucketGrid([1, 2, 4, 8], [16, 32, 64, 128, 256])
         runner = ModelRunner(tiny_loaded, num_pages=num_pages, page_size=16, grid=grid)
         records: list = []
         engine = Engine(runner, tiny_loaded.tokenizer,
                         EngineConfig(scheduler=SchedulerConfig(**sched), context_len=4096,
-                                     batch_prefill_graphs_mode=bucketed),
+                                     batch_prefill_graphs_mode=bucketed, prefix_cache=prefix_cache),
                         grid=grid, on_prefill=records.append)
         engine.start()
         started.append(engine)
@@ -65,7 +66,7 @@ def test_short_requests_arriving_together_share_one_prefill_batch(make_engine):
 
 
 def test_without_cuda_graphs_auto_packs_batches_that_would_pad_a_lot(make_engine):
-    engine, records = make_engine()
+    engine, records = make_engine(prefix_cache=False)  # the q prompts start like the p ones
     outs: queue.Queue = queue.Queue()
     params = SamplingParams(max_new_tokens=2, temperature=0.0)
     # 3 prompts of 33 tokens would fill bucket (4, 64): 256 slots for 99 real tokens

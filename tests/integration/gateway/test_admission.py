@@ -10,7 +10,13 @@ import pytest
 
 from tests.support.fixtures_gateway import RawRequest, poll
 
-LONG = {"prompt": "word " * 100}   # ~120 estimated tokens: long at threshold 64
+_sent = iter(range(10**6))
+
+
+def long_body() -> dict:
+    """~120 estimated tokens: long at threshold 64. Each one different: a repeat would be
+    expected to hit the prefix cache of the pod that got it (cache affinity), i.e. short work."""
+    return {"prompt": f"request {next(_sent)}: " + "word " * 100}
 SHORT = {"prompt": "hi"}
 
 
@@ -30,7 +36,7 @@ def held_long_group(stub_engines, gateway_server):
         decode, _ = stub_engines("decode", handoff=handoff)
         gateway = gateway_server(StaticDiscovery(StaticSpec((short.url,), (long_.url,), (decode.url,)), poll_s=0.05),
                                  length_threshold=64, max_pending_tokens_per_pod=bound)
-        held.extend(RawRequest(gateway.url, "/v1/completions", LONG) for _ in range(2))
+        held.extend(RawRequest(gateway.url, "/v1/completions", long_body()) for _ in range(2))
         poll(lambda: len(long_engine.requests) == 2, message="two long requests held in prefill")
         return gateway, long_engine
 
@@ -49,7 +55,7 @@ def test_a_full_long_group_refuses_long_requests_at_once_and_serves_short_ones(h
     gateway, long_engine = start(bound=150)  # two ~120-token requests fill it
     long_group = _status(gateway)["groups"]["long"]
     assert long_group["max_pending_tokens"] == 150 and long_group["pending_tokens"] >= 150
-    reply = httpx.post(f"{gateway.url}/v1/completions", json=LONG)
+    reply = httpx.post(f"{gateway.url}/v1/completions", json=long_body())
     assert reply.status_code == 429, reply.text
     assert int(reply.headers["retry-after"]) >= 1
     error = reply.json()["error"]
@@ -64,14 +70,14 @@ def test_a_full_long_group_refuses_long_requests_at_once_and_serves_short_ones(h
     assert 'laps_gateway_errors_total{reason="overloaded"} 1.0' in metrics
     gate.set()  # the held ones finish: the group drains and takes long requests again
     poll(lambda: _status(gateway)["groups"]["long"]["pending_tokens"] == 0, message="the long group to drain")
-    assert httpx.post(f"{gateway.url}/v1/completions", json=LONG).status_code == 200
+    assert httpx.post(f"{gateway.url}/v1/completions", json=long_body()).status_code == 200
 
 
 def test_a_bound_of_zero_admits_everything(held_long_group):
     start, gate = held_long_group
     gateway, long_engine = start(bound=0)
     assert _status(gateway)["groups"]["long"]["max_pending_tokens"] is None
-    third = RawRequest(gateway.url, "/v1/completions", LONG)
+    third = RawRequest(gateway.url, "/v1/completions", long_body())
     try:
         poll(lambda: len(long_engine.requests) == 3, message="a third long request to reach the engine")
     finally:

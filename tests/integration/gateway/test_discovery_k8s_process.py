@@ -24,7 +24,10 @@ from tests.support.fixtures_gateway_k8s import (create_operator_services, start_
 NS = "default"
 SERVICES = ServiceNames("c-prefill-short", "c-prefill-long", "c-decode")
 SLICES = kmock.resource("discovery.k8s.io", "v1", "endpointslices")
-LONG_PROMPT = "many words " * 200  # far over the 64-token threshold used below
+def long_prompt(n: int) -> str:
+    """Far over the 64-token threshold used below; each `n` its own text (a repeated prompt would
+    follow cache affinity to the pod that prefilled it before)."""
+    return f"prompt {n}: " + "many words " * 200
 
 
 def _slice(name: str, service: str, pod: str, url: str, bootstrap: int = 8998) -> dict:
@@ -204,7 +207,7 @@ def test_gateway_process_follows_endpoint_slices(kube_api, stub_engines, gateway
 
         for _ in range(2):
             complete("hi")
-        complete(LONG_PROMPT)
+        complete(long_prompt(0))
         assert served() == {"pf-0": 1, "pf-1": 1, "pf-2": 1}  # short ones shared, long on pf-2
         assert engines["dc-0"].requests[-1]["bootstrap_port"] == 7002
 
@@ -217,8 +220,8 @@ def test_gateway_process_follows_endpoint_slices(kube_api, stub_engines, gateway
             complete("hi")
         assert served()["pf-1"] == before["pf-1"]  # short prompts no longer go to pf-1
         assert served()["pf-0"] == before["pf-0"] + 2
-        for _ in range(4):  # long prompts now reach pf-1 too
-            complete(LONG_PROMPT)
+        for n in range(4):  # long prompts now reach pf-1 too
+            complete(long_prompt(1 + n))
         assert served()["pf-1"] > before["pf-1"]
         assert served()["pf-1"] + served()["pf-2"] == before["pf-1"] + before["pf-2"] + 4
     finally:

@@ -26,7 +26,8 @@ GRAFANA_VARIABLES = {"$__rate_interval": "1m", "${namespace}": ".*", "$namespace
 THRESHOLD = 32          # gateway length threshold, in (heuristic) tokens
 SHORT_PROMPT = "Once upon a time"
 # ~540 characters: well over the threshold by any tokenizer or heuristic.
-LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
+# Long prompts, each its own (a repeat would be expected cached where it went: short work).
+LONG_PROMPTS = [f"Request {n}. " + "The quick brown fox jumps over the lazy dog. " * 12 for n in range(3)]
 
 
 def panel_queries(path: Path = DASHBOARD) -> list[tuple[str, str]]:
@@ -97,9 +98,9 @@ def send_traffic(client: httpx.Client) -> dict[str, int]:
 
     completion(SHORT_PROMPT, stream=False)
     chat(SHORT_PROMPT, stream=True)
-    completion(LONG_PROMPT, stream=True)
-    chat(LONG_PROMPT, stream=False)
-    completion(LONG_PROMPT, stream=False)
+    completion(LONG_PROMPTS[0], stream=True)
+    chat(LONG_PROMPTS[1], stream=False)
+    completion(LONG_PROMPTS[2], stream=False)
     # The errors panel groups by reason; give it one real error to show.
     wrong = client.post("/v1/completions", json={"model": "no-such-model", "prompt": "x"})
     assert wrong.status_code == 404, wrong.text

@@ -1,0 +1,153 @@
+"""Prompt prefixes as chains of block hashes, and the gateway's record of what it sent where.
+
+A prompt is cut into blocks of the units the token estimate works on, with no tokenizer:
+- chat: one block per message (role + text): a later turn re-sends the earlier messages
+  verbatim, so the chain of the earlier request is a prefix of the later one's;
+- a completion / generate text: fixed blocks of BLOCK_CHARS characters (only whole blocks: a
+  partial last block changes when the text grows, so it could never match);
+- token ids: fixed blocks of BLOCK_IDS ids.
+Each block's hash is chained with the previous one's (Python's own str/tuple hash, computed in C
+and cached on the str), so equal hashes at position i mean equal prefixes up to block i. The
+estimated tokens at each block's end are the request's estimate scaled by the characters up to
+there (`len` is O(1)), so no second pass over the text is needed. The gateway's added cost is
+one C-speed hash per block; hashes are salted per process, which is fine: only this process
+ever compares them.
+
+`PrefixRecord` is the gateway's memory of the chains it sent to each prefill pod: a bounded LRU
+of block hashes per pod, standing in for the pod's prefix cache (which the gateway cannot see).
+A chain is touched from its last block to its first, so a chain's first blocks are the most
+recent and the oldest tails go first: what is held of a chain stays a prefix of it (as in a
+radix cache, whose leaves are evicted first). That makes `held` a binary search: O(log blocks)
+per pod, independent of the prompt's size.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+BLOCK_CHARS = 256          # ~60 tokens of English: fine enough that a 40-token turn is not lost
+BLOCK_IDS = 64
+MAX_BLOCKS = 8192          # beyond ~2 MB of text a longer match would change nothing
+_MESSAGE_OVERHEAD_CHARS = 20   # a chat message's role markers, in characters (~5 tokens)
+DEFAULT_RECORD_BLOCKS_PER_POD = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixChain:
+    hashes: tuple[int, ...]   # chained block hashes, first block first
+    ends: tuple[int, ...]     # estimated prompt tokens up to the end of each block
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+
+def _chain(parts: Sequence[Any], sizes: Sequence[int], tokens: int, total: int) -> PrefixChain | None:
+    if not parts or total <= 0:
+        return None
+    hashes, ends = [], []
+    h, done = 0, 0
+    for part, size in zip(parts, sizes):
+        h = hash((h, part))
+        done += size
+        hashes.append(h)
+        ends.append(min(tokens, tokens * done // total))
+    return PrefixChain(tuple(hashes), tuple(ends))
+
+
+def _text_chain(text: str, tokens: int) -> PrefixChain | None:
+    n = min(len(text) // BLOCK_CHARS, MAX_BLOCKS)
+    parts = [text[i * BLOCK_CHARS:(i + 1) * BLOCK_CHARS] for i in range(n)]
+    return _chain(parts, [BLOCK_CHARS] * n, tokens, len(text))
+
+
+def _ids_chain(ids: list, tokens: int) -> PrefixChain | None:
+    n = min(len(ids) // BLOCK_IDS, MAX_BLOCKS)
+    parts = [tuple(ids[i * BLOCK_IDS:(i + 1) * BLOCK_IDS]) for i in range(n)]
+    return _chain(parts, [BLOCK_IDS] * n, tokens, len(ids))
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: the text parts, as the estimate counts
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def prefix_chain(body: dict, kind: str, tokens: int) -> PrefixChain | None:
+    """The block chain of a request body (`kind` as the estimate's), or None where it has no
+    usable prompt (batched prompts: their KV is several sequences, no one prefix)."""
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        parts, sizes = [], []
+        for m in messages[:MAX_BLOCKS]:
+            if not isinstance(m, dict):
+                return None
+            text = _content(m.get("content"))
+            parts.append((str(m.get("role", "")), text))
+            sizes.append(len(text) + _MESSAGE_OVERHEAD_CHARS)
+        total = sum(sizes) + _MESSAGE_OVERHEAD_CHARS  # + the generation prompt
+        return _chain(parts, sizes, tokens, total)
+    prompt = body.get("prompt") if kind == "completion" else (
+        body.get("input_ids") if body.get("input_ids") is not None else body.get("text"))
+    if isinstance(prompt, str):
+        return _text_chain(prompt, tokens)
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt[:BLOCK_IDS]):
+        return _ids_chain(prompt, tokens)
+    return None
+
+
+class PrefixRecord:
+    """Per prefill pod, the block hashes this gateway sent there lately (bounded LRU)."""
+
+    def __init__(self, blocks_per_pod: int = DEFAULT_RECORD_BLOCKS_PER_POD) -> None:
+        if blocks_per_pod < 1:
+            raise ValueError(f"blocks_per_pod must be >= 1, got {blocks_per_pod}")
+        self.blocks_per_pod = blocks_per_pod
+        self._pods: dict[str, OrderedDict[int, None]] = {}
+        self.evictions = 0
+
+    def held(self, pod: str, chain: PrefixChain | None) -> int:
+        """Estimated tokens of `chain`'s longest prefix that `pod` is expected to hold."""
+        blocks = self.held_blocks(pod, chain)
+        return chain.ends[blocks - 1] if blocks else 0
+
+    def held_blocks(self, pod: str, chain: PrefixChain | None) -> int:
+        seen = self._pods.get(pod)
+        if not seen or not chain or chain.hashes[0] not in seen:
+            return 0
+        hashes = chain.hashes
+        lo, hi = 1, len(hashes)        # held: hashes[:lo]; searching the largest such lo
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in seen:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def record(self, pod: str, chain: PrefixChain | None) -> None:
+        """`pod` was sent this chain: it will hold it (most recently used, first block last)."""
+        if not chain:
+            return
+        seen = self._pods.get(pod)
+        if seen is None:
+            seen = self._pods[pod] = OrderedDict()
+        hashes = chain.hashes[:self.blocks_per_pod]   # a chain longer than the record: its head
+        for h in reversed(hashes):
+            seen[h] = None
+            seen.move_to_end(h)
+        while len(seen) > self.blocks_per_pod:
+            seen.popitem(last=False)
+            self.evictions += 1
+
+    def forget(self, pod: str) -> None:
+        """The pod restarted or left: it holds nothing any more."""
+        self._pods.pop(pod, None)
+
+    def blocks(self, pod: str) -> int:
+        return len(self._pods.get(pod, ()))

@@ -1,0 +1,125 @@
+"""Cache-affine routing (issue 12): the pure policy, the prompt's block chain and the gateway's
+record of what it sent where."""
+from __future__ import annotations
+
+import pytest
+
+from laps_agent.gateway.affinity import reported_split
+from laps_agent.gateway.prefix import BLOCK_CHARS, PrefixRecord, prefix_chain
+from laps_agent.gateway.routing import AffinityBound, Endpoint, EndpointLoad, choose_route
+
+
+def ep(name: str) -> Endpoint:
+    return Endpoint(name, f"http://{name}:30000", name, 8998)
+
+
+SHORT = [ep("s0"), ep("s1"), ep("s2")]
+LONG = [ep("l0"), ep("l1"), ep("l2")]
+GROUPS = {"short": SHORT, "long": LONG}
+DECODE = [ep("d0")]
+
+
+def chat(*contents: str) -> dict:
+    roles = ["user", "assistant"]
+    return {"messages": [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]}
+
+
+def route(record: PrefixRecord, body: dict, tokens: int, load=None, bound=AffinityBound()):
+    chain = prefix_chain(body, "chat", tokens)
+    return choose_route(tokens, 256, GROUPS, DECODE, load or {}, tiebreak=0,
+                        held=lambda e: record.held(e.name, chain), bound=bound), chain
+
+
+def test_later_turns_stick_to_the_pod_that_served_the_earlier_ones():
+    record = PrefixRecord()
+    body = chat("x " * 600)                       # turn 1: long
+    first, chain = route(record, body, 1000)
+    assert (first.cls, first.group, first.cached) == ("long", "long", 0)
+    record.record(first.prefill.name, chain)
+    # Other pods are idler than the one holding the conversation: affinity still wins.
+    load = {first.prefill.name: EndpointLoad(pending_requests=2, pending_tokens=500)}
+    for turn in range(2, 6):
+        body = chat(*[m["content"] for m in body["messages"]], f"answer {turn} " * 5, f"question {turn}")
+        d, chain = route(record, body, 1000 + 40 * turn, load)
+        assert d.prefill == first.prefill
+        assert d.cached > 0
+        record.record(d.prefill.name, chain)
+
+
+def test_a_pod_far_above_its_group_mean_loses_affinity():
+    record = PrefixRecord()
+    body = chat("x " * 600)
+    first, chain = route(record, body, 1000)
+    record.record(first.prefill.name, chain)
+    bound = AffinityBound(load_factor=1.5, slack_tokens=0)
+    later = chat("x " * 600, "answer", "question")
+    others = {e.name: EndpointLoad(1, 500) for e in LONG if e != first.prefill}
+    # Holder at 3000 pending tokens, the others at 500: mean 1333, bound 2000.
+    hot = {**others, first.prefill.name: EndpointLoad(5, 3000)}
+    d, _ = route(record, later, 1040, hot, bound)
+    assert d.prefill != first.prefill and d.cached == 0 and d.cls == "long"
+    # At 700 (mean 567, bound 850) it is busier than the others but keeps the conversation.
+    warm = {**others, first.prefill.name: EndpointLoad(2, 700)}
+    d, _ = route(record, later, 1040, warm, bound)
+    assert d.prefill == first.prefill and d.cached > 0
+
+
+def test_a_40_token_turn_of_a_1000_token_conversation_is_short_only_where_its_prefix_is_held():
+    record = PrefixRecord()
+    earlier = chat("x " * 600, "y " * 50)
+    later = chat("x " * 600, "y " * 50, "z " * 20)
+    tokens = 1040
+    cold, _ = route(record, later, tokens)
+    assert cold.cls == "long" and cold.cached == 0
+    record.record("l1", prefix_chain(earlier, "chat", 1000))
+    warm, _ = route(record, later, tokens)
+    assert warm.prefill.name == "l1" and warm.cls == "short" and tokens - warm.cached <= 256
+    assert not warm.fallback
+    # A short-group pod holding it serves it there.
+    record.forget("l1")
+    record.record("s2", prefix_chain(earlier, "chat", 1000))
+    there, _ = route(record, later, tokens)
+    assert (there.prefill.name, there.cls, there.group) == ("s2", "short", "short")
+
+
+def test_without_held_tokens_the_policy_is_the_full_length_one():
+    record = PrefixRecord()
+    for tokens in (10, 256, 257, 5000):
+        d, _ = route(record, chat("q"), tokens)
+        plain = choose_route(tokens, 256, GROUPS, DECODE, {})
+        assert (d.cls, d.group, d.prefill, d.fallback) == (plain.cls, plain.group, plain.prefill, plain.fallback)
+
+
+def test_the_record_is_a_bounded_lru_that_evicts_the_oldest_tails_first():
+    record = PrefixRecord(blocks_per_pod=6)
+    a = prefix_chain(chat("a1", "a2", "a3", "a4"), "chat", 400)
+    b = prefix_chain(chat("b1", "b2", "b3"), "chat", 300)
+    record.record("p", a)
+    assert record.held_blocks("p", a) == 4 and record.held("p", a) == a.ends[3]
+    record.record("p", b)                       # 7 blocks > 6: a's last block goes
+    assert record.blocks("p") == 6 and record.evictions == 1
+    assert record.held_blocks("p", a) == 3      # what is left of `a` is still a prefix of it
+    assert record.held_blocks("p", b) == 3
+    record.record("p", a)                       # a used again: b's tail goes now
+    assert record.held_blocks("p", a) == 4 and record.held_blocks("p", b) == 2
+    assert record.held("other", a) == 0
+
+
+def test_chains_share_prefixes_exactly_when_the_prompts_do():
+    text = "w" * (BLOCK_CHARS * 4 + 10)
+    short, longer = prefix_chain({"prompt": text}, "completion", 100), prefix_chain({"prompt": text + "more" * 200}, "completion", 300)
+    assert len(short) == 4 and longer.hashes[:4] == short.hashes
+    changed = prefix_chain({"prompt": "v" + text[1:]}, "completion", 100)
+    assert not set(changed.hashes) & set(short.hashes)
+    ids = prefix_chain({"input_ids": list(range(200))}, "generate", 200)
+    assert len(ids) == 3 and ids.ends == (64, 128, 192)
+    assert prefix_chain({"prompt": ["a", "b"]}, "completion", 2) is None
+
+
+@pytest.mark.parametrize("body, split", [
+    (b'{"usage":{"prompt_tokens":1040,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":1000}}}', (1040, 1000)),
+    (b'{"meta_info":{"prompt_tokens":12,"cached_tokens":0}}', (12, 0)),
+    (b'{"usage":{"prompt_tokens":12}}', None),
+])
+def test_the_engines_reported_split_is_read_from_the_answer(body, split):
+    assert reported_split(body) == split
