@@ -41,6 +41,19 @@ def reported_split(body: bytes) -> tuple[int, int] | None:
 class CacheAffinity:
     def __init__(self, record: PrefixRecord | None, threshold: int, metrics: GatewayMetrics) -> None:
         self.record, self._threshold, self._metrics = record, threshold, metrics
+        self._membership: object | None = None
+
+    def follow(self, membership) -> None:
+        """Forget what departed prefill pods held: one that comes back (a new pod, an empty
+        cache) must not attract its old conversations. A pod moving between the groups keeps
+        its record, as its engine keeps its cache. Discovery replaces the membership object on
+        every change, so an unchanged one costs one comparison."""
+        if self.record is None or membership is self._membership:
+            return
+        self._membership = membership
+        present = {e.name for pods in membership.groups.values() for e in pods}
+        for pod in self.record.pods() - present:
+            self.record.forget(pod)
 
     def held(self, chain: PrefixChain | None) -> Callable[[Endpoint], int] | None:
         """The routing policy's `held` for this request; None: classes by the full length."""

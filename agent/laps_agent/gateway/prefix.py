@@ -145,6 +145,10 @@ class PrefixRecord:
             seen.popitem(last=False)
             self.evictions += 1
 
+    def pods(self) -> set[str]:
+        """The pods this record holds something for."""
+        return set(self._pods)
+
     def forget(self, pod: str) -> None:
         """The pod restarted or left: it holds nothing any more."""
         self._pods.pop(pod, None)

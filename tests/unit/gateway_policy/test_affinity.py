@@ -123,3 +123,21 @@ def test_chains_share_prefixes_exactly_when_the_prompts_do():
 ])
 def test_the_engines_reported_split_is_read_from_the_answer(body, split):
     assert reported_split(body) == split
+
+
+def test_a_departed_pod_loses_its_record_and_a_relabelled_one_keeps_it():
+    from laps_agent.gateway.affinity import CacheAffinity
+    from laps_agent.gateway.discovery import Membership
+    from laps_agent.gateway.metrics import GatewayMetrics
+
+    record = PrefixRecord()
+    affinity = CacheAffinity(record, 256, GatewayMetrics())
+    chain = prefix_chain(chat("x " * 600), "chat", 1000)
+    for pod in ("s0", "l0", "l1"):
+        record.record(pod, chain)
+    affinity.follow(Membership(groups={"short": SHORT, "long": LONG}, decode=DECODE))
+    assert record.pods() == {"s0", "l0", "l1"}
+    # l0 leaves (scale-down, or it restarts elsewhere); s0 moves to the long group.
+    affinity.follow(Membership(groups={"short": SHORT[1:], "long": [SHORT[0], *LONG[1:]]}, decode=DECODE))
+    assert record.pods() == {"s0", "l1"}
+    assert record.held("s0", chain) > 0 and record.held("l0", chain) == 0
