@@ -208,7 +208,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
                                     plural=resource.plural, namespace=request.namespace,
                                     name=request.name, subresource=request.subresource)
         self.access.authorize_request(request.id, identity, attrs)
-        if request.method in ("POST", "PUT", "PATCH") and "dryRun" not in request.params:
+        # Only a write by someone the checks apply to costs the prospective object.
+        if request.method in ("POST", "PUT", "PATCH") and "dryRun" not in request.params \
+                and self.access.checks_writes_of(identity):
             old, new = self._prospective(request)
             self.access.admit_write(request.id, identity, attrs, old, new)
 

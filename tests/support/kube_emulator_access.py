@@ -100,11 +100,16 @@ class AccessControl:
 
     # --- checks on writes ----------------------------------------------------------------------
 
+    @staticmethod
+    def checks_writes_of(identity: Identity) -> bool:
+        """Escalation and owner-reference checks skip system:masters, as the authoriser does."""
+        return MASTERS not in identity.groups
+
     def admit_write(self, request_id: int, identity: Identity, attrs: Attributes,
                     old: dict | None, new: dict | None) -> None:
         """Escalation prevention (RBAC objects) and owner-reference admission for one write of
         `old` into `new` (old None: a create); raises Forbidden."""
-        if new is None or attrs.subresource or MASTERS in identity.groups:
+        if new is None or attrs.subresource or not self.checks_writes_of(identity):
             return
         if attrs.group == RBAC_GROUP and attrs.resource in _ROLES:
             self._no_escalation(request_id, identity, attrs, new.get("rules") or [], "escalate")

@@ -94,7 +94,7 @@ def resource_attributes(method: str, params: dict, *, group: str, plural: str, n
 
 
 def non_resource_attributes(method: str, path: str) -> Attributes:
-    return Attributes(verb_of(method, named=True, watch=False) if method != "GET" else "get", path=path)
+    return Attributes(verb_of(method, named=True, watch=False), path=path)
 
 
 # --- rule matching ---------------------------------------------------------------------------

@@ -97,8 +97,8 @@ class EmulatedEngine:
         self.on_first_token = on_first_token
         self.snapshot: dict[str, Any] = model.snapshot()
         self._vocab = synthetic_vocabulary(tokenizer)
-        self._live: dict[str, tuple[GenerateWork, OutputSink]] = {}
-        self._requests: dict[str, ModelRequest] = {}   # for the cached tokens the model found
+        # rid -> (work, sink, the model's request: it carries the cached tokens the model found)
+        self._live: dict[str, tuple[GenerateWork, OutputSink, ModelRequest]] = {}
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -128,13 +128,11 @@ class EmulatedEngine:
             req.cls = ""  # the model classifies it like the prefill engine did
         elif self.model.prefix_cache is not None:
             req.blocks = page_keys(work.input_ids, self.model.page_size)
-        self._requests[work.rid] = req
-        self._live[work.rid] = (work, sink)
+        self._live[work.rid] = (work, sink, req)
         self._dispatch(self.model.add(req, time.monotonic()))
         self._wake.set()
 
     def abort(self, rid: str) -> None:
-        self._requests.pop(rid, None)
         if self._live.pop(rid, None) is not None:
             self.model.abort(rid)
             if self._wake is not None:
@@ -174,18 +172,15 @@ class EmulatedEngine:
             entry = self._live.get(ev.rid)
             if entry is None:
                 continue
-            work, sink = entry
+            work, sink, req = entry
             if ev.finished:
                 del self._live[ev.rid]
-                req = self._requests.pop(ev.rid, None)
-            else:
-                req = self._requests.get(ev.rid)
             if ev.kind == "error":
                 self._emit(sink, EngineOutput(ev.rid, finished=True, finish_reason="error", error=ev.error,
                                               error_status=400))
                 continue
             out = self._output(work, ev)
-            out.cached_tokens = work.cached_tokens if work.kind == "decode" else (req.cached_tokens if req else 0)
+            out.cached_tokens = work.cached_tokens if work.kind == "decode" else req.cached_tokens
             if ev.tokens == 1:
                 out.ttft_s = ev.time - work.arrival
                 if self.on_first_token is not None:
@@ -207,8 +202,7 @@ class EmulatedEngine:
         return out
 
     def _fail(self, rid: str, message: str) -> None:
-        self._requests.pop(rid, None)
-        work, sink = self._live.pop(rid)
+        work, sink, _ = self._live.pop(rid)
         self.model.abort(rid)
         self._emit(sink, EngineOutput(rid, finished=True, finish_reason="error", error=message))
 

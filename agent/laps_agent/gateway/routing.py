@@ -175,30 +175,23 @@ def choose_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endp
     if held is not None:
         cls, group, prefill, fallback, cached = _affine_route(tokens, threshold, groups, load, exclude,
                                                                tiebreak, held, bound)
+        described = (SHORT, LONG)
+    else:
+        cls, cached = length_class(tokens, threshold), 0
+        group, fallback = cls, False
+        prefill = _least_loaded(groups.get(cls, ()), load, exclude, tiebreak)
         if prefill is None:
-            raise NoEndpointError(
-                f"no usable prefill pod for a {cls} request ({tokens} tokens): "
-                f"{_describe('prefill-short', groups.get(SHORT, ()), load, exclude)}; "
-                f"{_describe('prefill-long', groups.get(LONG, ()), load, exclude)}")
-        decode_ep = _least_loaded(decode, load, exclude, tiebreak)
-        if decode_ep is None:
-            raise NoEndpointError(f"no usable decode pod: {_describe('decode', decode, load, exclude)}")
-        return RouteDecision(cls, group, prefill, decode_ep, fallback, cached)
-    cls = length_class(tokens, threshold)
-    group, fallback = cls, False
-    prefill = _least_loaded(groups.get(cls, ()), load, exclude, tiebreak)
+            group, fallback = _OTHER[cls], True
+            prefill = _least_loaded(groups.get(group, ()), load, exclude, tiebreak)
+        described = (cls, _OTHER[cls])
     if prefill is None:
-        group, fallback = _OTHER[cls], True
-        prefill = _least_loaded(groups.get(group, ()), load, exclude, tiebreak)
-        if prefill is None:
-            raise NoEndpointError(
-                f"no usable prefill pod for a {cls} request ({tokens} tokens): "
-                f"{_describe('prefill-' + cls, groups.get(cls, ()), load, exclude)}; "
-                f"{_describe('prefill-' + group, groups.get(group, ()), load, exclude)}")
+        raise NoEndpointError(
+            f"no usable prefill pod for a {cls} request ({tokens} tokens): "
+            + "; ".join(_describe(f"prefill-{g}", groups.get(g, ()), load, exclude) for g in described))
     decode_ep = _least_loaded(decode, load, exclude, tiebreak)
     if decode_ep is None:
         raise NoEndpointError(f"no usable decode pod: {_describe('decode', decode, load, exclude)}")
-    return RouteDecision(cls, group, prefill, decode_ep, fallback)
+    return RouteDecision(cls, group, prefill, decode_ep, fallback, cached)
 
 
 def bench_routing(n: int = 200_000) -> float:
