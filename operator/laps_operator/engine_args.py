@@ -31,6 +31,8 @@ def builtin_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], lis
         "--device", spec.engine.device,
         "--length-threshold", str(laps.length_threshold),
         "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
+        # Decode engines keep no cache either way; the flag says the same on every pod.
+        "--prefix-cache" if laps.prefix_cache else "--no-prefix-cache",
     ]
     if spec.engine.max_queued_requests is not None:
         args += ["--max-queued-requests", str(spec.engine.max_queued_requests)]
@@ -66,6 +68,9 @@ def sglang_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], list
         # The plugin's laps_engine_* series join SGLang's own on this server's /metrics.
         "--enable-metrics",
     ]
+    if not spec.laps.prefix_cache:
+        # SGLang's radix cache is on unless disabled (it has no positive flag); both roles.
+        args.append("--disable-radix-cache")
     if role == "prefill":
         args += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
         graphs = spec.laps.batch_prefill_graphs
@@ -119,6 +124,7 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
         "--served-model-name", spec.model.served,
         "--request-deadline-s", _fmt(spec.gateway.request_deadline_seconds),
         "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
+        "--prefix-affinity" if spec.laps.affinity else "--no-prefix-affinity",
     ]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]

@@ -13,6 +13,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -127,9 +128,20 @@ class AllocationSpec(_Model):
 
 class LapsSpec(_Model):
     length_threshold: int = Field(default=256, ge=1)
+    # Engines keep the KV of earlier prompts (builtin --prefix-cache, SGLang's radix cache);
+    # the gateway routes a prompt to the prefill pod expected to hold its prefix (--prefix-affinity).
+    # Strict, as the CRD's `type: boolean`: 0 or "no" is a mistake, not false.
+    prefix_cache: StrictBool = True
+    # None (unset): follows prefix_cache, so turning the cache off alone is enough.
+    prefix_affinity: StrictBool | None = None
     scheduler: SchedulerSpec = SchedulerSpec()
     batch_prefill_graphs: BatchPrefillGraphsSpec = BatchPrefillGraphsSpec()
     allocation: AllocationSpec = AllocationSpec()
+
+    @property
+    def affinity(self) -> bool:
+        """Whether the gateway routes by cache affinity (prefixAffinity, else prefixCache)."""
+        return self.prefix_cache if self.prefix_affinity is None else self.prefix_affinity
 
 
 class ApiKeysSecretSpec(_Model):
@@ -210,6 +222,11 @@ class NetworkPolicySpec(_Model):
         return peers
 
 
+PREFIX_AFFINITY_NEEDS_CACHE = (
+    "laps.prefixAffinity routes a prompt to the prefill pod expected to hold its prefix: it needs "
+    "laps.prefixCache (leave laps.prefixAffinity unset or false)")
+
+
 class ClusterSpec(_Model):
     model: ModelSpec
     engine: EngineSpec = EngineSpec()
@@ -241,6 +258,8 @@ class ClusterSpec(_Model):
             # The same message as the CRD's rule, which cannot read EXIT_MARGIN_SECONDS.
             raise ValueError(f"drain.gracePeriodSeconds must be at least drain.preStopSeconds + "
                              f"{EXIT_MARGIN_SECONDS + 1} (1 s to finish requests, {EXIT_MARGIN_SECONDS} s to exit)")
+        if self.laps.prefix_affinity is True and not self.laps.prefix_cache:
+            raise ValueError(PREFIX_AFFINITY_NEEDS_CACHE)
         if self.engine.backend != "sglang" and (
             self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1
         ):

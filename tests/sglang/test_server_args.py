@@ -23,7 +23,8 @@ for argv in json.loads(sys.argv[1] if len(sys.argv) > 1 else CASES):
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(argv)  # exits non-zero, naming the flag, on anything unknown
     out.append({k: getattr(ns, k) for k in ("model_path", "disaggregation_mode",
-                "disaggregation_transfer_backend", "disaggregation_bootstrap_port", "tp_size", "port")})
+                "disaggregation_transfer_backend", "disaggregation_bootstrap_port", "tp_size", "port",
+                "disable_radix_cache")})
 print("RESULT" + json.dumps(out))
 """
 
@@ -37,11 +38,13 @@ def _rendered_cases():
         body = yaml.safe_load(path.read_text())["spec"]
         body["engine"] = {**body.get("engine", {}), "backend": "sglang"}
         body.setdefault("engine", {}).pop("maxQueuedRequests", None)
-        spec = parse_spec(body)
-        for role in ("prefill", "decode"):
-            command, args = sglang_engine_command(spec, role)
-            assert command == ["python3", "-m", "sglang.launch_server"]
-            cases.append((path.name, role, spec, args))
+        # Each example as written, and with the prefix cache off (--disable-radix-cache).
+        no_cache = {**body, "laps": {**body.get("laps", {}), "prefixCache": False, "prefixAffinity": False}}
+        for name, spec in ((path.name, parse_spec(body)), (f"{path.name} prefixCache=false", parse_spec(no_cache))):
+            for role in ("prefill", "decode"):
+                command, args = sglang_engine_command(spec, role)
+                assert command == ["python3", "-m", "sglang.launch_server"]
+                cases.append((name, role, spec, args))
     return cases
 
 
@@ -59,5 +62,6 @@ def test_rendered_commands_parse_with_sglang_server_args():
         assert got["model_path"] == spec.model.path and got["port"] == 30000, name
         assert got["disaggregation_transfer_backend"] == spec.engine.sglang.transfer_backend, name
         assert got["tp_size"] == pool.tensor_parallel_size, name
+        assert got["disable_radix_cache"] is (not spec.laps.prefix_cache), name
         if role == "prefill":
             assert got["disaggregation_bootstrap_port"] == 8998, name

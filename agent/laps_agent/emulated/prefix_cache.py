@@ -44,6 +44,16 @@ class PrefixCacheModel:
             held.move_to_end(key)
         return n
 
+    def peek(self, blocks: Sequence[int]) -> int:
+        """Leading blocks of `blocks` held, touching nothing (what a router may ask)."""
+        held = self._blocks
+        n = 0
+        for key in blocks:
+            if key not in held:
+                break
+            n += 1
+        return n
+
     def cached_tokens(self, blocks: Sequence[int] | None, prompt_tokens: int) -> int:
         """Tokens of a prompt found cached; at least one token is always computed (its logits
         give the first output token), as the builtin engine does."""

@@ -13,17 +13,19 @@ so a guessed or replayed room must get nothing.
 
 Wire format (one HTTP body): 4-byte big-endian header length, UTF-8 JSON header, raw bytes.
 What the header and bytes hold is the codec's business: the builtin engine's tensors
-(`pd.TensorKVCodec`), or the emulated engine's header-only stand-in."""
+(`pd.TensorKVCodec`), or the emulated engine's header-only stand-in.
+The frame and its zero-join handling live in pd_frame.py."""
 from __future__ import annotations
 
 import asyncio
-import json
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+
+from laps_agent.engine.pd_frame import (BootstrapError, Frame, Payload, decode_frame,  # noqa: F401
+                                        encode_frame, read_body)
 
 KV_PATH = "/laps/kv/{room}"
 # The gateway sends a request to its prefill and decode engines at once, so the decode engine's
@@ -36,32 +38,12 @@ ANNOUNCE_GRACE_S = 1.0
 UNKNOWN_ROOM_HEADER = "x-laps-unknown-room"
 
 
-class BootstrapError(RuntimeError):
-    """The hand-off failed (timeout, refused, corrupt payload)."""
-
-
 class RoomRefused(Exception):
     """The outbox gives nothing for this room: `status` 404 (not announced here) or 410 (done)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
-
-
-def encode_frame(header: dict, body: bytes = b"") -> bytes:
-    raw = json.dumps(header).encode()
-    return struct.pack(">I", len(raw)) + raw + body
-
-
-def decode_frame(data: bytes) -> tuple[dict, memoryview]:
-    try:
-        (size,) = struct.unpack(">I", data[:4])
-        header = json.loads(data[4:4 + size])
-    except (struct.error, ValueError) as exc:
-        raise BootstrapError(f"corrupt KV transfer payload: {exc}") from None
-    if not isinstance(header, dict):
-        raise BootstrapError("corrupt KV transfer payload: header is not an object")
-    return header, memoryview(data)[4 + size:]
 
 
 class HandOff(Protocol):
@@ -78,15 +60,16 @@ class KVCodec(Protocol):
     # `meta` (a small JSON object, e.g. {"cached_tokens": n}) comes back as the HandOff's meta.
     # Callers pass it only when they have something to say, so codecs may leave it out.
     async def encode(self, room: int, input_ids: list[int], first_token: int, kv: Any,
-                     meta: dict | None = None) -> bytes: ...
-    async def decode(self, payload: bytes) -> HandOff: ...
+                     meta: dict | None = None) -> Payload: ...
+    # `payload`: what fetch_payload returned (bytes-like; a big one is a writable memoryview).
+    async def decode(self, payload: bytes | memoryview) -> HandOff: ...
 
 
 @dataclass
 class _Slot:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     taken: asyncio.Event = field(default_factory=asyncio.Event)
-    payload: bytes | None = None
+    payload: Payload | None = None
     expires: float = 0.0
 
 
@@ -126,7 +109,7 @@ class KVOutbox:
         _prune(self._done, now)
         self._done[room] = now + self.timeout_s
 
-    async def hand_off(self, room: int, payload: bytes) -> None:
+    async def hand_off(self, room: int, payload: Payload) -> None:
         """Park the payload and wait until a decode engine took it; BootstrapError after the timeout
         (the payload is dropped then)."""
         if room in self._done and self._done[room] > time.monotonic():
@@ -164,7 +147,7 @@ class KVOutbox:
             if self._heralds.get(room) is herald:
                 del self._heralds[room]
 
-    async def take(self, room: int, wait_s: float) -> bytes | None:
+    async def take(self, room: int, wait_s: float) -> Payload | None:
         """Decode side asking: the payload, or None if it did not arrive within wait_s; RoomRefused
         for a room this engine is not serving (unknown, or already delivered)."""
         started = time.monotonic()
@@ -197,6 +180,22 @@ def bootstrap_app(outbox: KVOutbox):
     """The ASGI app served on --bootstrap-port."""
     from fastapi import FastAPI, Query, Response
 
+    class _FrameResponse(Response):
+        """Sends a Frame's parts as they are: the transport writes each buffer without joining."""
+
+        def __init__(self, frame: Frame) -> None:
+            super().__init__(headers={"content-length": str(len(frame))},
+                             media_type="application/octet-stream")
+            self.frame = frame
+
+        async def __call__(self, scope, receive, send) -> None:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            parts = self.frame.parts
+            for i, part in enumerate(parts):
+                await send({"type": "http.response.body", "body": part,
+                            "more_body": i < len(parts) - 1})
+
     app = FastAPI(title="laps engine bootstrap", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/health")
@@ -212,14 +211,18 @@ def bootstrap_app(outbox: KVOutbox):
                             headers={UNKNOWN_ROOM_HEADER: "1"} if exc.status == 404 else None)
         if payload is None:
             return Response(status_code=404, content=f"bootstrap_room {room} not ready")
+        if isinstance(payload, Frame):
+            return _FrameResponse(payload)
         return Response(content=payload, media_type="application/octet-stream")
 
     return app
 
 
 async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
-                        client: httpx.AsyncClient | None = None, poll_s: float = 5.0) -> bytes:
-    """Decode side: long-poll the prefill engine until the room's payload arrives or timeout_s passes."""
+                        client: httpx.AsyncClient | None = None,
+                        poll_s: float = 5.0) -> bytes | memoryview:
+    """Decode side: long-poll the prefill engine until the room's payload arrives or timeout_s
+    passes. A big payload comes back as a writable memoryview (see `pd_frame.read_body`)."""
     deadline = time.monotonic() + timeout_s
     url = f"http://{_host_for_url(host)}:{port}{KV_PATH.format(room=room)}"
     own = client is None
@@ -235,15 +238,19 @@ async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
                     f"{timeout_s:g}s ({last_error})")
             wait = min(poll_s, left)
             try:
-                resp = await client.get(url, params={"wait": f"{wait:.3f}"}, timeout=wait + 10.0)
+                # Streamed, so a big body is read into one buffer rather than joined from chunks.
+                async with client.stream("GET", url, params={"wait": f"{wait:.3f}"},
+                                         timeout=wait + 10.0) as resp:
+                    if resp.status_code == 200:
+                        return await read_body(resp)
+                    await resp.aread()
             except httpx.HTTPError as exc:
-                # Prefill engine not reachable (yet): retry until the deadline.
+                # Prefill engine not reachable (yet), or the connection broke mid-body: retry
+                # until the deadline (a room already delivered answers 410 then).
                 last_error = f"{type(exc).__name__}: {exc}"
                 await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
                 backoff = min(backoff * 2, 1.0)
                 continue
-            if resp.status_code == 200:
-                return resp.content
             if resp.status_code == 410:  # delivered to someone else: waiting cannot help
                 raise BootstrapError(f"bootstrap_room {room} at {host}:{port}: {resp.text}")
             last_error = f"HTTP {resp.status_code}: {resp.text}"

@@ -223,9 +223,13 @@ class ModelRunner:
         the pages may be freed at once; `wait()` off the engine loop."""
         self._check_pages(pages, length)
         idx = self._slots(pages, 0, length)
-        k = self.k_pool.view(self.config.num_layers, -1, *self.k_pool.shape[-2:])[:, idx]
-        v = self.v_pool.view(self.config.num_layers, -1, *self.v_pool.shape[-2:])[:, idx]
-        return start_export(torch.stack((k, v), dim=1))
+        layers, heads, dim = self.config.num_layers, *self.k_pool.shape[-2:]
+        # One gather per pool, straight into the [layers, 2, ...] wire layout: indexing and then
+        # torch.stack would copy the prompt's KV twice (on CPU this tensor is what goes out).
+        out = torch.empty((layers, 2, length, heads, dim), dtype=self.k_pool.dtype, device=self.device)
+        for j, pool in enumerate((self.k_pool, self.v_pool)):
+            torch.index_select(pool.view(layers, -1, heads, dim), 1, idx, out=out[:, j])
+        return start_export(out)
 
     @torch.inference_mode()
     def import_kv(self, pages: list[int], kv: torch.Tensor) -> None:

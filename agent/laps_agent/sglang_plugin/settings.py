@@ -74,7 +74,10 @@ def _from_file(path: Path) -> dict:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: expected a mapping like spec.laps, got {type(data).__name__}")
-    unknown = set(data) - {"lengthThreshold", "scheduler", "batchPrefillGraphs", "allocation"}
+    # spec.laps's other keys are accepted and not the plugin's: SGLang's own flags
+    # (prefixCache: --disable-radix-cache), the gateway's (prefixAffinity), the operator's.
+    unknown = set(data) - {"lengthThreshold", "prefixCache", "prefixAffinity", "scheduler",
+                           "batchPrefillGraphs", "allocation"}
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
     values: dict = {}

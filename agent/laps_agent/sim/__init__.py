@@ -23,7 +23,7 @@ from laps_agent.results import (RequestTable, RunResult, compare_markdown, markd
                                 phases_markdown, save, summarize)
 from laps_agent.scheduling.classes import LONG, SHORT, is_short
 from laps_agent.systems import SYSTEMS, SystemConfig, system
-from laps_agent.results.turns import pod_load, summarize_turns, turns_report
+from laps_agent.results.turns import ORACLE_LABEL, pod_load, summarize_turns, turns_report
 from laps_agent.workload.conversations import oracle_cached_tokens
 from laps_agent.workload.plan import Plan, plan_requests, warmup_spec
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
@@ -31,6 +31,13 @@ from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
 from .cluster import HOP_S, SimCluster, chars4_estimate
 
 _CAPACITY_REQUESTS_PER_POD = 200
+# The multi-turn reference, only here: `laps` over one unlimited prefix cache that every prefill
+# pod shares and the router knows (prefix.py). Not a system `laps local` can run.
+ORACLE = dataclasses.replace(SYSTEMS["laps"], name=ORACLE_LABEL)
+
+
+def sim_system(name: str) -> SystemConfig:
+    return ORACLE if name == ORACLE.name else system(name)
 
 
 def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill: int, decode: int,
@@ -46,7 +53,8 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     if sys_config.estimator == "chars4":
         estimate = chars4_estimate(chars_per_token or default_chars_per_token())
     cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
-                         engine_args=engine_args, estimate=estimate, hop_s=hop_s)
+                         engine_args=engine_args, estimate=estimate, hop_s=hop_s,
+                         oracle=sys_config.name == ORACLE.name)
     skip, offset = 0, 0.0
     at, prompts, outputs_all, convs = plan.at, plan.prompt_tokens, plan.output_tokens, plan.conversation
     if warmup is not None and len(warmup):
@@ -156,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", type=int, default=8)
     p.add_argument("--decode", type=int, default=2)
     p.add_argument("--systems", default="laps", help=f"comma-separated, the first is the baseline "
-                   f"of the comparison ({', '.join(SYSTEMS)})")
+                   f"of the comparison ({', '.join(SYSTEMS)}; and {ORACLE.name}: a reference with an "
+                   f"unlimited prefix cache shared by all prefill pods, for multi-turn workloads)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate-scale", type=float, default=None, help="multiply every phase's rate")
     load.add_argument("--load", type=float, default=None,
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.seed is not None:
             spec = spec.model_copy(update={"seed": args.seed})
         profile = load_profile(args.profile)
-        systems = [system(name.strip()) for name in args.systems.split(",") if name.strip()]
+        systems = [sim_system(name.strip()) for name in args.systems.split(",") if name.strip()]
         if args.allocation is not None:
             systems = [dataclasses.replace(s, allocation=args.allocation) for s in systems]
     except (WorkloadError, ProfileError, ValueError) as exc:

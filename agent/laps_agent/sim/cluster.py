@@ -80,7 +80,8 @@ class SimCluster:
                  estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
                  interval_s: float = 5.0, hop_s: float = HOP_S,
-                 max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None) -> None:
+                 max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None,
+                 oracle: bool = False) -> None:
         if prefill < 1 or decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
@@ -91,8 +92,10 @@ class SimCluster:
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
 
-        # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record.
-        self.prefixes = SimPrefixes(profile, prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens)
+        # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record;
+        # `oracle`: one unlimited cache all pods share, known to the router (prefix.py).
+        self.prefixes = SimPrefixes(profile, prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens,
+                                    oracle=oracle)
 
         def model(role: str, cache=None) -> EngineModel:
             return EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,

@@ -8,6 +8,12 @@ and a single request (conversation -1) shares nothing. Every prefill engine gets
 `PrefixRecord` fed with the same pages, recorded when a request is sent (as the gateway does), so
 routing (`choose_route`'s `held`) sees what the real gateway would: what it sent where, not
 the engines' caches. With `affinity` off the record is not kept and classes go by full length.
+
+`oracle` (the `laps-oracle` system of `laps sim`, a reference): one cache of unlimited capacity
+shared by every prefill pod, and a router that knows it, so every pod holds every earlier turn
+(what `workload.conversations.oracle_cached_tokens` counts: the hit rate no router can beat) and
+routing goes by load alone. Its TTFT shows what caching gives on a workload; it is not a strict
+bound (routing by load is not optimal either). It exists only in the simulator.
 """
 from __future__ import annotations
 
@@ -19,11 +25,19 @@ from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
 from laps_agent.gateway.routing import Endpoint
 
 _PAGES_PER_CONVERSATION = 2 ** 24
+_UNLIMITED_TOKENS = 2 ** 50
 
 
 class SimPrefixes:
-    def __init__(self, profile: Profile, prefill: int, *, affinity: bool, cache_tokens: int | None = None) -> None:
+    def __init__(self, profile: Profile, prefill: int, *, affinity: bool, cache_tokens: int | None = None,
+                 oracle: bool = False) -> None:
         self.block_tokens = profile.engine.page_size
+        self.oracle = None
+        if oracle:
+            self.oracle = PrefixCacheModel(_UNLIMITED_TOKENS, self.block_tokens)
+            self.caches: list[PrefixCacheModel | None] = [self.oracle] * prefill
+            self.record = None
+            return
         capacity = profile.engine.kv_capacity_tokens if cache_tokens is None else cache_tokens
         self.caches = ([PrefixCacheModel(capacity, self.block_tokens) for _ in range(prefill)]
                        if capacity >= self.block_tokens else [None] * prefill)
@@ -46,6 +60,10 @@ class SimPrefixes:
 
     def held(self, conversation: int, prompt_tokens: int) -> Callable[[Endpoint], int] | None:
         """The routing policy's `held` (None: no affinity)."""
+        if self.oracle is not None:  # every pod holds what the shared cache holds
+            blocks = self.blocks(conversation, prompt_tokens)
+            cached = min(self.oracle.peek(blocks) * self.block_tokens, prompt_tokens - 1) if blocks else 0
+            return lambda ep: cached
         record = self.record
         if record is None:
             return None
@@ -59,6 +77,6 @@ class SimPrefixes:
             self.record.record(pod, self.chain(conversation, prompt_tokens))
 
     def hit_rate(self) -> float:
-        caches = [c for c in self.caches if c is not None]
+        caches = list({id(c): c for c in self.caches if c is not None}.values())  # the oracle's is shared
         prompt = sum(c.prompt_tokens for c in caches)
         return sum(c.hit_tokens for c in caches) / prompt if prompt else 0.0

@@ -108,3 +108,68 @@ async def test_fetch_from_an_unreachable_prefill_engine_fails_in_bounded_time():
         port = s.getsockname()[1]  # nothing listens here once closed
     with pytest.raises(BootstrapError, match="did not arrive"):
         await asyncio.wait_for(fetch_kv("127.0.0.1", port, 99, timeout_s=0.5), 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frame_is_the_same_bytes_as_the_joined_wire_format(dtype):
+    import json
+    import struct
+
+    kv = torch.randn(2, 2, 3, 1, 4).to(dtype)
+    transfer = KVTransfer(3, [1, 2, 3], 4, kv, {"cached_tokens": 2})
+    header = {"room": 3, "input_ids": [1, 2, 3], "first_token": 4, "shape": [2, 2, 3, 1, 4],
+              "dtype": str(dtype).removeprefix("torch."), "meta": {"cached_tokens": 2}}
+    raw = json.dumps(header).encode()
+    bits = kv.view(torch.int16) if dtype == torch.bfloat16 else kv
+    expected = struct.pack(">I", len(raw)) + raw + bits.numpy().tobytes()
+    frame = transfer.frame()
+    assert bytes(frame) == transfer.encode() == expected and len(frame) == len(expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+async def test_a_big_transfer_is_read_into_one_aligned_buffer_and_viewed_in_place(dtype):
+    import httpx
+
+    from laps_agent.engine.pd_wire import bootstrap_app, fetch_payload
+
+    kv = torch.randn(2, 2, 700, 3, 64).to(dtype)  # over DIRECT_READ_BYTES in either dtype
+    outbox = KVOutbox(timeout_s=5)
+    outbox.announce(11)
+    transport = httpx.ASGITransport(app=bootstrap_app(outbox))
+    async with httpx.AsyncClient(transport=transport) as client:
+        giver = asyncio.create_task(outbox.hand_off(11, KVTransfer(11, list(range(700)), 1, kv).frame()))
+        payload = await fetch_payload("boot", 80, 11, timeout_s=5, client=client)
+        await giver
+    assert isinstance(payload, memoryview) and not payload.readonly
+    back = KVTransfer.decode(payload)
+    assert back.kv.dtype == dtype and torch.equal(back.kv, kv)
+    # Viewed in place: the tensor's memory is the received buffer's, not a copy of it.
+    body_at = torch.frombuffer(payload, dtype=torch.uint8).data_ptr() + len(payload) - kv.nbytes
+    assert back.kv.data_ptr() == body_at and body_at % 64 == 0
+
+
+async def test_a_body_shorter_than_its_content_length_is_a_bootstrap_error():
+    import httpx
+
+    from laps_agent.engine.pd_wire import fetch_payload
+
+    good = KVTransfer(1, list(range(700)), 3, torch.zeros(2, 2, 700, 3, 64)).encode()
+
+    class Short(httpx.AsyncByteStream):  # a transport that ends the body early, raising nothing
+        async def __aiter__(self):
+            yield good[:-100]
+
+    def short(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-length": str(len(good))}, stream=Short())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(short)) as client:
+        with pytest.raises(BootstrapError, match=f"truncated: {len(good) - 100} of {len(good)} bytes"):
+            await fetch_payload("boot", 80, 1, timeout_s=5, client=client)
+
+
+def test_a_payload_not_matching_its_header_is_a_clear_bootstrap_error():
+    good = KVTransfer(1, [1, 2], 3, torch.zeros(1, 2, 2, 1, 2)).encode()
+    with pytest.raises(BootstrapError, match="corrupt KV transfer payload"):
+        KVTransfer.decode(memoryview(bytearray(good[:-4])))  # writable: the in-place path
+    with pytest.raises(BootstrapError, match="corrupt KV transfer payload: header of"):
+        KVTransfer.decode(good[:10])

@@ -141,3 +141,19 @@ def test_a_departed_pod_loses_its_record_and_a_relabelled_one_keeps_it():
     affinity.follow(Membership(groups={"short": SHORT[1:], "long": [SHORT[0], *LONG[1:]]}, decode=DECODE))
     assert record.pods() == {"s0", "l1"}
     assert record.held("s0", chain) > 0 and record.held("l0", chain) == 0
+
+
+def test_a_long_turn_stays_on_the_short_pod_that_holds_its_conversation():
+    record = PrefixRecord()
+    earlier = chat("x " * 300, "y " * 50)
+    later = chat("x " * 300, "y " * 50, "z " * 400)     # a long new message: long work anywhere
+    record.record("s1", prefix_chain(earlier, "chat", 450))
+    d, _ = route(record, later, 950)
+    # Long work, but on the pod holding 450 of its tokens, not recomputed whole on a long pod.
+    assert (d.prefill.name, d.group, d.cls) == ("s1", "short", "long") and d.cached > 0
+    assert not d.fallback
+    # A long pod holding as much keeps it in the long group; so does holding nothing at all.
+    record.record("l2", prefix_chain(earlier, "chat", 450))
+    assert route(record, later, 950)[0].prefill.name == "l2"
+    fresh, _ = route(PrefixRecord(), later, 950)
+    assert (fresh.group, fresh.cls, fresh.cached) == ("long", "long", 0)

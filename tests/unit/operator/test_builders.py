@@ -278,6 +278,7 @@ def test_rendered_builtin_engine_args_are_what_laps_engine_accepts():
     assert prefill.adaptive_window is True and prefill.batch_prefill_graphs is True
     assert prefill.batch_prefill_graphs_batch_sizes == [1, 2] and prefill.batch_prefill_graphs_seq_lengths == [32, 64]
     assert prefill.labels_file == "/etc/podinfo/labels" and prefill.bootstrap_port == 8998
+    assert prefill.prefix_cache is True  # laps.prefixCache's default (tests: test_builders_prefix.py)
     decode = engine_parser().parse_args(container(build_decode_deployment(CLUSTER, spec))["args"][1:])
     assert decode.role == "decode" and decode.device == "cpu"
     assert prefill.max_queued_requests is None and decode.max_queued_requests is None  # engine default
@@ -302,6 +303,7 @@ def test_rendered_gateway_args_are_what_laps_gateway_accepts():
     assert (args.prefill_short_service, args.prefill_long_service, args.decode_service) == (
         "demo-prefill-short", "demo-prefill-long", "demo-decode")
     assert args.served_model_name == "smol" and args.length_threshold == 256 and args.port == 8000
+    assert args.prefix_affinity is True  # laps.prefixAffinity's default
 
 
 def test_gateway_is_ready_on_health_and_alive_on_live():

@@ -116,6 +116,8 @@ INVALID = [
     (with_spec(**{"drain.gracePeriodSeconds": 30.5}), "spec.drain.gracePeriodSeconds", "not of type 'integer'"),
     (with_spec(**{"gateway.requestDeadlineSeconds": -1}), "spec.gateway.requestDeadlineSeconds", "minimum"),
     (with_spec(**{"model": {"name": "m"}}), "spec.model", "'path' is a required property"),
+    (with_spec(**{"laps.prefixCache": "no"}), "spec.laps.prefixCache", "not of type 'boolean'"),
+    (with_spec(**{"laps.prefixAffinity": 0}), "spec.laps.prefixAffinity", "not of type 'boolean'"),
     ({**MINIMAL, "spec": {}}, "spec", "'model' is a required property"),
 ]
 
@@ -136,6 +138,8 @@ CROSS_FIELD = [
     ({"prefill": {"tensorParallelSize": 2}}, "needs engine.backend sglang"),
     ({"drain": {"gracePeriodSeconds": 8, "preStopSeconds": 5}},
      "drain.gracePeriodSeconds must be at least drain.preStopSeconds + 4"),
+    ({"laps": {"prefixCache": False, "prefixAffinity": True}},
+     "laps.prefixAffinity routes a prompt to the prefill pod expected to hold its prefix: it needs laps.prefixCache"),
 ]
 
 
@@ -211,3 +215,18 @@ def test_drain_and_request_deadline_fields_are_described_and_defaulted():
     spec = parse_spec(apply_defaults(MINIMAL, SCHEMA)["spec"])
     assert (spec.drain.grace_period_seconds, spec.drain.pre_stop_seconds) == (60, 5)
     assert spec.gateway.request_deadline_seconds == 600.0
+
+
+def test_prefix_cache_and_affinity_are_described_booleans_on_by_default():
+    laps = SCHEMA["properties"]["spec"]["properties"]["laps"]["properties"]
+    assert (laps["prefixCache"]["type"], laps["prefixCache"]["default"]) == ("boolean", True)
+    # prefixAffinity has no default: unset, it follows prefixCache.
+    assert laps["prefixAffinity"]["type"] == "boolean" and "default" not in laps["prefixAffinity"]
+    assert laps["prefixCache"]["description"] and laps["prefixAffinity"]["description"]
+    spec = parse_spec(apply_defaults(MINIMAL, SCHEMA)["spec"])
+    assert (spec.laps.prefix_cache, spec.laps.affinity) == (True, True)
+    cache_off = parse_spec(apply_defaults(with_spec(**{"laps.prefixCache": False}), SCHEMA)["spec"])
+    assert (cache_off.laps.prefix_cache, cache_off.laps.affinity) == (False, False)
+    both_off = with_spec(**{"laps.prefixCache": False, "laps.prefixAffinity": False})
+    assert errors(both_off) == []
+    assert parse_spec(apply_defaults(both_off, SCHEMA)["spec"]).laps.prefix_cache is False

@@ -39,6 +39,10 @@ def test_plugin_is_off_unless_configured_and_env_mirrors_the_engine_flags(tmp_pa
     assert s.scheduler.max_long_wait_ms == 100
     with pytest.raises(ValueError, match="LAPS_SCHEDULER"):
         load_settings({"LAPS_SCHEDULER": "maybe"})
+    # Every key of the CR's spec.laps is accepted, so the CR's own block can be the file.
+    f.write_text("lengthThreshold: 64\nprefixCache: true\nprefixAffinity: true\nbatchPrefillGraphs: {}\n"
+                 "allocation: {}\n")
+    assert load_settings({"LAPS_CONFIG_FILE": str(f)}).scheduler.length_threshold == 64
     f.write_text("scheduler: {waitWindowMS: 3}\n")
     with pytest.raises(ValueError, match="waitWindowMS"):
         load_settings({"LAPS_CONFIG_FILE": str(f)})
