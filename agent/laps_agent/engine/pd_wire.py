@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from laps_agent.engine import pd_fetch
 from laps_agent.engine.pd_frame import (BootstrapError, Frame, Payload, decode_frame,  # noqa: F401
                                         encode_frame, read_body)
 
@@ -222,44 +223,50 @@ async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
                         client: httpx.AsyncClient | None = None,
                         poll_s: float = 5.0) -> bytes | memoryview:
     """Decode side: long-poll the prefill engine until the room's payload arrives or timeout_s
-    passes. A big payload comes back as a writable memoryview (see `pd_frame.read_body`)."""
+    passes. A big payload comes back as a writable memoryview (see `pd_fetch`).
+
+    Without `client` (the engines) the GET goes over its own connection (`pd_fetch.get`), which
+    reads a big body straight from the socket into its final buffer; a `client` given is asked
+    instead (e.g. one whose transport is an ASGI app, in tests)."""
     deadline = time.monotonic() + timeout_s
-    url = f"http://{_host_for_url(host)}:{port}{KV_PATH.format(room=room)}"
-    own = client is None
-    client = client or httpx.AsyncClient(trust_env=False)
+    path = KV_PATH.format(room=room)
+    direct = client is None
     backoff = 0.05
     last_error = "not ready"
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BootstrapError(
-                    f"KV for bootstrap_room {room} did not arrive from {host}:{port} within "
-                    f"{timeout_s:g}s ({last_error})")
-            wait = min(poll_s, left)
-            try:
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BootstrapError(
+                f"KV for bootstrap_room {room} did not arrive from {host}:{port} within "
+                f"{timeout_s:g}s ({last_error})")
+        wait = min(poll_s, left)
+        try:
+            if direct:
+                resp = await pd_fetch.get(host, port, f"{path}?wait={wait:.3f}", wait + 10.0)
+                if resp.status_code == 200:
+                    return resp.body
+            else:
                 # Streamed, so a big body is read into one buffer rather than joined from chunks.
+                url = f"http://{_host_for_url(host)}:{port}{path}"
                 async with client.stream("GET", url, params={"wait": f"{wait:.3f}"},
                                          timeout=wait + 10.0) as resp:
                     if resp.status_code == 200:
                         return await read_body(resp)
                     await resp.aread()
-            except httpx.HTTPError as exc:
-                # Prefill engine not reachable (yet), or the connection broke mid-body: retry
-                # until the deadline (a room already delivered answers 410 then).
-                last_error = f"{type(exc).__name__}: {exc}"
-                await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
-                backoff = min(backoff * 2, 1.0)
-                continue
-            if resp.status_code == 410:  # delivered to someone else: waiting cannot help
-                raise BootstrapError(f"bootstrap_room {room} at {host}:{port}: {resp.text}")
-            last_error = f"HTTP {resp.status_code}: {resp.text}"
-            if UNKNOWN_ROOM_HEADER in resp.headers:  # not announced yet (ANNOUNCE_GRACE_S)
-                await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
-                backoff = min(backoff * 2, 1.0)
-    finally:
-        if own:
-            await client.aclose()
+        except httpx.HTTPError as exc:
+            # Prefill engine not reachable (yet), or the connection broke mid-body: retry
+            # until the deadline (a room already delivered answers 410 then). The direct
+            # path raises httpx's exceptions too, so both are handled alike.
+            last_error = f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+            backoff = min(backoff * 2, 1.0)
+            continue
+        if resp.status_code == 410:  # delivered to someone else: waiting cannot help
+            raise BootstrapError(f"bootstrap_room {room} at {host}:{port}: {resp.text}")
+        last_error = f"HTTP {resp.status_code}: {resp.text}"
+        if UNKNOWN_ROOM_HEADER in resp.headers:  # not announced yet (ANNOUNCE_GRACE_S)
+            await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+            backoff = min(backoff * 2, 1.0)
 
 
 def _host_for_url(host: str) -> str:

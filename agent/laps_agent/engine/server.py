@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-import httpx
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -74,20 +73,12 @@ class EngineServer:
         self.fetching = 0  # decode role: requests waiting for their KV from a prefill engine
         self.queued = 0    # submitted to the engine, no output yet (waiting for prefill or a slot)
         self.drain = Drain(settings.drain_grace_s)
-        self._fetch_client: httpx.AsyncClient | None = None  # one pool for every KV fetch
         from laps_agent.engine.server_routes import build_app
 
         self.app = build_app(self)
 
-    def fetch_client(self) -> httpx.AsyncClient:
-        if self._fetch_client is None:
-            self._fetch_client = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=64))
-        return self._fetch_client
-
     async def aclose(self) -> None:
-        if self._fetch_client is not None:
-            await self._fetch_client.aclose()
+        """Nothing to close: each KV fetch opens and closes its own connection (pd_fetch)."""
 
     # ---- request plumbing ------------------------------------------------------------------
     def tokenize(self, parsed: api.ParsedRequest) -> list[int]:
@@ -154,8 +145,7 @@ class EngineServer:
             self.fetching += 1
             try:
                 payload = await until_disconnect(request, fetch_payload(
-                    boot.host, boot.port, boot.room, self.settings.bootstrap_timeout_s,
-                    client=self.fetch_client()))
+                    boot.host, boot.port, boot.room, self.settings.bootstrap_timeout_s))
             finally:
                 self.fetching -= 1
             transfer = await self.codec.decode(payload)
