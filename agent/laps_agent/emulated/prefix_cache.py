@@ -34,14 +34,9 @@ class PrefixCacheModel:
 
     def match(self, blocks: Sequence[int]) -> int:
         """Leading blocks of `blocks` held (the radix match); touches them."""
-        held = self._blocks
-        n = 0
-        for key in blocks:
-            if key not in held:
-                break
-            n += 1
+        n = self.peek(blocks)
         for key in reversed(blocks[:n]):
-            held.move_to_end(key)
+            self._blocks.move_to_end(key)
         return n
 
     def peek(self, blocks: Sequence[int]) -> int:
