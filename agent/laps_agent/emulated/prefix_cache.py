@@ -10,13 +10,14 @@ and prefill then costs only the rest (`Profile.prefill_seconds(uncached, cached)
 Capacity: `capacity_tokens` (default the profile's whole KV pool). On a prefill pod requests
 hold their KV only until the hand-off, so the cache can use nearly all of it; the model does
 not take in-flight pages from the cache (a simplification: it slightly flatters hit rates at
-full load). Blocks are touched last-to-first, so a prompt's first blocks are evicted last and
-what remains of a prompt is always a prefix of it (as leaves go first in a radix tree).
+full load). The blocks are a `BlockLRU` (laps_agent.prefix_blocks), so what remains of a prompt
+is always a prefix of it (as leaves go first in a radix tree).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
+
+from laps_agent.prefix_blocks import BlockLRU
 
 
 class PrefixCacheModel:
@@ -25,54 +26,30 @@ class PrefixCacheModel:
             raise ValueError(f"a prefix cache needs block_tokens >= 1 and capacity_tokens >= "
                              f"block_tokens, got {capacity_tokens} and {block_tokens}")
         self.block_tokens = block_tokens
-        self.capacity_blocks = capacity_tokens // block_tokens
-        self._blocks: OrderedDict[int, None] = OrderedDict()
-        self.lookups = self.hit_tokens = self.prompt_tokens = self.evictions = 0
+        self._blocks = BlockLRU(capacity_tokens // block_tokens)
+        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
 
     def match(self, blocks: Sequence[int]) -> int:
         """Leading blocks of `blocks` held (the radix match); touches them."""
-        n = self.peek(blocks)
-        for key in reversed(blocks[:n]):
-            self._blocks.move_to_end(key)
+        n = self._blocks.held(blocks)
+        self._blocks.touch(blocks[:n])   # all held: nothing is evicted
         return n
 
     def peek(self, blocks: Sequence[int]) -> int:
         """Leading blocks of `blocks` held, touching nothing (what a router may ask)."""
-        held = self._blocks
-        n = 0
-        for key in blocks:
-            if key not in held:
-                break
-            n += 1
-        return n
+        return self._blocks.held(blocks)
 
     def cached_tokens(self, blocks: Sequence[int] | None, prompt_tokens: int) -> int:
         """Tokens of a prompt found cached; at least one token is always computed (its logits
         give the first output token), as the builtin engine does."""
-        self.lookups += 1
-        self.prompt_tokens += prompt_tokens
         if not blocks:
             return 0
-        cached = min(self.match(blocks) * self.block_tokens, prompt_tokens - 1)
-        self.hit_tokens += max(cached, 0)
-        return max(cached, 0)
+        return max(min(self.match(blocks) * self.block_tokens, prompt_tokens - 1), 0)
 
     def insert(self, blocks: Sequence[int] | None) -> None:
         """The prompt's KV was computed: keep its blocks (the head most recent)."""
-        if not blocks:
-            return
-        held = self._blocks
-        for key in reversed(blocks[:self.capacity_blocks]):
-            held[key] = None
-            held.move_to_end(key)
-        while len(held) > self.capacity_blocks:
-            held.popitem(last=False)
-            self.evictions += 1
-
-    @property
-    def hit_rate(self) -> float:
-        """Cached share of all prompt tokens looked up."""
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        if blocks:
+            self.evictions += self._blocks.touch(blocks)

@@ -14,17 +14,15 @@ one C-speed hash per block; hashes are salted per process, which is fine: only t
 ever compares them.
 
 `PrefixRecord` is the gateway's memory of the chains it sent to each prefill pod: a bounded LRU
-of block hashes per pod, standing in for the pod's prefix cache (which the gateway cannot see).
-A chain is touched from its last block to its first, so a chain's first blocks are the most
-recent and the oldest tails go first: what is held of a chain stays a prefix of it (as in a
-radix cache, whose leaves are evicted first). That makes `held` a binary search: O(log blocks)
-per pod, independent of the prompt's size.
+of block hashes per pod (laps_agent.prefix_blocks: what is held of a chain stays a prefix of it,
+so `held` is a binary search), standing in for the pod's prefix cache, which the gateway cannot see.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from laps_agent.prefix_blocks import BlockLRU
 
 BLOCK_CHARS = 256          # ~60 tokens of English: fine enough that a 40-token turn is not lost
 BLOCK_IDS = 64
@@ -118,7 +116,7 @@ class PrefixRecord:
         if blocks_per_pod < 1:
             raise ValueError(f"blocks_per_pod must be >= 1, got {blocks_per_pod}")
         self.blocks_per_pod = blocks_per_pod
-        self._pods: dict[str, OrderedDict[int, None]] = {}
+        self._pods: dict[str, BlockLRU] = {}
         self.evictions = 0
 
     def held(self, pod: str, chain: PrefixChain | None) -> int:
@@ -128,17 +126,7 @@ class PrefixRecord:
 
     def held_blocks(self, pod: str, chain: PrefixChain | None) -> int:
         seen = self._pods.get(pod)
-        if not seen or not chain or chain.hashes[0] not in seen:
-            return 0
-        hashes = chain.hashes
-        lo, hi = 1, len(hashes)        # held: hashes[:lo]; searching the largest such lo
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in seen:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return seen.held(chain.hashes) if seen is not None and chain else 0
 
     def record(self, pod: str, chain: PrefixChain | None) -> None:
         """`pod` was sent this chain: it will hold it (most recently used, first block last)."""
@@ -146,14 +134,8 @@ class PrefixRecord:
             return
         seen = self._pods.get(pod)
         if seen is None:
-            seen = self._pods[pod] = OrderedDict()
-        hashes = chain.hashes[:self.blocks_per_pod]   # a chain longer than the record: its head
-        for h in reversed(hashes):
-            seen[h] = None
-            seen.move_to_end(h)
-        while len(seen) > self.blocks_per_pod:
-            seen.popitem(last=False)
-            self.evictions += 1
+            seen = self._pods[pod] = BlockLRU(self.blocks_per_pod)
+        self.evictions += seen.touch(chain.hashes)   # a chain longer than the record: its head
 
     def pods(self) -> set[str]:
         """The pods this record holds something for."""

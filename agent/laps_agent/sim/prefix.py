@@ -75,8 +75,3 @@ class SimPrefixes:
     def sent(self, pod: str, conversation: int, prompt_tokens: int) -> None:
         if self.record is not None:
             self.record.record(pod, self.chain(conversation, prompt_tokens))
-
-    def hit_rate(self) -> float:
-        caches = list({id(c): c for c in self.caches if c is not None}.values())  # the oracle's is shared
-        prompt = sum(c.prompt_tokens for c in caches)
-        return sum(c.hit_tokens for c in caches) / prompt if prompt else 0.0
