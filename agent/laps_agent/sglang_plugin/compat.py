@@ -99,26 +99,26 @@ def problems() -> list[str]:
         found.append(f"sglang is not installed: {exc}")
         return found
     for spec in CALLABLES:
-        try:
-            obj = pkgutil.resolve_name(spec.target)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{spec.target} is missing ({exc})")
+        obj = _resolve(spec.target, found)
+        if obj is None:
             continue
         obj = inspect.unwrap(obj)  # a hook already applied must not hide the signature
         names = tuple(inspect.signature(obj).parameters)[: len(spec.params)]
         if names != spec.params:
             found.append(f"{spec.target} takes {names}, the plugin expects {spec.params}")
     for attr in ATTRS:
-        try:
-            cls = pkgutil.resolve_name(attr.owner)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{attr.owner} is missing ({exc})")
-            continue
-        if not _assigned_in_class(cls, attr.name):
+        cls = _resolve(attr.owner, found)
+        if cls is not None and not _assigned_in_class(cls, attr.name):
             found.append(f"{attr.owner}.{attr.name} is no longer set by SGLang")
     for owner, member in ENUMS:
-        try:
-            getattr(pkgutil.resolve_name(owner), member)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{owner}.{member} is missing ({exc})")
+        _resolve(f"{owner}.{member}", found)
     return found
+
+
+def _resolve(target: str, found: list[str]):
+    """The object `target` names, or None with a sentence in `found` saying it is missing."""
+    try:
+        return pkgutil.resolve_name(target)
+    except (ImportError, AttributeError) as exc:
+        found.append(f"{target} is missing ({exc})")
+        return None
