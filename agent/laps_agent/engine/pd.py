@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-import httpx
 import torch
 
 from laps_agent.engine.kv_export import KVExport, resolve
@@ -91,9 +90,9 @@ class TensorKVCodec:
 
 
 async def fetch_kv(host: str, port: int, room: int, timeout_s: float, *,
-                   client: httpx.AsyncClient | None = None, poll_s: float = 5.0) -> KVTransfer:
+                   poll_s: float = 5.0) -> KVTransfer:
     """Decode side: long-poll the prefill engine until the room's KV arrives or timeout_s passes."""
-    payload = await fetch_payload(host, port, room, timeout_s, client=client, poll_s=poll_s)
+    payload = await fetch_payload(host, port, room, timeout_s, poll_s=poll_s)
     transfer = await asyncio.to_thread(KVTransfer.decode, payload)  # a copy only if unaligned
     if transfer.room != room:
         raise BootstrapError(f"asked for room {room}, got {transfer.room}")

@@ -3,7 +3,7 @@
 A prompt's KV runs to tens of MB, so neither side joins it into one bytes object: a codec may
 hand the outbox a `Frame` (header + body buffers, e.g. the exported tensor's own memory) that
 goes to the socket as it is, and the decode side reads a big body straight into one aligned
-buffer (`read_body`). Torch-free: the emulated engine uses it too."""
+buffer (`body_buffer`, filled by pd_fetch). Torch-free: the emulated engine uses it too."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,7 @@ import mmap
 import struct
 from typing import Any, Union
 
-import httpx
-
-# Bodies at least this big are read into one preallocated buffer instead of httpx's join of chunks.
+# Bodies at least this big are read into one preallocated buffer (pd_fetch), not joined from pieces.
 DIRECT_READ_BYTES = 1 << 20
 # The decode side places the body at this alignment in its receive buffer, so a codec can view
 # it as any dtype in place (torch needs element-aligned data).
@@ -71,31 +69,3 @@ def body_buffer(pad: int, n: int) -> memoryview:
     anonymous mmap, as it is not zero-filled up front (unlike bytearray(n)). (MADV_HUGEPAGE made
     no measurable difference to a whole fetch here, so it is not asked for.)"""
     return memoryview(mmap.mmap(-1, pad + n))[pad:]
-
-
-async def read_body(resp: httpx.Response) -> bytes | memoryview:
-    """The body of a 200. A big one goes chunk by chunk into one fresh buffer, placed so the
-    frame's body starts BODY_ALIGN-aligned: the codec views it in place, with no further copy.
-    Used for clients with their own transport; `pd_fetch` reads from the socket directly."""
-    size = resp.headers.get("content-length")
-    if size is None or not size.isdigit() or int(size) < DIRECT_READ_BYTES \
-            or resp.headers.get("content-encoding", "identity") != "identity":
-        return await resp.aread()
-    n = int(size)
-    view: memoryview | None = None
-    head, pos = b"", 0
-    async for chunk in resp.aiter_raw():
-        if view is None:  # the first 4 bytes give the header length, hence the body's offset
-            head += chunk
-            if len(head) < 4:
-                continue
-            pad = -(4 + struct.unpack(">I", head[:4])[0]) % BODY_ALIGN
-            view = body_buffer(pad, n)
-            chunk, head = head, b""
-        if pos + len(chunk) > n:  # h11 enforces Content-Length; this keeps the slice honest
-            raise BootstrapError(f"KV payload longer than its Content-Length ({n} bytes)")
-        view[pos:pos + len(chunk)] = chunk
-        pos += len(chunk)
-    if view is None or pos != n:
-        raise BootstrapError(f"KV payload truncated: {pos + len(head)} of {n} bytes")
-    return view

@@ -26,7 +26,7 @@ import httpx
 
 from laps_agent.engine import pd_fetch
 from laps_agent.engine.pd_frame import (BootstrapError, Frame, Payload, decode_frame,  # noqa: F401
-                                        encode_frame, read_body)
+                                        encode_frame)
 
 KV_PATH = "/laps/kv/{room}"
 # The gateway sends a request to its prefill and decode engines at once, so the decode engine's
@@ -220,17 +220,12 @@ def bootstrap_app(outbox: KVOutbox):
 
 
 async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
-                        client: httpx.AsyncClient | None = None,
                         poll_s: float = 5.0) -> bytes | memoryview:
     """Decode side: long-poll the prefill engine until the room's payload arrives or timeout_s
-    passes. A big payload comes back as a writable memoryview (see `pd_fetch`).
-
-    Without `client` (the engines) the GET goes over its own connection (`pd_fetch.get`), which
-    reads a big body straight from the socket into its final buffer; a `client` given is asked
-    instead (e.g. one whose transport is an ASGI app, in tests)."""
+    passes. Each GET goes over its own connection (`pd_fetch.get`), which reads a big body
+    straight from the socket into its final buffer and returns it as a writable memoryview."""
     deadline = time.monotonic() + timeout_s
     path = KV_PATH.format(room=room)
-    direct = client is None
     backoff = 0.05
     last_error = "not ready"
     while True:
@@ -241,22 +236,13 @@ async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
                 f"{timeout_s:g}s ({last_error})")
         wait = min(poll_s, left)
         try:
-            if direct:
-                resp = await pd_fetch.get(host, port, f"{path}?wait={wait:.3f}", wait + 10.0)
-                if resp.status_code == 200:
-                    return resp.body
-            else:
-                # Streamed, so a big body is read into one buffer rather than joined from chunks.
-                url = f"http://{_host_for_url(host)}:{port}{path}"
-                async with client.stream("GET", url, params={"wait": f"{wait:.3f}"},
-                                         timeout=wait + 10.0) as resp:
-                    if resp.status_code == 200:
-                        return await read_body(resp)
-                    await resp.aread()
+            resp = await pd_fetch.get(host, port, f"{path}?wait={wait:.3f}", wait + 10.0)
+            if resp.status_code == 200:
+                return resp.body
         except httpx.HTTPError as exc:
             # Prefill engine not reachable (yet), or the connection broke mid-body: retry
-            # until the deadline (a room already delivered answers 410 then). The direct
-            # path raises httpx's exceptions too, so both are handled alike.
+            # until the deadline (a room already delivered answers 410 then). pd_fetch raises
+            # httpx's exception types, with httpx's wording, for these.
             last_error = f"{type(exc).__name__}: {exc}"
             await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
             backoff = min(backoff * 2, 1.0)
@@ -267,7 +253,3 @@ async def fetch_payload(host: str, port: int, room: int, timeout_s: float, *,
         if UNKNOWN_ROOM_HEADER in resp.headers:  # not announced yet (ANNOUNCE_GRACE_S)
             await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
             backoff = min(backoff * 2, 1.0)
-
-
-def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
