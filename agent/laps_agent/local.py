@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "streaming (0: none; default: laps gateway's)")
     p.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=True,
                    help="the gateway's cache affinity (as laps gateway --prefix-affinity)")
+    p.add_argument("--prefix-warm", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode engines send each answer back to its prefill engine to compute into "
+                        "its prefix cache when idle, and the gateway expects it there (laps engine / "
+                        "laps gateway --prefix-warm; default: with --prefix-affinity, builtin and "
+                        "emulated engines)")
     p.add_argument("--single-pool", action="store_true",
                    help="no length classes: every prefill engine serves every length (vanilla PD)")
     alloc = p.add_argument_group("allocation (moving prefill engines between the groups)")
@@ -149,7 +154,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
-                           prefix_affinity=args.prefix_affinity, **overrides)
+                           prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, **overrides)
     app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
     sock = bind_listening_socket(args.host, args.port)
@@ -200,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     from laps_agent.gateway.cli import check_auth_args
 
     check_auth_args(args, parser)  # before minutes of loading, not after
+    if args.prefix_warm is None:  # warming pays only where the next turn comes back to the pod
+        args.prefix_warm = args.prefix_affinity
     _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="laps-local-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 name, role, group, model=engine_model, workdir=workdir, port=free_port(),
                 bootstrap_port=free_port() if role == "prefill" else None,
                 common_args=[*backend, "--device", args.device, "--length-threshold",
-                             str(args.length_threshold), *engine_args,
+                             str(args.length_threshold),
+                             "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,
                              *(["--served-model-name", args.served_model_name]
                                if args.served_model_name else [])]))
         _wait_until_loaded(children, args.startup_timeout)

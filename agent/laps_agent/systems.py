@@ -45,6 +45,7 @@ class SystemConfig:
     # the reference router, which queues without limit).
     max_pending_tokens_per_pod: int | None = None
     affinity: bool = False              # the gateway's cache affinity + expected-uncached classes
+    prefix_warm: bool = False           # answers computed into the prefill cache (engine/prefix_warm.py)
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -60,19 +61,21 @@ class SystemConfig:
                  else ["--max-pending-tokens-per-pod", str(self.max_pending_tokens_per_pod)])
         return (["--estimator", self.estimator, "--allocation", self.allocation, *bound]
                 + ([] if self.groups else ["--single-pool"])
-                + ([] if self.affinity else ["--no-prefix-affinity"]))
+                + ([] if self.affinity else ["--no-prefix-affinity"])
+                + ["--prefix-warm" if self.prefix_warm else "--no-prefix-warm"])
 
 
 SYSTEMS: dict[str, SystemConfig] = {
     "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
                               estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0),
-    "laps": SystemConfig("laps", allocation="laps", affinity=True),
+    "laps": SystemConfig("laps", allocation="laps", affinity=True, prefix_warm=True),
     "laps-noaffinity": SystemConfig("laps-noaffinity", allocation="laps"),
     # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how
     # pods move between the groups.
-    "laps-static": SystemConfig("laps-static", allocation="none", affinity=True),
-    "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference", affinity=True),
+    "laps-static": SystemConfig("laps-static", allocation="none", affinity=True, prefix_warm=True),
+    "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference", affinity=True,
+                                        prefix_warm=True),
 }
 
 

@@ -33,6 +33,8 @@ def builtin_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], lis
         "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
         # Decode engines keep no cache either way; the flag says the same on every pod.
         "--prefix-cache" if laps.prefix_cache else "--no-prefix-cache",
+        # Prefill engines compute the KV decode engines send back; decode engines send it.
+        "--prefix-warm" if spec.warm else "--no-prefix-warm",
     ]
     if spec.engine.max_queued_requests is not None:
         args += ["--max-queued-requests", str(spec.engine.max_queued_requests)]
@@ -125,6 +127,7 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
         "--request-deadline-s", _fmt(spec.gateway.request_deadline_seconds),
         "--drain-grace-s", _fmt(spec.drain.process_grace_seconds),
         "--prefix-affinity" if spec.laps.affinity else "--no-prefix-affinity",
+        "--prefix-warm" if spec.warm else "--no-prefix-warm",
     ]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]

@@ -134,6 +134,11 @@ class LapsSpec(_Model):
     prefix_cache: StrictBool = True
     # None (unset): follows prefix_cache, so turning the cache off alone is enough.
     prefix_affinity: StrictBool | None = None
+    # Prefix warming (--prefix-warm, engines and gateway): a decode engine sends a finished
+    # request's prompt + answer back to the prefill engine that served it, which computes their
+    # KV when idle, so a chat's next turn prefills only its new message there. None (unset):
+    # follows `affinity` on the builtin backend, off on sglang (ClusterSpec.warm).
+    prefix_warm: StrictBool | None = None
     scheduler: SchedulerSpec = SchedulerSpec()
     batch_prefill_graphs: BatchPrefillGraphsSpec = BatchPrefillGraphsSpec()
     allocation: AllocationSpec = AllocationSpec()
@@ -225,6 +230,13 @@ class NetworkPolicySpec(_Model):
 PREFIX_AFFINITY_NEEDS_CACHE = (
     "laps.prefixAffinity routes a prompt to the prefill pod expected to hold its prefix: it needs "
     "laps.prefixCache (leave laps.prefixAffinity unset or false)")
+PREFIX_WARM_NEEDS_AFFINITY = (
+    "laps.prefixWarm caches a turn's answer on the prefill pod that served it, for the chat's next "
+    "turn, which only cache affinity sends back there: it needs laps.prefixAffinity (unset: "
+    "laps.prefixCache) (leave laps.prefixWarm unset or false)")
+PREFIX_WARM_NEEDS_BUILTIN = (
+    "laps.prefixWarm (prefix warming) needs engine.backend builtin: SGLang has no warm endpoint "
+    "(leave laps.prefixWarm unset or false)")
 
 
 class ClusterSpec(_Model):
@@ -260,6 +272,10 @@ class ClusterSpec(_Model):
                              f"{EXIT_MARGIN_SECONDS + 1} (1 s to finish requests, {EXIT_MARGIN_SECONDS} s to exit)")
         if self.laps.prefix_affinity is True and not self.laps.prefix_cache:
             raise ValueError(PREFIX_AFFINITY_NEEDS_CACHE)
+        if self.laps.prefix_warm is True and self.engine.backend == "sglang":
+            raise ValueError(PREFIX_WARM_NEEDS_BUILTIN)
+        if self.laps.prefix_warm is True and not self.laps.affinity:
+            raise ValueError(PREFIX_WARM_NEEDS_AFFINITY)
         if self.engine.backend != "sglang" and (
             self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1
         ):
@@ -267,6 +283,14 @@ class ClusterSpec(_Model):
                 "tensorParallelSize > 1 needs engine.backend sglang (the builtin engine runs one device per pod)"
             )
         return self
+
+    @property
+    def warm(self) -> bool:
+        """Whether engines and the gateway warm prefixes (prefixWarm, else the builtin backend's
+        affinity; SGLang has no warm endpoint)."""
+        if self.laps.prefix_warm is not None:
+            return self.laps.prefix_warm
+        return self.engine.backend != "sglang" and self.laps.affinity
 
 
 class InvalidSpecError(ValueError):

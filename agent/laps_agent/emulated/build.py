@@ -39,7 +39,8 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
     metrics = EngineMetrics(args.role, name, args.labels_file)
     model = EngineModel(profile, args.role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                         max_running=max_running, kv_pages=args.kv_pages, context_len=context,
-                        on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None))
+                        on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
+                        on_warm=metrics.observe_warm)
     if args.prefix_cache and args.role != "decode":   # decode engines keep no cache (as the builtin)
         model.prefix_cache = PrefixCacheModel(model.num_pages * model.page_size, model.page_size)
     engine = EmulatedEngine(model, tokenizer, config, on_first_token=metrics.observe_first_token)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
+from laps_agent.engine.prefix_warm import MAX_QUEUED_WARMS, warm_chunk
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
 from laps_agent.scheduling.config import SchedulerConfig
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
@@ -37,7 +38,7 @@ from .prefix_cache import PrefixCacheModel
 from .profile import Profile
 
 KINDS = ("generate", "prefill", "decode")
-_IDLE, _PREFILL, _DECODE = 0, 1, 2
+_IDLE, _PREFILL, _DECODE, _WARM = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -53,6 +54,13 @@ class ModelRequest:
     outputs: int = 0          # completion tokens this request will produce here in all
     start_step: int = 0       # decode steps done by the engine when it joined the running set
     blocks: Sequence[int] | None = None   # the prompt's KV-page keys, for the prefix cache
+
+
+@dataclass(slots=True)
+class _WarmModel:
+    blocks: Sequence[int]     # the prompt + answer's KV-page keys
+    tokens: int
+    pos: int = 0              # tokens warmed so far (engine/prefix_warm.warm_chunk)
 
 
 @dataclass(slots=True)
@@ -72,7 +80,8 @@ class EngineModel:
                  max_running: int | None = None, kv_pages: int | None = None,
                  context_len: int | None = None, token_events: bool = True,
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
-                 prefix_cache: PrefixCacheModel | None = None) -> None:
+                 prefix_cache: PrefixCacheModel | None = None,
+                 on_warm: Callable[[str, int], None] | None = None) -> None:
         self.profile, self.role = profile, role
         self.scheduler = PrefillScheduler(scheduler, grid)
         self.grid, self.batch_prefill_graphs_mode = grid, batch_prefill_graphs_mode
@@ -85,6 +94,8 @@ class EngineModel:
         self.requests: dict[str, ModelRequest] = {}
         self.running: dict[str, ModelRequest] = {}
         self.imports: deque[str] = deque()
+        self.warms: deque[_WarmModel] = deque()     # prefix warms, lowest priority
+        self.on_warm = on_warm
         self._finishing: list[tuple[int, int, str]] = []   # (finish step, tie, rid)
         self._sum_prompt = self._sum_start = 0              # over running: context bookkeeping
         self._stage, self._batch = _IDLE, []
@@ -168,6 +179,46 @@ class EngineModel:
             return
         if self.running:
             self._start_decode(t)
+        elif self.warms and not len(self.scheduler) and not self.imports:
+            self._start_warm(t)
+
+    def warm(self, blocks: Sequence[int], tokens: int) -> None:
+        """A prefix warm (engine/prefix_warm.py): compute these blocks into the prefix cache when
+        nothing else could run, in chunks, as the builtin engine does."""
+        if self.prefix_cache is None or not blocks:
+            self._warmed("refused", 0)
+            return
+        self.warms.append(_WarmModel(blocks, tokens))
+        while len(self.warms) > MAX_QUEUED_WARMS:
+            self.warms.popleft()
+            self._warmed("dropped", 0)
+
+    def _start_warm(self, t: float) -> None:
+        ps = self.page_size
+        while self.warms:
+            warm = self.warms[0]
+            chunk = warm_chunk(warm.tokens, warm.pos, self.prefix_cache.peek(warm.blocks) * ps, ps,
+                               self.scheduler.config.length_threshold)
+            if chunk is None:
+                self.warms.popleft()
+                self._warmed("done", 0)
+                continue
+            end = chunk[1]
+            if self._pages_for(end) > self.free_pages:
+                self.warms.popleft()
+                self._warmed("dropped", 0)
+                return
+            blocks = warm.blocks[:end // ps]
+            cached = min(self.prefix_cache.peek(blocks) * ps, end - ps)  # the builtin's match cap
+            warm.pos = end
+            self._batch = [blocks]
+            self._warmed("chunk", end - cached)
+            self._begin(_WARM, t, self.profile.prefill_seconds([end - cached], [cached]))
+            return
+
+    def _warmed(self, outcome: str, tokens: int) -> None:
+        if self.on_warm is not None:
+            self.on_warm(outcome, tokens)
 
     def _admit_imports(self, t: float, events: list[Event]) -> None:
         while self.imports and len(self.running) < self.max_running:
@@ -250,6 +301,10 @@ class EngineModel:
                     self._first_token(req, t, events)
             if self.running:  # the same iteration goes on with a decode step (new ones included)
                 self._start_decode(t)
+        elif stage == _WARM:
+            batch, self._batch = self._batch, []
+            for blocks in batch:
+                self.prefix_cache.insert(blocks)
         elif stage == _DECODE:
             self.step += 1
             if self.token_events:

@@ -122,6 +122,10 @@ class EmulatedEngine:
 
     def submit(self, work: GenerateWork, sink: OutputSink) -> None:
         self._ensure_running()
+        if work.kind == "warm":  # no output: the model reports it through on_warm
+            self.model.warm(page_keys(work.input_ids, self.model.page_size), len(work.input_ids))
+            self._wake.set()
+            return
         req = ModelRequest(work.rid, work.kind, len(work.input_ids), work.params.max_new_tokens,
                            work.arrival)
         if work.kind == "decode":

@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the KV of full prompt pages (radix tree, LRU-evicted when the pool is "
                         "needed) and prefill only the uncached rest of later prompts; decode engines "
                         "keep none")
+    p.add_argument("--prefix-warm", action=argparse.BooleanOptionalAction, default=False,
+                   help="decode engines send each finished prompt + answer back to the prefill engine "
+                        "that served it, which computes it into its prefix cache when idle, so a "
+                        "chat's next turn prefills only its new message (prefix_warm.py)")
     p.add_argument("--labels-file", default="/etc/podinfo/labels")
     p.add_argument("--kv-pages", type=int, default=None,
                    help="KV pool size in pages (default: on CUDA from --mem-fraction of the free device "
@@ -184,7 +188,7 @@ def build(args: argparse.Namespace):
     metrics = EngineMetrics(args.role, name, args.labels_file)
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,
                     on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
-                    on_first_token=metrics.observe_first_token)
+                    on_first_token=metrics.observe_first_token, on_warm=metrics.observe_warm)
     return EngineServer(engine, server_settings(args, name, max_running), metrics), engine
 
 
@@ -203,7 +207,8 @@ def server_settings(args: argparse.Namespace, name: str, max_running: int, **ext
     return ServerSettings(role=args.role, served_model_name=name, length_threshold=args.length_threshold,
                           bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
                           labels_file=args.labels_file, drain_grace_s=args.drain_grace_s,
-                          max_queued_requests=queue_bound(args.max_queued_requests, max_running), **extra)
+                          max_queued_requests=queue_bound(args.max_queued_requests, max_running),
+                          prefix_warm=args.prefix_warm, **extra)
 
 
 def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: int) -> int:
@@ -235,7 +240,7 @@ async def serve(server, host: str, port: int, bootstrap_port: int | None) -> Non
     tasks = [asyncio.create_task(http.serve())]
     boot = None
     if bootstrap_port is not None:
-        boot = _QuietServer(uvicorn.Config(bootstrap_app(server.outbox), host=host, port=bootstrap_port,
+        boot = _QuietServer(uvicorn.Config(bootstrap_app(server.outbox, server.warm_handler()), host=host, port=bootstrap_port,
                                            log_level="warning", timeout_graceful_shutdown=1))
         tasks.append(asyncio.create_task(boot.serve()))
     log.info("serving http on %s:%d%s", host, port,

@@ -33,9 +33,10 @@ class Engine(EngineCore):
 
     def __init__(self, runner: Any, tokenizer: Any, config: EngineConfig, *, grid: Any = None,
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
-                 on_first_token: Callable[[str, float], None] | None = None) -> None:
+                 on_first_token: Callable[[str, float], None] | None = None,
+                 on_warm: Callable[[str, int], None] | None = None) -> None:
         super().__init__(runner, tokenizer, config, grid=grid, on_prefill=on_prefill,
-                         on_first_token=on_first_token)
+                         on_first_token=on_first_token, on_warm=on_warm)
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._stopping = False
@@ -104,6 +105,8 @@ class Engine(EngineCore):
         if self._running:
             self._decode_once()
             worked = True
+        if not worked:
+            worked = self._warm_idle()
         return worked, wake_at
 
     def _idle(self, wake_at: float | None) -> None:
@@ -134,4 +137,4 @@ class Engine(EngineCore):
         self.snapshot = {"running": len(self._running), "queues": self.scheduler.pending(),
                          "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
                          "waiting_kv": len(self._imports), "live": len(self._live),
-                         "prefix_cache_pages": self.kv.cached_pages}
+                         "prefix_cache_pages": self.kv.cached_pages, "warms": len(self._warms)}

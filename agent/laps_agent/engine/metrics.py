@@ -39,6 +39,9 @@ def read_group(path: str | Path | None) -> str | None:
     return group if group in ("short", "long") else None
 
 
+_WARM_OUTCOMES = ("done", "dropped", "refused", "failed")
+
+
 class EngineMetrics:
     def __init__(self, role: str, model: str, labels_file: str | None) -> None:
         self.role, self.model, self.labels_file = role, model, labels_file
@@ -60,6 +63,11 @@ class EngineMetrics:
         self.cached_tokens = Histogram("laps_engine_prefix_cached_tokens", "Prefix-cached prompt tokens per request", buckets=_CACHED_TOKEN_BUCKETS, registry=r)
         self.prefix_evicted = Counter("laps_engine_prefix_cache_evicted_pages_total", "Prefix-cache pages evicted to make room", registry=r)
         self.prefix_pages = Gauge("laps_engine_prefix_cache_pages", "KV pages the prefix cache holds (in use or evictable)", registry=r)
+        # Prefix warming (prefix_warm.py): warms by outcome, and the tokens they computed.
+        self.prefix_warm = Counter("laps_engine_prefix_warm_total", "Prefix warms by outcome (done, dropped, refused, failed)", ["outcome"], registry=r)
+        self.prefix_warm_tokens = Counter("laps_engine_prefix_warm_tokens_total", "Tokens computed into the prefix cache by warms", registry=r)
+        for outcome in _WARM_OUTCOMES:
+            self.prefix_warm.labels(outcome)
         # This engine's class (uncached tokens at admission) against the one the gateway chose:
         # off-diagonal series count misclassifications (gateway_class="none": it sent none).
         self.classes = Counter("laps_engine_class_total", "Prefilled requests by gateway and engine class", ["gateway_class", "engine_class"], registry=r)
@@ -88,6 +96,12 @@ class EngineMetrics:
             self.classes.labels(gateway, req.cls).inc()
         if rec.evicted_pages:
             self.prefix_evicted.inc(rec.evicted_pages)
+
+    def observe_warm(self, outcome: str, tokens: int) -> None:
+        if outcome == "chunk":
+            self.prefix_warm_tokens.inc(tokens)
+        else:
+            self.prefix_warm.labels(outcome).inc()
 
     def observe_first_token(self, cls: str | None, seconds: float) -> None:
         self.ttft.labels(cls or "short").observe(seconds)

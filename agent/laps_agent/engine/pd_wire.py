@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
@@ -177,9 +178,12 @@ def _prune(expiries: dict[int, float], now: float) -> None:
         del expiries[room]
 
 
-def bootstrap_app(outbox: KVOutbox):
-    """The ASGI app served on --bootstrap-port."""
+def bootstrap_app(outbox: KVOutbox, warm: Callable[[bytes], tuple[int, str]] | None = None):
+    """The ASGI app served on --bootstrap-port; `warm` takes prefix warms' bodies (prefix_warm.py;
+    None: this engine takes none, 404)."""
     from fastapi import FastAPI, Query, Response
+
+    from laps_agent.engine.prefix_warm import WARM_PATH
 
     class _FrameResponse(Response):
         """Sends a Frame's parts as they are: the transport writes each buffer without joining."""
@@ -215,6 +219,14 @@ def bootstrap_app(outbox: KVOutbox):
         if isinstance(payload, Frame):
             return _FrameResponse(payload)
         return Response(content=payload, media_type="application/octet-stream")
+
+    async def take_warm(request) -> Response:  # a plain Starlette route: the body is read raw
+        if warm is None:
+            return Response(status_code=404, content="prefix warming is off on this engine (--prefix-warm)")
+        status, message = warm(await request.body())
+        return Response(status_code=status, content=message)
+
+    app.router.add_route(WARM_PATH, take_warm, methods=["POST"])
 
     return app
 

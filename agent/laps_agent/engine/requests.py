@@ -21,7 +21,8 @@ class GenerateWork:
     """One request handed to the engine.
 
     kind: "generate" (prefill + decode here), "prefill" (prefill here, hand off the KV: the
-    `prefill` PD role), "decode" (KV + first token came from a prefill engine: the `decode` role).
+    `prefill` PD role), "decode" (KV + first token came from a prefill engine: the `decode` role),
+    "warm" (compute into the prefix cache at the lowest priority, no output: prefix_warm.py).
     """
 
     rid: str
@@ -33,6 +34,7 @@ class GenerateWork:
     first_token: int | None = None  # decode: the token the prefill engine sampled
     gateway_cls: str | None = None  # the class the gateway chose (X-LAPS-Class header), for metrics
     cached_tokens: int = 0          # decode: prompt tokens the prefill engine's prefix cache held
+    warm_to: tuple[str, int] | None = None  # decode: the prefill engine's bootstrap address to warm
 
 
 @dataclass

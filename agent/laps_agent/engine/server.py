@@ -28,6 +28,7 @@ from laps_agent.engine import api_models as api
 from laps_agent.engine.http_util import ClientGone, error, sse, until_disconnect
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
+from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
 from laps_agent.tokenizer import unencodable_message, unencodable_text
 
@@ -50,6 +51,7 @@ class ServerSettings:
     profile: str | None = None          # emulated backend: the profile's name
     drain_grace_s: float = DEFAULT_GRACE_S
     max_queued_requests: int = MIN_QUEUE_BOUND  # 0: no bound (`laps engine`: see queue_bound)
+    prefix_warm: bool = False           # prefix_warm.py: decode sends answers back, prefill takes them
 
 
 def queue_bound(flag: int | None, max_running: int) -> int:
@@ -73,6 +75,7 @@ class EngineServer:
         self.fetching = 0  # decode role: requests waiting for their KV from a prefill engine
         self.queued = 0    # submitted to the engine, no output yet (waiting for prefill or a slot)
         self.drain = Drain(settings.drain_grace_s)
+        self._warm_tasks: set[asyncio.Task] = set()  # decode role: warms on their way (referenced)
         from laps_agent.engine.server_routes import build_app
 
         self.app = build_app(self)
@@ -108,6 +111,7 @@ class EngineServer:
         self.engine.submit(work, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
         self.queued += 1
         waiting, finished = True, False
+        answer: list[int] | None = [] if work.warm_to is not None else None
         try:
             while not finished:
                 out = await queue.get()
@@ -115,12 +119,40 @@ class EngineServer:
                     waiting = False
                     self.queued -= 1
                 finished = out.finished
+                if answer is not None:
+                    answer += out.token_ids
+                    if finished and out.finish_reason in ("stop", "length"):
+                        self._warm(work, answer)
                 yield out
         finally:
             if waiting:
                 self.queued -= 1
             if not finished:
                 self.engine.abort(work.rid)
+
+    # ---- prefix warming (prefix_warm.py) -----------------------------------------------------
+    def _warm(self, work: GenerateWork, answer: list[int]) -> None:
+        """Decode role: send the finished prompt + answer to the prefill engine that served it."""
+        host, port = work.warm_to
+        task = asyncio.ensure_future(send_warm(host, port, list(work.input_ids) + answer))
+        self._warm_tasks.add(task)
+        task.add_done_callback(self._warm_tasks.discard)
+
+    def warm_handler(self):
+        """Prefill role with --prefix-warm: what the bootstrap port calls with a warm's body,
+        returning (status, message); None where this engine takes no warms."""
+        if self.settings.role != "prefill" or not self.settings.prefix_warm:
+            return None
+
+        def accept(raw: bytes) -> tuple[int, str]:
+            try:
+                ids = parse_warm_body(raw, self.tokenizer.vocab_size, self.engine.max_prompt_tokens())
+            except ValueError as exc:
+                return 400, str(exc)
+            self.engine.submit(GenerateWork(new_rid(), ids, None, kind="warm"), _no_output)
+            return 202, "queued"
+
+        return accept
 
     def check_queue(self) -> None:
         """503 `queue_full` when this engine already holds its bound of waiting requests (a
@@ -158,7 +190,8 @@ class EngineServer:
             cached = (getattr(transfer, "meta", None) or {}).get("cached_tokens")
             return GenerateWork(rid, ids, parsed.params, kind="decode", kv=transfer.kv,
                                 first_token=transfer.first_token, gateway_cls=gateway_cls,
-                                cached_tokens=cached if isinstance(cached, int) else 0), extra
+                                cached_tokens=cached if isinstance(cached, int) else 0,
+                                warm_to=(boot.host, boot.port) if self.settings.prefix_warm else None), extra
         if role == "prefill" and boot is not None:
             # From here the bootstrap port answers this room's decode engine (and only then:
             # pd_wire.py hands out KV for rooms a request being served here announced).
@@ -300,3 +333,7 @@ class EngineServer:
 
 def _oid(parsed: api.ParsedRequest, work: GenerateWork) -> str:
     return ("chatcmpl-" if parsed.kind == "chat" else "cmpl-") + work.rid
+
+
+def _no_output(out: EngineOutput) -> None:
+    """A warm answers nothing (the engine reports it through on_warm)."""

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a pod with more pending tokens than this x its group's mean (plus "
                           "--affinity-slack-tokens) loses affinity")
     aff.add_argument("--affinity-slack-tokens", type=int, default=AffinityBound().slack_tokens)
+    aff.add_argument("--prefix-warm", action=argparse.BooleanOptionalAction, default=GatewayConfig.prefix_warm,
+                     help="the engines run with --prefix-warm: expect the pod that served a chat's "
+                          "previous turn to hold its answer too")
     aff.add_argument("--prefix-record-blocks", type=int, default=GatewayConfig.prefix_record_blocks_per_pod,
                      help="blocks (a chat message or 256 characters) remembered per prefill pod (LRU)")
     static = p.add_argument_group("static discovery")
@@ -96,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         engine_load_poll=args.engine_load_poll,
         engine_load_interval_s=max(args.engine_load_interval, 0.01),
         api_keys_file=args.api_keys_file, rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
-        prefix_affinity=args.prefix_affinity, prefix_record_blocks_per_pod=max(args.prefix_record_blocks, 1),
+        prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, prefix_record_blocks_per_pod=max(args.prefix_record_blocks, 1),
         affinity_bound=AffinityBound(max(args.affinity_load_factor, 1.0), max(args.affinity_slack_tokens, 0)),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
                           max_retries=args.max_retries,

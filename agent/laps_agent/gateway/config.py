@@ -68,4 +68,7 @@ class GatewayConfig:
     # characters each, gateway/prefix.py): about the prefix cache of one pod; a larger record
     # than the pod's cache only over-predicts hits, which laps_gateway_class_disagreements shows.
     prefix_record_blocks_per_pod: int = DEFAULT_RECORD_BLOCKS_PER_POD
+    # The engines warm each prefill pod with the answers of the turns it served (their
+    # --prefix-warm, engine/prefix_warm.py): a chat's previous answer counts as held there.
+    prefix_warm: bool = False
     proxy: ProxyConfig = ProxyConfig()

@@ -35,12 +35,14 @@ DEFAULT_RECORD_BLOCKS_PER_POD = 65536
 class PrefixChain:
     hashes: tuple[int, ...]   # chained block hashes, first block first
     ends: tuple[int, ...]     # estimated prompt tokens up to the end of each block
+    answers: frozenset[int] = frozenset()   # chat: the blocks that are assistant messages
 
     def __len__(self) -> int:
         return len(self.hashes)
 
 
-def _chain(parts: Sequence[Any], sizes: Sequence[int], tokens: int, total: int) -> PrefixChain | None:
+def _chain(parts: Sequence[Any], sizes: Sequence[int], tokens: int, total: int,
+           answers: frozenset[int] = frozenset()) -> PrefixChain | None:
     if not parts or total <= 0:
         return None
     hashes, ends = [], []
@@ -50,7 +52,7 @@ def _chain(parts: Sequence[Any], sizes: Sequence[int], tokens: int, total: int) 
         done += size
         hashes.append(h)
         ends.append(min(tokens, tokens * done // total))
-    return PrefixChain(tuple(hashes), tuple(ends))
+    return PrefixChain(tuple(hashes), tuple(ends), answers)
 
 
 def _text_chain(text: str, tokens: int) -> PrefixChain | None:
@@ -91,15 +93,18 @@ def prefix_chain(body: dict, kind: str, tokens: int) -> PrefixChain | None:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
-        parts, sizes = [], []
-        for m in messages[:MAX_BLOCKS]:
+        parts, sizes, answers = [], [], []
+        for i, m in enumerate(messages[:MAX_BLOCKS]):
             if not isinstance(m, dict):
                 return None
             text = _content(m.get("content"))
-            parts.append((str(m.get("role", "")), text))
+            role = str(m.get("role", ""))
+            parts.append((role, text))
             sizes.append(len(text) + _MESSAGE_OVERHEAD_CHARS)
+            if role == "assistant":
+                answers.append(i)
         total = sum(sizes) + _MESSAGE_OVERHEAD_CHARS  # + the generation prompt
-        return _chain(parts, sizes, tokens, total)
+        return _chain(parts, sizes, tokens, total, frozenset(answers))
     prompt = body.get("prompt") if kind == "completion" else (
         body.get("input_ids") if body.get("input_ids") is not None else body.get("text"))
     if isinstance(prompt, str):
@@ -110,12 +115,18 @@ def prefix_chain(body: dict, kind: str, tokens: int) -> PrefixChain | None:
 
 
 class PrefixRecord:
-    """Per prefill pod, the block hashes this gateway sent there lately (bounded LRU)."""
+    """Per prefill pod, the block hashes this gateway sent there lately (bounded LRU).
 
-    def __init__(self, blocks_per_pod: int = DEFAULT_RECORD_BLOCKS_PER_POD) -> None:
+    `answers_warmed` (the engines' --prefix-warm, engine/prefix_warm.py): a pod that served a
+    chat turn is sent its answer to compute, which the gateway never sees (streamed answers pass
+    through unparsed). So where what a pod holds of a chat ends right before an assistant
+    message, that message is expected held too: it is the answer the pod was warmed with."""
+
+    def __init__(self, blocks_per_pod: int = DEFAULT_RECORD_BLOCKS_PER_POD, *, answers_warmed: bool = False) -> None:
         if blocks_per_pod < 1:
             raise ValueError(f"blocks_per_pod must be >= 1, got {blocks_per_pod}")
         self.blocks_per_pod = blocks_per_pod
+        self.answers_warmed = answers_warmed
         self._pods: dict[str, BlockLRU] = {}
         self.evictions = 0
 
@@ -126,7 +137,12 @@ class PrefixRecord:
 
     def held_blocks(self, pod: str, chain: PrefixChain | None) -> int:
         seen = self._pods.get(pod)
-        return seen.held(chain.hashes) if seen is not None and chain else 0
+        if seen is None or not chain:
+            return 0
+        blocks = seen.held(chain.hashes)
+        if blocks and self.answers_warmed and blocks in chain.answers:
+            blocks += 1  # the answer the pod was warmed with
+        return blocks
 
     def record(self, pod: str, chain: PrefixChain | None) -> None:
         """`pod` was sent this chain: it will hold it (most recently used, first block last)."""

@@ -66,7 +66,8 @@ class PDProxy:
         self.engine_loads = EngineLoads(config.engine_load_interval_s)
         self._poller = EngineLoadPoller(self.engine_loads, discovery, tracker.loads,
                                         enabled=config.engine_load_poll)
-        record = PrefixRecord(config.prefix_record_blocks_per_pod) if config.prefix_affinity else None
+        record = (PrefixRecord(config.prefix_record_blocks_per_pod, answers_warmed=config.prefix_warm)
+                  if config.prefix_affinity else None)
         self.affinity = CacheAffinity(record, config.length_threshold, metrics)
 
     async def start(self) -> None:

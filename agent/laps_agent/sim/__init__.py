@@ -33,7 +33,8 @@ from .cluster import HOP_S, SimCluster, chars4_estimate
 _CAPACITY_REQUESTS_PER_POD = 200
 # The multi-turn reference, only here: `laps` over one unlimited prefix cache that every prefill
 # pod shares and the router knows (prefix.py). Not a system `laps local` can run.
-ORACLE = dataclasses.replace(SYSTEMS["laps"], name=ORACLE_LABEL)
+# The oracle router: every earlier prompt cached everywhere, and nothing more (no warming).
+ORACLE = dataclasses.replace(SYSTEMS["laps"], name=ORACLE_LABEL, prefix_warm=False)
 
 
 def sim_system(name: str) -> SystemConfig:

@@ -41,7 +41,7 @@ from laps_operator.allocation import (AllocationConfig, Move, PolicyState, Press
                                       group_pressure, reference_decide)
 from laps_operator.groups import initial_short_count
 
-_ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE = 0, 1, 2, 3, 4
+_ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM = 0, 1, 2, 3, 4, 5
 HOP_S = 0.001
 
 
@@ -168,6 +168,8 @@ class SimCluster:
                     continue  # superseded
                 self._scheduled[payload] = None
                 self._poll(payload, now)
+            elif kind == _WARM:
+                self._warm(reqs[payload], now)
             elif kind == _KV:
                 self._kv_arrived(reqs[payload], now)
             elif kind == _SAMPLE:  # the timeline, and the allocation's pressure samples (1 s)
@@ -217,6 +219,15 @@ class SimCluster:
         r.cached = req.cached_tokens
         self._poll(r.prefill, now)
 
+    def _warm(self, r: SimRequest, now: float) -> None:
+        """Prefix warming (engine/prefix_warm.py): the prefill engine that served the turn
+        computes prompt + answer when idle. The gateway's record counts the answer as held
+        from now (the real gateway infers it at the next turn: gateway/prefix.py)."""
+        total = r.prompt_tokens + r.output_tokens
+        self.prefixes.sent(self.prefill_eps[r.prefill].name, r.conversation, total)
+        self.prefill[r.prefill].warm(self.prefixes.blocks(r.conversation, total), total)
+        self._poll(r.prefill, now)
+
     def _kv_arrived(self, r: SimRequest, now: float) -> None:
         r.ticket.done()  # the prefill engine's answer ends once the decode engine has the KV
         engine = self.decode[r.decode]
@@ -254,6 +265,8 @@ class SimCluster:
                     r.done, r.status = ev.time + 2 * self.hop_s, 200
                     self.tracker.end_decode(self.decode_eps[r.decode].name)
                     self._finished += 1
+                    if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
+                        heapq.heappush(self._heap, (ev.time + self.hop_s, next(self._seq), _WARM, r.index))
 
     def _fail(self, r: SimRequest, now: float, status: int, message: str | None) -> None:
         r.status, r.error, r.done = status, message, now

@@ -1,6 +1,7 @@
 """PD with the prefix cache: a multi-turn chat through a gateway, a prefill engine and a decode
 engine (tiny model, loopback) answers exactly as the same stack with the cache off, while the
-prefill engine recomputes only each turn's new tokens."""
+prefill engine recomputes only each turn's new tokens; with prefix warming (--prefix-warm) the
+prefill engine also holds each answer, so a later turn prefills little more than its new message."""
 from __future__ import annotations
 
 import httpx
@@ -26,19 +27,21 @@ def stacks(engine_launcher, tiny_engine_model, gateway_server):
     return gateways, {"cached": cached, "plain": plain, "decode": decode}
 
 
-def _converse(gateway_url: str) -> tuple[list[str], list[int]]:
+def _converse(gateway_url: str, max_tokens: int = 12, between=None) -> tuple[list[str], list[int]]:
     messages, answers, cached = [], [], []
     with httpx.Client(timeout=60) as client:
-        for turn in TURNS:
+        for i, turn in enumerate(TURNS):
             messages.append({"role": "user", "content": turn})
             reply = client.post(gateway_url + "/v1/chat/completions",
-                                json={"messages": messages, "max_tokens": 12, "temperature": 0})
+                                json={"messages": messages, "max_tokens": max_tokens, "temperature": 0})
             assert reply.status_code == 200, reply.text
             body = reply.json()
             answer = body["choices"][0]["message"]["content"]
             messages.append({"role": "assistant", "content": answer})
             answers.append(answer)
             cached.append(body["usage"]["prompt_tokens_details"]["cached_tokens"])
+            if between is not None:
+                between(i + 1)
     return answers, cached
 
 
@@ -91,3 +94,31 @@ def test_mixed_engine_reports_cached_tokens_and_the_class_split(tiny_mixed_engin
     assert bad.status_code == 400 and "X-LAPS-Class" in bad.json()["error"]["message"]
     # the gateway said long, this engine saw a short prefill (the prompt is ~60 tokens)
     assert metric_value(_metrics(engine), "laps_engine_class_total", **split) == before + 1
+
+
+def test_warming_caches_each_answer_on_the_prefill_engine_without_changing_answers(
+        engine_launcher, tiny_engine_model, gateway_server):
+    def stack(warm: bool):
+        flag = "--prefix-warm" if warm else "--no-prefix-warm"
+        decode = engine_launcher(tiny_engine_model, "decode", (*ARGS, flag))
+        prefill = engine_launcher(tiny_engine_model, "prefill", (*ARGS, flag))
+        gateway = gateway_server(StaticDiscovery(StaticSpec((prefill.url,), (), (decode.url,)), poll_s=0.05),
+                                 prefix_warm=warm)
+        return gateway, prefill
+
+    (warm_gw, warm_prefill), (cold_gw, _) = stack(True), stack(False)
+
+    def warmed(turns: int) -> None:
+        # Warms are fire-and-forget, computed when the prefill engine is idle: the next turn
+        # is sent once this turn's answer is in (a client thinking, as users do).
+        wait_for(lambda: _counter(warm_prefill, "laps_engine_prefix_warm_total", outcome="done") == turns,
+                 message=f"the prefill engine to have warmed {turns} answers")
+
+    answers, warm_cached = _converse(warm_gw.url, max_tokens=40, between=warmed)
+    cold_answers, cold_cached = _converse(cold_gw.url, max_tokens=40)
+    assert answers == cold_answers
+    # Each later turn found the earlier prompt AND the answer cached: at least the answer's
+    # whole pages (40 tokens: 2) more than without warming.
+    for turn in range(1, len(TURNS)):
+        assert warm_cached[turn] >= cold_cached[turn] + 32, (warm_cached, cold_cached)
+    assert _counter(warm_prefill, "laps_engine_prefix_warm_tokens_total") >= 32 * len(TURNS)

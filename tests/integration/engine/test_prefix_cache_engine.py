@@ -11,6 +11,7 @@ from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.requests import GenerateWork
 from laps_agent.engine.runner import ModelRunner
 from laps_agent.engine.sampling import SamplingParams
+from tests.integration.engine.helpers import wait_for
 from tests.integration.engine.test_engine_loop import collect, prompt
 
 PAGE = 16
@@ -128,3 +129,37 @@ def test_eviction_under_a_small_pool_keeps_answers_right(make_engine):
     assert sum(req.cached_tokens for r in records for req in r.requests) > 0
     small.kv.self_check()
     assert small.kv.free_pages == small.kv.num_pages
+
+
+def test_a_warm_waits_for_real_work_then_fills_the_cache_in_chunks(make_engine):
+    engine, runner, records = make_engine(prefix_cache=True)
+    plain, _, _ = make_engine(prefix_cache=False)
+    conversation = prompt(300, start=10)                 # a finished turn: prompt + answer
+    other = prompt(40, start=120)
+    outs: queue.Queue = queue.Queue()
+    warms: list = []
+    engine.on_warm = lambda outcome, n: warms.append((outcome, n))
+    # Both arrive together: the real request is served first, prefill and decode, and only
+    # then the warm, in chunks of at most the length threshold (256) of whole pages (288 of 300).
+    engine.submit_many([(GenerateWork("warm", conversation, None, kind="warm"), outs.put),
+                        (GenerateWork("real", other, GREEDY), outs.put)])
+    assert tokens(collect(outs, 1)["real"]) == tokens(run(plain, "real", other))
+    wait_for(lambda: ("done", 0) in warms, message="the warm to finish")
+    assert [items for items, _ in runner.prefills] == [[(0, 40)], [(0, 256)], [(256, 32)]]
+    assert warms == [("chunk", 256), ("chunk", 32), ("done", 0)]
+    assert len(records) == 1                             # warms are not prefill batches of requests
+    # The chat's next turn finds all of it cached and computes only its new message.
+    turn2 = conversation + prompt(20, start=200)
+    got = run(engine, "turn2", turn2)
+    assert got[-1].cached_tokens == 288 and runner.prefills[-1][0] == [(288, len(turn2) - 288)]
+    assert tokens(got) == tokens(run(plain, "turn2", turn2))
+    engine.kv.self_check()
+
+
+def test_a_warm_without_a_prefix_cache_is_refused_and_computes_nothing(make_engine):
+    engine, runner, _ = make_engine(prefix_cache=False)
+    warms: list = []
+    engine.on_warm = lambda outcome, n: warms.append((outcome, n))
+    engine.submit(GenerateWork("warm", prompt(64), None, kind="warm"), lambda out: None)
+    wait_for(lambda: warms == [("refused", 0)], message="the warm to be refused")
+    assert runner.prefills == []

@@ -157,3 +157,28 @@ def test_a_long_turn_stays_on_the_short_pod_that_holds_its_conversation():
     assert route(record, later, 950)[0].prefill.name == "l2"
     fresh, _ = route(PrefixRecord(), later, 950)
     assert (fresh.group, fresh.cls, fresh.cached) == ("long", "long", 0)
+
+
+def test_with_warmed_answers_the_previous_answer_counts_as_held_where_its_turn_was_served():
+    warm, cold = PrefixRecord(answers_warmed=True), PrefixRecord()
+    question = "please summarise this document: " + "lorem ipsum " * 300   # ~1000 tokens
+    answer = "the document says " + "something " * 120                     # a long answer
+    turn1 = chat(question)
+    for record in (warm, cold):
+        d, chain = route(record, turn1, 1000)
+        record.record(d.prefill.name, chain)
+    holder = d.prefill
+    turn2 = chat(question, answer, "thanks, and in one line?")
+    # The pod was warmed with the answer: only the new message is left, a short prefill there.
+    warmed, _ = route(warm, turn2, 1300)
+    plain, _ = route(cold, turn2, 1300)
+    assert warmed.prefill == plain.prefill == holder
+    assert 1300 - warmed.cached < 40 and warmed.cls == "short"
+    assert 1300 - plain.cached > 256 and plain.cls == "long"
+    # Only an answer right after what the pod holds counts: another pod holds nothing of it.
+    other = next(e for e in LONG if e != holder)
+    assert warm.held(other.name, prefix_chain(turn2, "chat", 1300)) == 0
+    # A user message there (no answer in between) is not assumed held.
+    two_users = {"messages": [{"role": "user", "content": question}, {"role": "user", "content": answer}]}
+    chain = prefix_chain(two_users, "chat", 1300)
+    assert warm.held(holder.name, chain) == chain.ends[0] < 1000

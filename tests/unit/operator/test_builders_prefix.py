@@ -1,5 +1,5 @@
-"""spec.laps.prefixCache and spec.laps.prefixAffinity: what the engines and the gateway are
-started with, and the combination the operator refuses."""
+"""spec.laps.prefixCache, spec.laps.prefixAffinity and spec.laps.prefixWarm: what the engines and
+the gateway are started with, and the combinations the operator refuses."""
 from __future__ import annotations
 
 import pytest
@@ -81,7 +81,72 @@ def test_affinity_follows_the_cache_unless_set_and_is_refused_without_one():
     assert "--no-prefix-affinity" in args_of(build_gateway_deployment(CLUSTER, spec))
 
 
-@pytest.mark.parametrize("field", ["prefixCache", "prefixAffinity"])
+@pytest.mark.parametrize("field", ["prefixCache", "prefixAffinity", "prefixWarm"])
 def test_non_booleans_are_refused(field):
     with pytest.raises(InvalidSpecError, match=f"spec.laps.{field}"):
         parse_spec({**BASE, "laps": {**NO_CACHE, field: "no"}})
+
+
+def warm_flags(args: list[str]) -> list[str]:
+    return [a for a in args if a in ("--prefix-warm", "--no-prefix-warm")]
+
+
+def test_warm_is_on_by_default_on_both_pools_and_the_gateway():
+    spec = parse_spec(BASE)
+    for args in engines(spec):
+        assert warm_flags(args) == ["--prefix-warm"]
+    assert warm_flags(args_of(build_gateway_deployment(CLUSTER, spec))) == ["--prefix-warm"]
+
+
+@pytest.mark.parametrize("laps", [{"prefixWarm": False}, {"prefixAffinity": False}, {"prefixCache": False}],
+                         ids=["warm-false", "affinity-false", "cache-false"])
+def test_warm_off_or_following_affinity_off_renders_the_negative_flag_everywhere(laps):
+    # Unset, warming follows the gateway's affinity: without it the next turn goes elsewhere.
+    spec = parse_spec({**BASE, "laps": laps})
+    for args in engines(spec):
+        assert warm_flags(args) == ["--no-prefix-warm"]
+    assert warm_flags(args_of(build_gateway_deployment(CLUSTER, spec))) == ["--no-prefix-warm"]
+
+
+def test_warm_off_alone_keeps_the_cache_and_affinity():
+    spec = parse_spec({**BASE, "laps": {"prefixWarm": False}})
+    for args in engines(spec):
+        assert "--prefix-cache" in args
+    gateway = args_of(build_gateway_deployment(CLUSTER, spec))
+    assert "--prefix-affinity" in gateway and warm_flags(gateway) == ["--no-prefix-warm"]
+
+
+@pytest.mark.parametrize("laps", [{}, {"prefixWarm": False}], ids=["unset", "false"])
+def test_sglang_engines_get_no_warm_flag_and_the_gateway_does_not_warm(laps):
+    spec = parse_spec({**BASE, "engine": {"backend": "sglang"}, "laps": laps})
+    for args in engines(spec):
+        assert not [a for a in args if "warm" in a]  # stock SGLang rejects unknown flags
+    gateway = args_of(build_gateway_deployment(CLUSTER, spec))
+    assert "--prefix-affinity" in gateway  # affinity still works in front of SGLang
+    assert warm_flags(gateway) == ["--no-prefix-warm"]
+
+
+def test_explicit_warm_true_renders_on_and_is_refused_where_it_cannot_work():
+    spec = parse_spec({**BASE, "laps": {"prefixWarm": True}})
+    assert all(warm_flags(a) == ["--prefix-warm"] for a in engines(spec))
+    assert warm_flags(args_of(build_gateway_deployment(CLUSTER, spec))) == ["--prefix-warm"]
+    with pytest.raises(InvalidSpecError, match=r"laps\.prefixWarm .*needs engine\.backend builtin: "
+                                                r"SGLang has no warm endpoint"):
+        parse_spec({**BASE, "engine": {"backend": "sglang"}, "laps": {"prefixWarm": True}})
+    for laps in ({"prefixAffinity": False}, {"prefixCache": False}):
+        with pytest.raises(InvalidSpecError, match=r"laps\.prefixWarm .* needs laps\.prefixAffinity"):
+            parse_spec({**BASE, "laps": {**laps, "prefixWarm": True}})
+
+
+def test_warm_flags_parse_with_the_data_plane_parsers():
+    # Needs laps_agent's --prefix-warm/--no-prefix-warm (engine, emulated engine, gateway).
+    from laps_agent.engine.cli import build_parser as engine_parser
+    from laps_agent.gateway.cli import build_parser as gateway_parser
+
+    for laps, warm in (({}, True), ({"prefixWarm": False}, False)):
+        spec = parse_spec({**BASE, "laps": laps})
+        for args in engines(spec):
+            assert engine_parser().parse_args(args[1:]).prefix_warm is warm
+            assert engine_parser().parse_args([*args[1:], "--backend", "emulated"]).prefix_warm is warm
+        gateway = args_of(build_gateway_deployment(CLUSTER, spec))
+        assert gateway_parser().parse_args(gateway[1:]).prefix_warm is warm

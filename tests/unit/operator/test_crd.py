@@ -118,6 +118,7 @@ INVALID = [
     (with_spec(**{"model": {"name": "m"}}), "spec.model", "'path' is a required property"),
     (with_spec(**{"laps.prefixCache": "no"}), "spec.laps.prefixCache", "not of type 'boolean'"),
     (with_spec(**{"laps.prefixAffinity": 0}), "spec.laps.prefixAffinity", "not of type 'boolean'"),
+    (with_spec(**{"laps.prefixWarm": "yes"}), "spec.laps.prefixWarm", "not of type 'boolean'"),
     ({**MINIMAL, "spec": {}}, "spec", "'model' is a required property"),
 ]
 
@@ -140,6 +141,11 @@ CROSS_FIELD = [
      "drain.gracePeriodSeconds must be at least drain.preStopSeconds + 4"),
     ({"laps": {"prefixCache": False, "prefixAffinity": True}},
      "laps.prefixAffinity routes a prompt to the prefill pod expected to hold its prefix: it needs laps.prefixCache"),
+    ({"engine": {"backend": "sglang"}, "laps": {"prefixWarm": True}},
+     "laps.prefixWarm (prefix warming) needs engine.backend builtin: SGLang has no warm endpoint"),
+    ({"laps": {"prefixAffinity": False, "prefixWarm": True}},
+     "laps.prefixWarm caches a turn's answer on the prefill pod that served it, for the chat's next turn, "
+     "which only cache affinity sends back there: it needs laps.prefixAffinity"),
 ]
 
 
@@ -230,3 +236,19 @@ def test_prefix_cache_and_affinity_are_described_booleans_on_by_default():
     both_off = with_spec(**{"laps.prefixCache": False, "laps.prefixAffinity": False})
     assert errors(both_off) == []
     assert parse_spec(apply_defaults(both_off, SCHEMA)["spec"]).laps.prefix_cache is False
+
+
+def test_prefix_warm_is_a_described_boolean_that_follows_affinity_on_the_builtin_backend():
+    laps = SCHEMA["properties"]["spec"]["properties"]["laps"]["properties"]
+    # No default: unset, it follows the affinity (builtin) or is off (sglang).
+    assert laps["prefixWarm"]["type"] == "boolean" and "default" not in laps["prefixWarm"]
+    assert laps["prefixWarm"]["description"]
+    assert parse_spec(apply_defaults(MINIMAL, SCHEMA)["spec"]).warm is True
+    sglang = with_spec(**{"engine.backend": "sglang"})
+    assert parse_spec(apply_defaults(sglang, SCHEMA)["spec"]).warm is False
+    no_affinity = with_spec(**{"laps.prefixAffinity": False})
+    assert parse_spec(apply_defaults(no_affinity, SCHEMA)["spec"]).warm is False
+    for value in (True, False):
+        doc = with_spec(**{"laps.prefixWarm": value})
+        assert errors(doc) == []
+        assert parse_spec(apply_defaults(doc, SCHEMA)["spec"]).warm is value

@@ -1,0 +1,89 @@
+"""Prefix warming: the prefill engine computes a finished chat turn's answer into its prefix cache.
+
+In PD serving the prefill engine computes only the prompt; the answer is generated on the decode
+engine. A chat's next turn re-sends prompt + answer + a new message, so with only the prompt
+cached the prefill engine still has to compute the whole previous answer (LMSYS answers: ~200
+tokens, most of a later turn's work) before the first token. With `--prefix-warm`:
+
+- the decode engine, when a request finishes, POSTs its prompt + answer token ids to the prefill
+  engine that served it (`WARM_PATH` on that engine's bootstrap port: the address the KV came
+  from), fire and forget;
+- the prefill engine queues them at the lowest priority: a warm runs only while nothing else
+  could (no prefill queued or held by the waiting window, nothing decoding or importing), in
+  chunks of at most the length threshold, so a request that arrives meanwhile waits at most
+  one short-batch's worth of compute; the computed pages go into the prefix cache like any
+  prompt's, LRU-evicted like them;
+- the next turn then finds prompt + answer cached and prefills only the new message, which
+  usually makes it short work (the gateway expects that too: gateway/prefix.py).
+
+What it costs: prefill compute for every answer, most of which the next turn would have spent
+anyway (not for a conversation's last turn), done while the pod is otherwise idle. Where the
+re-sent answer tokenizes differently from the generated ids, the cache match simply ends there.
+Warms are dropped, never waited for: when the queue passes `MAX_QUEUED_WARMS`, when the pool has
+no free page, when a forward fails.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+log = logging.getLogger(__name__)
+
+WARM_PATH = "/laps/warm"
+MAX_QUEUED_WARMS = 64
+WARM_TIMEOUT_S = 5.0
+
+
+def warm_chunk(tokens: int, pos: int, cached: int, page_size: int, threshold: int) -> tuple[int, int] | None:
+    """The next chunk (start, end) to compute of a warm of `tokens` tokens that has reached `pos`
+    and of which the cache holds `cached` now; None when nothing is left. Only whole pages can
+    be cached, so a chunk ends on a page boundary, and it is at most `threshold` tokens (at
+    least a page): never more than a short batch, so it delays nothing for long."""
+    full = tokens // page_size * page_size
+    start = max(pos, cached)
+    if full - start < page_size:
+        return None
+    size = max(threshold // page_size, 1) * page_size
+    return start, min(full, start + size)
+
+
+def warm_body(input_ids: list[int]) -> bytes:
+    return json.dumps({"input_ids": input_ids}, separators=(",", ":")).encode()
+
+
+def parse_warm_body(raw: bytes, vocab_size: int, max_tokens: int) -> list[int]:
+    """The ids of a warm request; ValueError with the reason if they are not usable."""
+    try:
+        ids = json.loads(raw).get("input_ids")
+    except (ValueError, AttributeError, RecursionError):
+        raise ValueError("the body must be a JSON object with input_ids") from None
+    if not isinstance(ids, list) or not ids or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
+        raise ValueError(f"input_ids must be a non-empty list of token ids in [0, {vocab_size})")
+    if len(ids) > max_tokens:
+        raise ValueError(f"{len(ids)} tokens; this engine caches at most {max_tokens}")
+    return ids
+
+
+async def send_warm(host: str, port: int, input_ids: list[int], timeout_s: float = WARM_TIMEOUT_S) -> int:
+    """POST a warm to a prefill engine's bootstrap port; returns the HTTP status (0: no answer).
+    One short-lived connection, as the KV fetch (pd_fetch.py): a warm per finished request is
+    rare next to its tokens, and the engine keeps no client pool."""
+    body = warm_body(input_ids)
+    head = (f"POST {WARM_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    writer = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(head + body)
+            await writer.drain()
+            status_line = await reader.readline()
+        parts = status_line.split()
+        return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+    except (OSError, TimeoutError) as exc:
+        log.debug("prefix warm to %s:%d failed: %s", host, port, exc)
+        return 0
+    finally:
+        if writer is not None:
+            writer.close()
