@@ -102,6 +102,7 @@ class EngineModel:
         self.busy_until: float | None = None
         self.wake_at: float | None = None
         self.busy_seconds = 0.0                             # modelled compute time, for utilisation
+        self.warm_seconds = 0.0                             # of which prefix warms (no request waits on them)
 
     @property
     def capacity_tokens(self) -> int:
@@ -213,7 +214,9 @@ class EngineModel:
             warm.pos = end
             self._batch = [blocks]
             self._warmed("chunk", end - cached)
-            self._begin(_WARM, t, self.profile.prefill_seconds([end - cached], [cached]))
+            seconds = self.profile.prefill_seconds([end - cached], [cached])
+            self.warm_seconds += seconds
+            self._begin(_WARM, t, seconds)
             return
 
     def _warmed(self, outcome: str, tokens: int) -> None:

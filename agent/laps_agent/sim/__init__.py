@@ -111,9 +111,13 @@ def _prefix_meta(plan: Plan, cluster: SimCluster, outcome) -> dict:
     block = cluster.prefixes.block_tokens
     oracle = oracle_cached_tokens(plan.prompt_tokens, plan.history_tokens, block)
     total = int(plan.prompt_tokens.sum())
-    busy = {ep.name: b for ep, b in zip(cluster.prefill_eps, outcome.prefill_busy)}
+    # Time in prefill batches of requests, as `laps bench` reads it from the engines
+    # (laps_engine_prefill_latency_seconds): warms run only when a pod has nothing else to do.
+    busy = {ep.name: b - w for ep, b, w in zip(cluster.prefill_eps, outcome.prefill_busy, outcome.prefill_warm)}
     groups = {g: [ep.name for ep in eps] for g, eps in cluster.groups.items() if eps}
+    compute = sum(outcome.prefill_busy)
     return {"block_tokens": block, "oracle_hit_rate": float(oracle.sum() / total) if total else None,
+            "warm_share": sum(outcome.prefill_warm) / compute if compute else 0.0,
             "pod_load": pod_load(busy, groups), "affinity": cluster.system.affinity}
 
 

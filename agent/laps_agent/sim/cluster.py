@@ -8,7 +8,9 @@ from the profile, a prefix cache on each prefill engine). A request's path mirro
 
   arrival -> route (pending work booked on the prefill pod) -> prefill queue and batch
   -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
-  -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done.
+  -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done
+  -> (systems with prefix warming, a conversation's turn) one hop later its prefill engine is
+     sent prompt + answer to compute when idle (engine/prefix_warm.py).
 
 Admission control is the gateway's (`admission.admit` on the group's pending tokens: a refused
 request fails with 429 at once). Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through the
@@ -71,6 +73,7 @@ class SimOutcome:
     timeline: list[TimelineSample] = field(default_factory=list)
     duration: float = 0.0
     prefill_busy: list[float] = field(default_factory=list)   # modelled busy seconds per pod
+    prefill_warm: list[float] = field(default_factory=list)   # of which prefix warms
     decode_busy: list[float] = field(default_factory=list)
 
 
@@ -182,7 +185,9 @@ class SimCluster:
                 if self._finished < n:
                     heapq.heappush(heap, (now + self.interval_s, next(self._seq), _REBALANCE, None))
         return SimOutcome(reqs, timeline, now - (float(at[0]) if n else 0.0),
-                          [e.busy_seconds for e in self.prefill], [e.busy_seconds for e in self.decode])
+                          prefill_busy=[e.busy_seconds for e in self.prefill],
+                          decode_busy=[e.busy_seconds for e in self.decode],
+                          prefill_warm=[e.warm_seconds for e in self.prefill])
 
     def _route(self, r: SimRequest, now: float) -> None:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
