@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
-from laps_agent.engine.prefix_warm import MAX_QUEUED_WARMS, warm_chunk
+from laps_agent.engine.prefix_warm import Warm, WarmQueue
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
 from laps_agent.scheduling.config import SchedulerConfig
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
@@ -54,13 +54,6 @@ class ModelRequest:
     outputs: int = 0          # completion tokens this request will produce here in all
     start_step: int = 0       # decode steps done by the engine when it joined the running set
     blocks: Sequence[int] | None = None   # the prompt's KV-page keys, for the prefix cache
-
-
-@dataclass(slots=True)
-class _WarmModel:
-    blocks: Sequence[int]     # the prompt + answer's KV-page keys
-    tokens: int
-    pos: int = 0              # tokens warmed so far (engine/prefix_warm.warm_chunk)
 
 
 @dataclass(slots=True)
@@ -94,8 +87,8 @@ class EngineModel:
         self.requests: dict[str, ModelRequest] = {}
         self.running: dict[str, ModelRequest] = {}
         self.imports: deque[str] = deque()
-        self.warms: deque[_WarmModel] = deque()     # prefix warms, lowest priority
-        self.on_warm = on_warm
+        # Prefix warms, at the lowest priority (engine/prefix_warm.py), as the builtin engine.
+        self.warms = WarmQueue(self.page_size, scheduler.length_threshold, on_warm)
         self._finishing: list[tuple[int, int, str]] = []   # (finish step, tie, rid)
         self._sum_prompt = self._sum_start = 0              # over running: context bookkeeping
         self._stage, self._batch = _IDLE, []
@@ -184,44 +177,28 @@ class EngineModel:
             self._start_warm(t)
 
     def warm(self, blocks: Sequence[int], tokens: int) -> None:
-        """A prefix warm (engine/prefix_warm.py): compute these blocks into the prefix cache when
-        nothing else could run, in chunks, as the builtin engine does."""
+        """A prefix warm of these KV-page keys (prompt + answer of `tokens` tokens)."""
         if self.prefix_cache is None or not blocks:
-            self._warmed("refused", 0)
-            return
-        self.warms.append(_WarmModel(blocks, tokens))
-        while len(self.warms) > MAX_QUEUED_WARMS:
-            self.warms.popleft()
-            self._warmed("dropped", 0)
+            self.warms.report("refused", 0)
+        else:
+            self.warms.add(Warm(blocks, tokens))
 
     def _start_warm(self, t: float) -> None:
         ps = self.page_size
-        while self.warms:
-            warm = self.warms[0]
-            chunk = warm_chunk(warm.tokens, warm.pos, self.prefix_cache.peek(warm.blocks) * ps, ps,
-                               self.scheduler.config.length_threshold)
-            if chunk is None:
-                self.warms.popleft()
-                self._warmed("done", 0)
-                continue
-            end = chunk[1]
-            if self._pages_for(end) > self.free_pages:
-                self.warms.popleft()
-                self._warmed("dropped", 0)
-                return
-            blocks = warm.blocks[:end // ps]
-            cached = min(self.prefix_cache.peek(blocks) * ps, end - ps)  # the builtin's match cap
-            warm.pos = end
-            self._batch = [blocks]
-            self._warmed("chunk", end - cached)
-            seconds = self.profile.prefill_seconds([end - cached], [cached])
-            self.warm_seconds += seconds
-            self._begin(_WARM, t, seconds)
+        chunk = self.warms.next_chunk(lambda w: self.prefix_cache.peek(w.ids) * ps)
+        if chunk is None:
             return
-
-    def _warmed(self, outcome: str, tokens: int) -> None:
-        if self.on_warm is not None:
-            self.on_warm(outcome, tokens)
+        warm, _, end = chunk
+        if self._pages_for(end) > self.free_pages:
+            self.warms.drop("dropped")
+            return
+        blocks = warm.ids[:end // ps]
+        cached = min(self.prefix_cache.peek(blocks) * ps, end - ps)  # the builtin's match cap
+        self.warms.advance(warm, end, end - cached)
+        seconds = self.profile.prefill_seconds([end - cached], [cached])
+        self.warm_seconds += seconds
+        self._batch = [blocks]
+        self._begin(_WARM, t, seconds)
 
     def _admit_imports(self, t: float, events: list[Event]) -> None:
         while self.imports and len(self.running) < self.max_running:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from laps_agent.engine.engine_config import EngineConfig, PrefillRecord, PrefillRequest, kv_reservation
 from laps_agent.engine.kv_cache import KVCacheFull, PagedKVAllocator
-from laps_agent.engine.prefix_warm import MAX_QUEUED_WARMS, warm_chunk
+from laps_agent.engine.prefix_warm import Warm, WarmQueue
 from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
 from laps_agent.engine.runner import ForwardItem
 from laps_agent.engine.sampling import StopState, sample_each
@@ -19,14 +19,6 @@ from laps_agent.scheduling.classes import length_class
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
 log = logging.getLogger("laps_agent.engine.engine")
-
-
-@dataclass
-class _Warm:
-    """A finished conversation turn to compute into the prefix cache (prefix_warm.py)."""
-    rid: str
-    input_ids: list[int]
-    pos: int = 0      # tokens warmed so far: each chunk moves it on, so a warm always ends
 
 
 @dataclass
@@ -53,8 +45,9 @@ class EngineCore:
                                    prefix_cache=config.prefix_cache and config.role != "decode")
         self._evicted_seen = 0  # kv.evicted_pages already reported in a PrefillRecord
         self.eos_ids = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
-        self.on_prefill, self.on_first_token, self.on_warm = on_prefill, on_first_token, on_warm
-        self._warms: deque[_Warm] = deque()    # prefill role: lowest priority (prefix_warm.py)
+        self.on_prefill, self.on_first_token = on_prefill, on_first_token
+        # Prefill role: warms, at the lowest priority (prefix_warm.py).
+        self.warms = WarmQueue(runner.page_size, config.scheduler.length_threshold, on_warm)
         self._live: dict[str, _Live] = {}
         self._running: list[str] = []          # decoding, in admission order
         self._imports: deque[str] = deque()    # decode role: KV arrived, waiting for pages
@@ -66,7 +59,10 @@ class EngineCore:
 
     def _accept(self, work: GenerateWork, sink: OutputSink) -> None:
         if work.kind == "warm":
-            self._queue_warm(work)
+            if self.kv.cache is None:
+                self.warms.report("refused", 0)
+            else:
+                self.warms.add(Warm(list(work.input_ids), len(work.input_ids), work.rid))
             return
         if work.rid in self._live:
             sink(EngineOutput(work.rid, finished=True, finish_reason="error", error_status=400,
@@ -90,57 +86,33 @@ class EngineCore:
             except ValueError as exc:  # refused by the scheduler: fail this request only
                 self._fail(work.rid, str(exc))
 
-    # ---- prefix warming (prefix_warm.py) -----------------------------------------------------
-    def _queue_warm(self, work: GenerateWork) -> None:
-        if self.kv.cache is None:
-            self._warmed("refused", 0)
-            return
-        self._warms.append(_Warm(work.rid, list(work.input_ids)))
-        while len(self._warms) > MAX_QUEUED_WARMS:  # the oldest turn is the least likely to come back
-            self._warms.popleft()
-            self._warmed("dropped", 0)
-
     def _warm_idle(self) -> bool:
         """One warm chunk, if nothing else could run: no prefill waiting (nor held by the
         waiting window), nothing decoding or importing. Returns whether it computed."""
-        if not self._warms or len(self.scheduler) or self._running or self._imports:
+        if not self.warms or len(self.scheduler) or self._running or self._imports:
             return False
-        while self._warms:
-            warm = self._warms[0]
-            chunk = warm_chunk(len(warm.input_ids), warm.pos, self.kv.match(warm.input_ids),
-                               self.kv.page_size, self.config.scheduler.length_threshold)
-            if chunk is None:
-                self._warms.popleft()
-                self._warmed("done", 0)
-                continue
-            start, end = chunk
-            try:
-                self.kv.allocate(warm.rid, end, warm.input_ids[:end])
-            except KVCacheFull:  # the pool is busy with real work: warming is not worth an eviction fight
-                self._warms.popleft()
-                self._warmed("dropped", 0)
-                return False
-            cached = self.kv.cached_tokens(warm.rid)
-            item = ForwardItem(token_ids=warm.input_ids[cached:end], start_pos=cached,
-                               pages=self._pages(warm.rid, end))
-            try:
-                self.runner.forward([item], bucketed=False)
-            except Exception:  # noqa: BLE001 - a warm is an optimisation: never fail the loop for it
-                log.exception("prefix warm failed")
-                self.kv.free(warm.rid)
-                self._warms.popleft()
-                self._warmed("failed", 0)
-                return True
-            self.kv.insert(warm.rid, warm.input_ids[:end])
+        chunk = self.warms.next_chunk(lambda w: self.kv.match(w.ids))
+        if chunk is None:
+            return False
+        warm, _, end = chunk
+        try:
+            self.kv.allocate(warm.rid, end, warm.ids[:end])
+        except KVCacheFull:  # the pool is busy with real work: not worth an eviction fight
+            self.warms.drop("dropped")
+            return False
+        cached = self.kv.cached_tokens(warm.rid)
+        item = ForwardItem(token_ids=list(warm.ids[cached:end]), start_pos=cached, pages=self._pages(warm.rid, end))
+        try:
+            self.runner.forward([item], bucketed=False)
+        except Exception:  # noqa: BLE001 - a warm is an optimisation: never fail the loop for it
+            log.exception("prefix warm failed")
             self.kv.free(warm.rid)
-            warm.pos = end
-            self._warmed("chunk", end - cached)
+            self.warms.drop("failed")
             return True
-        return False
-
-    def _warmed(self, outcome: str, tokens: int) -> None:
-        if self.on_warm is not None:
-            self.on_warm(outcome, tokens)
+        self.kv.insert(warm.rid, warm.ids[:end])
+        self.kv.free(warm.rid)
+        self.warms.advance(warm, end, end - cached)
+        return True
 
     def _classify(self, tokens: int) -> str:
         return length_class(tokens, self.config.scheduler.length_threshold)

@@ -27,6 +27,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,57 @@ def warm_chunk(tokens: int, pos: int, cached: int, page_size: int, threshold: in
         return None
     size = max(threshold // page_size, 1) * page_size
     return start, min(full, start + size)
+
+
+@dataclass(slots=True)
+class Warm:
+    """A finished turn to compute into the prefix cache."""
+    ids: Sequence[int]        # builtin: the token ids; emulated: the KV-page keys
+    tokens: int
+    rid: str = ""
+    pos: int = 0              # tokens warmed so far: each chunk moves it on, so a warm always ends
+
+
+class WarmQueue:
+    """The warms a prefill engine holds, oldest first, and the chunk each computes next; the
+    builtin engine and the emulated engine's model drive it the same way when idle:
+    `next_chunk` -> compute (start..end) -> `advance`, or `drop` when that cannot be done.
+    `report(outcome, tokens)`: "chunk" (tokens computed), "done", "dropped", "refused", "failed"."""
+
+    def __init__(self, page_size: int, threshold: int, report: Callable[[str, int], None] | None = None) -> None:
+        self.page_size, self.threshold = page_size, threshold
+        self.report = report or (lambda outcome, tokens: None)
+        self._queue: deque[Warm] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def add(self, warm: Warm) -> None:
+        self._queue.append(warm)
+        while len(self._queue) > MAX_QUEUED_WARMS:  # the oldest turn is the least likely to come back
+            self._queue.popleft()
+            self.report("dropped", 0)
+
+    def next_chunk(self, cached: Callable[[Warm], int]) -> tuple[Warm, int, int] | None:
+        """The head warm and its next chunk (start, end), finishing warms that have none left;
+        `cached(warm)`: tokens of it the cache holds now."""
+        while self._queue:
+            warm = self._queue[0]
+            chunk = warm_chunk(warm.tokens, warm.pos, cached(warm), self.page_size, self.threshold)
+            if chunk is not None:
+                return warm, *chunk
+            self._queue.popleft()
+            self.report("done", 0)
+        return None
+
+    def advance(self, warm: Warm, end: int, computed: int) -> None:
+        warm.pos = end
+        self.report("chunk", computed)
+
+    def drop(self, outcome: str) -> None:
+        """The head warm cannot go on ("dropped": no room; "failed": its forward failed)."""
+        self._queue.popleft()
+        self.report(outcome, 0)
 
 
 def warm_body(input_ids: list[int]) -> bytes:

@@ -138,7 +138,7 @@ def test_a_warm_waits_for_real_work_then_fills_the_cache_in_chunks(make_engine):
     other = prompt(40, start=120)
     outs: queue.Queue = queue.Queue()
     warms: list = []
-    engine.on_warm = lambda outcome, n: warms.append((outcome, n))
+    engine.warms.report = lambda outcome, n: warms.append((outcome, n))
     # Both arrive together: the real request is served first, prefill and decode, and only
     # then the warm, in chunks of at most the length threshold (256) of whole pages (288 of 300).
     engine.submit_many([(GenerateWork("warm", conversation, None, kind="warm"), outs.put),
@@ -159,7 +159,7 @@ def test_a_warm_waits_for_real_work_then_fills_the_cache_in_chunks(make_engine):
 def test_a_warm_without_a_prefix_cache_is_refused_and_computes_nothing(make_engine):
     engine, runner, _ = make_engine(prefix_cache=False)
     warms: list = []
-    engine.on_warm = lambda outcome, n: warms.append((outcome, n))
+    engine.warms.report = lambda outcome, n: warms.append((outcome, n))
     engine.submit(GenerateWork("warm", prompt(64), None, kind="warm"), lambda out: None)
     wait_for(lambda: warms == [("refused", 0)], message="the warm to be refused")
     assert runner.prefills == []
