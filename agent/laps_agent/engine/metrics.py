@@ -8,6 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from laps_agent.engine.engine_config import PrefillRecord
+from laps_agent.engine.prefix_warm import WARM_OUTCOMES
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,6 @@ def read_group(path: str | Path | None) -> str | None:
     return group if group in ("short", "long") else None
 
 
-_WARM_OUTCOMES = ("done", "dropped", "refused", "failed")
-
-
 class EngineMetrics:
     def __init__(self, role: str, model: str, labels_file: str | None) -> None:
         self.role, self.model, self.labels_file = role, model, labels_file
@@ -64,9 +62,9 @@ class EngineMetrics:
         self.prefix_evicted = Counter("laps_engine_prefix_cache_evicted_pages_total", "Prefix-cache pages evicted to make room", registry=r)
         self.prefix_pages = Gauge("laps_engine_prefix_cache_pages", "KV pages the prefix cache holds (in use or evictable)", registry=r)
         # Prefix warming (prefix_warm.py): warms by outcome, and the tokens they computed.
-        self.prefix_warm = Counter("laps_engine_prefix_warm_total", "Prefix warms by outcome (done, dropped, refused, failed)", ["outcome"], registry=r)
+        self.prefix_warm = Counter("laps_engine_prefix_warm_total", f"Prefix warms by outcome ({', '.join(WARM_OUTCOMES)})", ["outcome"], registry=r)
         self.prefix_warm_tokens = Counter("laps_engine_prefix_warm_tokens_total", "Tokens computed into the prefix cache by warms", registry=r)
-        for outcome in _WARM_OUTCOMES:
+        for outcome in WARM_OUTCOMES:
             self.prefix_warm.labels(outcome)
         # This engine's class (uncached tokens at admission) against the one the gateway chose:
         # off-diagonal series count misclassifications (gateway_class="none": it sent none).

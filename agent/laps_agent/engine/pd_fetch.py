@@ -164,6 +164,12 @@ class _Reader(asyncio.BufferedProtocol):
 async def get(host: str, port: int, target: str, timeout_s: float) -> Answer:
     """GET `target` (path and query) from host:port. `timeout_s` bounds the connect and each
     wait for bytes (like httpx's connect/read timeouts), not the whole answer."""
+    return await request("GET", host, port, target, timeout_s)
+
+
+async def request(method: str, host: str, port: int, target: str, timeout_s: float, *,
+                  body: bytes = b"", content_type: str | None = None) -> Answer:
+    """`get`'s exchange with any method and a small request body (a prefix warm's POST)."""
     loop = asyncio.get_running_loop()
     reader = _Reader(loop)
     try:
@@ -175,8 +181,11 @@ async def get(host: str, port: int, target: str, timeout_s: float) -> Answer:
         raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
     try:
         authority = f"[{host.strip('[]')}]" if ":" in host else host
-        reader.transport.write(f"GET {target} HTTP/1.1\r\nhost: {authority}:{port}\r\n"
-                               "accept: */*\r\nconnection: close\r\n\r\n".encode())
+        head = (f"{method} {target} HTTP/1.1\r\nhost: {authority}:{port}\r\naccept: */*\r\n"
+                + (f"content-type: {content_type}\r\n" if content_type else "")
+                + (f"content-length: {len(body)}\r\n" if body or method != "GET" else "")
+                + "connection: close\r\n\r\n")
+        reader.transport.write(head.encode() + body)
         while not reader.done.done():
             left = reader.last + timeout_s - loop.time()
             if left <= 0:

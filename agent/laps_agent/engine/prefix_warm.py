@@ -24,7 +24,6 @@ no free page, when a forward fails.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import deque
@@ -36,6 +35,8 @@ log = logging.getLogger(__name__)
 WARM_PATH = "/laps/warm"
 MAX_QUEUED_WARMS = 64
 WARM_TIMEOUT_S = 5.0
+# What WarmQueue reports besides "chunk" (the laps_engine_prefix_warm_total outcomes).
+WARM_OUTCOMES = ("done", "dropped", "refused", "failed")
 
 
 def warm_chunk(tokens: int, pos: int, cached: int, page_size: int, threshold: int) -> tuple[int, int] | None:
@@ -64,7 +65,7 @@ class WarmQueue:
     """The warms a prefill engine holds, oldest first, and the chunk each computes next; the
     builtin engine and the emulated engine's model drive it the same way when idle:
     `next_chunk` -> compute (start..end) -> `advance`, or `drop` when that cannot be done.
-    `report(outcome, tokens)`: "chunk" (tokens computed), "done", "dropped", "refused", "failed"."""
+    `report(outcome, tokens)`: "chunk" (tokens computed) or one of WARM_OUTCOMES."""
 
     def __init__(self, page_size: int, threshold: int, report: Callable[[str, int], None] | None = None) -> None:
         self.page_size, self.threshold = page_size, threshold
@@ -121,23 +122,16 @@ def parse_warm_body(raw: bytes, vocab_size: int, max_tokens: int) -> list[int]:
 
 async def send_warm(host: str, port: int, input_ids: list[int], timeout_s: float = WARM_TIMEOUT_S) -> int:
     """POST a warm to a prefill engine's bootstrap port; returns the HTTP status (0: no answer).
-    One short-lived connection, as the KV fetch (pd_fetch.py): a warm per finished request is
-    rare next to its tokens, and the engine keeps no client pool."""
-    body = warm_body(input_ids)
-    head = (f"POST {WARM_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    writer = None
+    Over its own connection, as the KV fetch it shares the client with (pd_fetch.request)."""
+    import httpx
+
+    from laps_agent.engine import pd_fetch
+    from laps_agent.engine.pd_frame import BootstrapError
+
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(head + body)
-            await writer.drain()
-            status_line = await reader.readline()
-        parts = status_line.split()
-        return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
-    except (OSError, TimeoutError) as exc:
+        answer = await pd_fetch.request("POST", host, port, WARM_PATH, timeout_s, body=warm_body(input_ids),
+                                        content_type="application/json")
+    except (httpx.HTTPError, BootstrapError) as exc:  # pd_fetch's failures: the warm is lost, no harm
         log.debug("prefix warm to %s:%d failed: %s", host, port, exc)
         return 0
-    finally:
-        if writer is not None:
-            writer.close()
+    return answer.status_code

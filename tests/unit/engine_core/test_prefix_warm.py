@@ -39,3 +39,13 @@ def test_chunks_follow_the_cache_and_the_warm_ends_even_if_its_pages_are_evicted
 def test_bad_warm_bodies_are_refused_with_the_reason(raw, reason):
     with pytest.raises(ValueError, match=reason.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         parse_warm_body(raw, vocab_size=1000, max_tokens=3)
+
+
+def test_a_warm_to_an_engine_that_is_gone_is_lost_quietly():
+    import asyncio
+
+    from laps_agent.engine.prefix_warm import send_warm
+    from laps_agent.local_engines import free_port
+
+    # Nothing listens there: no exception reaches the decode engine, the status says "no answer".
+    assert asyncio.run(send_warm("127.0.0.1", free_port(), [1, 2, 3], timeout_s=2.0)) == 0
