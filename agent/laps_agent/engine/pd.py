@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from laps_agent.engine.kv_export import KVExport, resolve
+from laps_agent.engine.kv_export import KVExport, resolve, stage_import
 from laps_agent.engine.pd_wire import (BootstrapError, Frame, KVOutbox, bootstrap_app,  # noqa: F401
                                        decode_frame, encode_frame, fetch_payload)
 
@@ -75,7 +75,11 @@ def _writable_bytes(body: memoryview) -> torch.Tensor:
 
 class TensorKVCodec:
     """KVCodec of the builtin engine; waiting for the KV and the decode copies run off the
-    event loop."""
+    event loop. `device`: the decode engine's, into whose pool received KV goes (kv_export:
+    staged in pinned memory for CUDA)."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = device
 
     async def encode(self, room: int, input_ids: list[int], first_token: int,
                      kv: torch.Tensor | KVExport, meta: dict | None = None) -> Frame:
@@ -86,7 +90,12 @@ class TensorKVCodec:
         return await asyncio.to_thread(run)
 
     async def decode(self, payload: bytes | memoryview) -> "KVTransfer":
-        return await asyncio.to_thread(KVTransfer.decode, payload)
+        def run() -> KVTransfer:
+            transfer = KVTransfer.decode(payload)
+            transfer.kv = stage_import(transfer.kv, self.device)
+            return transfer
+
+        return await asyncio.to_thread(run)
 
 
 async def fetch_kv(host: str, port: int, room: int, timeout_s: float, *,

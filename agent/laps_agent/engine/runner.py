@@ -241,7 +241,9 @@ class ModelRunner:
         length = kv.shape[2]
         self._check_pages(pages, length)
         idx = self._slots(pages, 0, length)
-        kv = kv.to(device=self.device, dtype=self.dtype)
+        # From pinned memory (kv_export.stage_import) the copy is queued, not waited for; the
+        # scatters below follow it on the same stream.
+        kv = kv.to(device=self.device, dtype=self.dtype, non_blocking=True)
         self.k_pool.view(cfg.num_layers, -1, *self.k_pool.shape[-2:])[:, idx] = kv[:, 0]
         self.v_pool.view(cfg.num_layers, -1, *self.v_pool.shape[-2:])[:, idx] = kv[:, 1]
 

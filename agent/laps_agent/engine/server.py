@@ -68,7 +68,8 @@ class EngineServer:
         if codec is None:
             from laps_agent.engine.pd import TensorKVCodec
 
-            codec = TensorKVCodec()
+            runner = getattr(engine, "runner", None)  # received KV goes to its device
+            codec = TensorKVCodec(getattr(runner, "device", None))
         self.codec = codec
         self.tokenizer = engine.tokenizer
         self.outbox = KVOutbox(settings.bootstrap_timeout_s)

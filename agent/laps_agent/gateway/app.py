@@ -12,7 +12,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.routing import Route
 
 from laps_agent.drain import Drain, DrainGuard, refusal_body
 from laps_agent.gateway.auth import install_auth
@@ -67,12 +66,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
+    chunks, size = [], 0
+    async for chunk in request.stream():  # its last chunk is b""
+        if chunk:
+            chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
-    return bytes(body)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one piece (usual): no copy
 
 
 def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator,
@@ -100,8 +101,8 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             await gateway.proxy.aclose()
             await discovery.stop()
 
-    app = FastAPI(title="laps gateway", version="0.1.0", lifespan=lifespan)
-    install_auth(app, config, metrics, error_response)   # inside the drain guard: see auth.py
+    app = GatewayApp(title="laps gateway", version="0.1.0", lifespan=lifespan)
+    auth = install_auth(app, config, metrics, error_response)   # inside the drain guard: see auth.py
     app.add_middleware(DrainGuard, drain=gateway.drain, who="gateway")
     app.state.gateway = gateway
 
@@ -121,12 +122,11 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             return await serve(request, model, kind)
 
         endpoint.__name__ = kind
+        # The route publishes the endpoint (OpenAPI); GatewayApp serves it with `work`, behind
+        # the same guards as the app's middleware.
         app.post(path, openapi_extra=_body_schema(model, components),
                  responses=_error_docs())(endpoint)
-        # The route above publishes the endpoint (OpenAPI); this plain one, matched first,
-        # serves it: FastAPI's per-request machinery (dependency solving, its exception and
-        # exit-stack layers) measured ~0.1 ms of CPU per request, a sixth of the gateway's cost.
-        app.router.routes.insert(0, Route(path, _Plain(serve, model, kind), methods=["POST"]))
+        app.work[path] = DrainGuard(auth(_Plain(serve, model, kind)), drain=gateway.drain, who="gateway")
 
     components: dict = {}
     post("/v1/completions", CompletionRequest, "completion")
@@ -204,7 +204,7 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
         tokens = len(raw) // 4
     # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
     chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
-    call = ProxyCall(path=request.url.path, body=PDPayload(raw, body), stream=parsed.stream,
+    call = ProxyCall(path=request.scope["path"], body=PDPayload(raw, body), stream=parsed.stream,
                      tokens=tokens, prefix=chain)
     reply = None
     async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls
@@ -218,8 +218,30 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     return RelayResponse(reply)
 
 
+class GatewayApp(FastAPI):
+    """FastAPI, with the work routes (the three POST endpoints) served ahead of its own layers:
+    its per-request machinery (middleware stack, exception and exit-stack layers, dependency
+    solving, route matching, its telemetry check) measured ~0.15 ms of CPU per request, a
+    quarter of the gateway's cost for a 1 KB request. `work` maps each such path to its ASGI
+    handler; an exception escaping one reaches uvicorn, which answers 500 and logs it, as the
+    app's error middleware would."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.work: dict[str, Callable] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self.work.get(scope["path"])
+            if handler is not None:
+                scope["app"] = self
+                await handler(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 class _Plain:
-    """An ASGI app (Starlette calls it as such, a function it would wrap as an endpoint)."""
+    """One work route as a bare ASGI app."""
 
     def __init__(self, serve: Callable, model: type[BaseModel], kind: str) -> None:
         self._serve, self._model, self._kind = serve, model, kind

@@ -154,14 +154,17 @@ class AuthGuard:
         await self.app(scope, receive, send)
 
 
-def install_auth(app, config, metrics, refuse: Callable[..., JSONResponse]) -> None:
+def install_auth(app, config, metrics, refuse: Callable[..., JSONResponse]) -> Callable:
     """Guard `app` when `config.api_keys_file` is set (before the drain guard is added, so a
-    draining gateway answers 503 to everyone first), and publish the bearer scheme in its OpenAPI."""
+    draining gateway answers 503 to everyone first), and publish the bearer scheme in its OpenAPI.
+    Returns what wraps another ASGI app in the same guard (the identity without keys): the
+    work routes, served outside the app's middleware (app.py), are guarded with it."""
     if config.api_keys_file is None:
-        return
+        return lambda inner: inner
     keys = ApiKeys(Path(config.api_keys_file))
     limiter = RateLimiter(config.rate_limit_per_key) if config.rate_limit_per_key > 0 else None
-    app.add_middleware(AuthGuard, keys=keys, limiter=limiter, metrics=metrics, refuse=refuse)
+    options = dict(keys=keys, limiter=limiter, metrics=metrics, refuse=refuse)
+    app.add_middleware(AuthGuard, **options)
     original = app.openapi
 
     def openapi() -> dict:
@@ -176,3 +179,4 @@ def install_auth(app, config, metrics, refuse: Callable[..., JSONResponse]) -> N
         return app.openapi_schema
 
     app.openapi = openapi
+    return lambda inner: AuthGuard(inner, **options)

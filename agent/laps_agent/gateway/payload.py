@@ -17,7 +17,7 @@ _JSON_WHITESPACE = b" \t\r\n"
 class PDPayload:
     """One request's body, ready to take the PD fields of each attempt."""
 
-    __slots__ = ("_head",)
+    __slots__ = ("_head", "_comma")
 
     def __init__(self, raw: bytes, body: dict) -> None:
         """`raw` is the request body as received and `body` what json.loads made of it."""
@@ -27,9 +27,11 @@ class PDPayload:
         text = raw.strip(_JSON_WHITESPACE)
         if text[:1] != b"{" or text[-1:] != b"}":
             text = json.dumps(body).encode()
-        # The object without its closing brace, and a comma if it has members.
-        self._head = text[:-1] + (b"," if body else b"")
+        # The object without its closing brace (a view: no copy until an attempt's body is
+        # joined), and a comma if it has members.
+        self._head = memoryview(text)[:-1]
+        self._comma = b"," if body else b""
 
     def with_bootstrap(self, host: str, port: int | None, room: int) -> bytes:
-        return self._head + b'"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
-            json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
+        return b"".join((self._head, self._comma, b'"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
+            json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)))

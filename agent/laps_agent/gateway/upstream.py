@@ -202,15 +202,16 @@ class UpstreamPool:
 
     async def post(self, host: str, port: int, path: str, body: bytes, headers: bytes = b"") -> UpstreamResponse:
         """`headers`: extra header lines, each ending in CRLF."""
-        request = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n%s"
-                   b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, headers, len(body))) + body
-        return await self._request((host, port), request)
+        head = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n%s"
+                b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, headers, len(body)))
+        # Head and body go out in one write (writev): a long body is not copied to join them.
+        return await self._request((host, port), (head, body))
 
     async def get(self, host: str, port: int, path: str) -> UpstreamResponse:
-        return await self._request((host, port), b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (
-            path.encode(), host.encode(), port))
+        return await self._request((host, port), (b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (
+            path.encode(), host.encode(), port),))
 
-    async def _request(self, key: tuple[str, int], request: bytes) -> UpstreamResponse:
+    async def _request(self, key: tuple[str, int], request: tuple[bytes, ...]) -> UpstreamResponse:
         idle = self._idle.get(key)
         while idle:  # an idle connection the engine closed meanwhile fails before any byte
             conn = idle.pop()
@@ -222,11 +223,12 @@ class UpstreamPool:
                 continue
         return await self._send(await self._connect(key), key, request)
 
-    async def _send(self, conn: _Connection, key: tuple[str, int], request: bytes) -> UpstreamResponse:
+    async def _send(self, conn: _Connection, key: tuple[str, int],
+                    request: tuple[bytes, ...]) -> UpstreamResponse:
         response = UpstreamResponse(conn, self, key, self._read_timeout)
         conn.response = response
         try:
-            conn.transport.write(request)
+            conn.transport.writelines(request)
             await response._headers()
         except BaseException:
             response._released = True

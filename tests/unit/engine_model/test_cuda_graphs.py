@@ -194,3 +194,33 @@ def test_kv_export_on_cuda_does_not_wait_for_the_copy(tiny_model_dir):
     assert host.device.type == "cpu"
     runner.k_pool.zero_()  # the pages are free for reuse: the exported copy keeps its values
     assert torch.equal(host, pending.wait()) and host.abs().sum() > 0
+
+
+def _kv_round_trip(device: str, tiny_model_dir, tiny_loaded=None) -> None:
+    """Prefill on one runner, export, stage as the decode side's codec does, import into a
+    second runner's pool at other pages: that pool then holds the same KV."""
+    from laps_agent.engine.kv_export import stage_import
+
+    loaded = tiny_loaded if tiny_loaded is not None else load_model(tiny_model_dir, device=device)
+    prefill = ModelRunner(loaded, num_pages=64, page_size=PAGE)
+    decode = ModelRunner(loaded, num_pages=64, page_size=PAGE)
+    ids = loaded.tokenizer.encode("The decode engine imports this prompt's KV into its own pool.")
+    pages = _pages(0, len(ids))
+    prefill.forward([ForwardItem(ids, 0, pages)])
+    sent = prefill.export_kv(pages, len(ids))
+    staged = stage_import(sent.clone(), device)
+    assert staged.is_pinned() == (device == "cuda")
+    other = _pages(20, len(ids))
+    decode.import_kv(other, staged)
+    del staged  # the engine loop drops the host copy at once
+    assert torch.equal(decode.export_kv(other, len(ids)), sent)
+
+
+def test_kv_import_staged_on_cpu_fills_the_pool(tiny_loaded, tiny_model_dir):
+    _kv_round_trip("cpu", tiny_model_dir, tiny_loaded)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kv_import_on_cuda_is_staged_pinned_and_fills_the_pool(tiny_model_dir):
+    _kv_round_trip("cuda", tiny_model_dir)
