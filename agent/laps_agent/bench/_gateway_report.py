@@ -56,9 +56,22 @@ def latency_row(cell: Cell, direct: list[float], via: list[float], cpu_s: float)
     return row
 
 
+def scale_out_ceiling(cores: int, gateway_cpu_ms: float, rest_cpu_ms: float) -> float:
+    """The most two gateways can carry over one here (gateway.py's docstring): one runs at most
+    1/X requests/s (one process, one core), two at most min(2/X, cores/(X+Y))."""
+    x, y = gateway_cpu_ms, rest_cpu_ms
+    one = min(1 / x, cores / (x + y))
+    return min(2 / x, cores / (x + y)) / one
+
+
 def scale_out_row(clients: int, cores: int, one: dict, two: dict) -> dict:
     ratio = two["req_per_s"] / one["req_per_s"]
+    # X and Y from the two-gateway run (the gateways' costs there include sharing the machine).
+    ceiling = scale_out_ceiling(cores, two["gateway_cpu_ms"], two["rest_cpu_ms"]) if cores else None
     return {"mode": f"scale-out (1 KiB, {clients} clients)", "cores": cores,
+            "gateway_cpu_ms_per_request": two["gateway_cpu_ms"],
+            "load_generator_and_upstreams_cpu_ms_per_request": two["rest_cpu_ms"],
+            "ceiling_ratio_on_these_cores": ceiling,
             "one_gateway_req_per_s": one["req_per_s"], "two_gateways_req_per_s": two["req_per_s"],
             "ratio": ratio, "target_ratio": SCALE_OUT_TARGET, "target_met": ratio >= SCALE_OUT_TARGET,
             "one_gateway_cpu_share": one["cpu_share"], "two_gateways_cpu_share": two["cpu_share"],
@@ -94,7 +107,10 @@ def table(rows: list[dict]) -> str:
                 f"{r['two_gateways_req_per_s']:.0f} req/s ({r['two_gateways_cpu_share']:.2f} cores): "
                 f"x{r['ratio']:.2f}, target x{r['target_ratio']:.1f} "
                 f"{'met' if r['target_met'] else 'NOT met'}; requests per gateway CPU-second: "
-                f"{r['one_gateway_req_per_cpu_s']:.0f} (one), {r['two_gateways_req_per_cpu_s']:.0f} (two)")
+                f"{r['one_gateway_req_per_cpu_s']:.0f} (one), {r['two_gateways_req_per_cpu_s']:.0f} (two)"
+                f"\n  CPU per request: gateway {r['gateway_cpu_ms_per_request']:.3f} ms, load generator + "
+                f"stub upstreams {r['load_generator_and_upstreams_cpu_ms_per_request']:.3f} ms: the most two "
+                f"gateways can show on {r['cores']} cores is x{_fmt(r['ceiling_ratio_on_these_cores'])}")
         elif "decisions_per_s" in r:
             lines.append(f"{r['mode']}: {r['decisions_per_s']:,.0f}/s")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ _SCHEDSTAT = os.path.exists("/proc/self/schedstat")
 class Child:
     proc: subprocess.Popen
     url: str
+    urls: tuple[str, ...] = ()   # a process serving several (the stub upstreams: prefill, decode)
 
     def cpu_seconds(self) -> float:
         """CPU time of the process's threads, from schedstat in nanoseconds (/proc/PID/stat
@@ -124,3 +125,16 @@ def _wait_ready(child: Child, timeout: float = 30.0) -> None:
         time.sleep(0.05)  # poll interval, bounded by the deadline
     child.stop()
     raise RuntimeError(f"gateway at {child.url} never became ready")
+
+
+def spawn_stub_upstreams() -> Child:
+    """The compute-free prefill and decode upstreams of the scale-out phase (_stub_upstream.py),
+    one process; `urls` is (prefill, decode)."""
+    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.bench._stub_upstream"],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("stub upstreams on ports"):
+        Child(proc, "").stop()
+        raise RuntimeError(f"stub upstreams did not start (rc={proc.poll()})")
+    urls = tuple(f"http://127.0.0.1:{port}" for port in line.split()[-2:])
+    return Child(proc, urls[0], urls)

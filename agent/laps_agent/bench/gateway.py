@@ -14,9 +14,13 @@ direct calls carry 40 KiB: the machine is as busy as in the 40 KiB row, so the d
 two rows' gateway CPU is what the larger body itself costs the gateway.
 
 Scale-out: the request rate one gateway sustains under saturation, then two gateways (replicas
-over the same engines, clients split between them, as a Service spreads them). Every process
-shares this machine's cores: the load generator and the engines need some, so two gateways can
-only show twice one's rate where two more cores are free; the table says how many there were."""
+over the same upstreams, clients split between them, as a Service spreads them). The upstreams
+here are compute-free stubs (_stub_upstream.py): with emulated engines, the engines and the load
+generator took most of a 2-core machine and one gateway used a third of a core, so the rate was
+theirs, not the gateway's. Every process still shares this machine's cores, so the report adds
+the ceiling they allow: with X the CPU a gateway spends per request and Y what the load
+generator and the stubs spend, one gateway runs at most 1/X requests/s, two at most
+min(2/X, cores/(X+Y)); their quotient is the most two replicas could show here."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +37,8 @@ from pathlib import Path
 import httpx
 
 from laps_agent.bench._gateway_report import Cell, latency_row, scale_out_row, table
-from laps_agent.bench._gateway_stack import Child, spawn_engine, spawn_gateway, word_tokenizer
+from laps_agent.bench._gateway_stack import (Child, spawn_engine, spawn_gateway, spawn_stub_upstreams,
+                                              word_tokenizer)
 from laps_agent.bench._http_load import LoadClient
 
 _WORDS = ("the prefill pod computes the prompt's KV cache, then hands it to a decode pod; "
@@ -129,44 +134,61 @@ async def _latency(args, client: Client, gateway: Child) -> list[dict]:
     return rows
 
 
-async def _saturate(client: Client, gateways: list[Child], payload: bytes, clients: int,
-                    seconds: float) -> dict:
-    """Closed loop through the gateways only (clients spread over them)."""
+async def _saturate(http: LoadClient, gateways: list[Child], others: list[Child], payload: bytes,
+                    clients: int, seconds: float) -> dict:
+    """Closed loop through the gateways only (clients spread over them). `others`: the
+    upstream processes, whose CPU counts with this process's (the load generator's)."""
     done = 0
     stop_at = time.perf_counter() + seconds
 
     async def one(url: str) -> None:
         nonlocal done
         while time.perf_counter() < stop_at:
-            await client.via(url, payload)
+            _checked(*await http.post(url + "/v1/completions", payload))
             done += 1
 
     cpu0 = [g.cpu_seconds() for g in gateways]
+    rest0 = time.process_time() + sum(o.cpu_seconds() for o in others)
     start = time.perf_counter()
     await asyncio.gather(*(one(gateways[i % len(gateways)].url) for i in range(clients)))
     elapsed = time.perf_counter() - start
     cpu = sum(g.cpu_seconds() - c for g, c in zip(gateways, cpu0))
+    rest = time.process_time() + sum(o.cpu_seconds() for o in others) - rest0
     return {"req_per_s": done / elapsed, "cpu_share": cpu / elapsed,
-            "req_per_cpu_s": done / cpu if cpu else float("nan")}
+            "req_per_cpu_s": done / cpu if cpu else float("nan"),
+            "gateway_cpu_ms": 1e3 * cpu / max(done, 1), "rest_cpu_ms": 1e3 * rest / max(done, 1)}
 
 
-async def _scale_out(args, client: Client, gateways: list[Child]) -> dict:
+async def _scale_out(args, gateways: list[Child], stubs: Child) -> dict:
+    http = LoadClient()
     payload = json.dumps(make_body(1024)).encode()
-    await _saturate(client, gateways, payload, args.scale_clients, 0.5)  # warm-up
-    one = await _saturate(client, gateways[:1], payload, args.scale_clients, args.seconds)
-    two = await _saturate(client, gateways, payload, args.scale_clients, args.seconds)
+    try:
+        await _saturate(http, gateways, [stubs], payload, args.scale_clients, 0.5)  # warm-up
+        one = await _saturate(http, gateways[:1], [stubs], payload, args.scale_clients, args.seconds)
+        two = await _saturate(http, gateways, [stubs], payload, args.scale_clients, args.seconds)
+    finally:
+        await http.aclose()
     return scale_out_row(args.scale_clients, os.cpu_count() or 0, one, two)
 
 
-async def _run(args, prefill: Child, decode: Child, gateways: list[Child]) -> list[dict]:
+async def _run(args, prefill: Child, decode: Child, gateway: Child) -> list[dict]:
     client = Client(prefill.url, decode.url)
     try:
-        rows = await _latency(args, client, gateways[0])
-        if len(gateways) > 1:
-            rows.append(await _scale_out(args, client, gateways))
+        return await _latency(args, client, gateway)
     finally:
         await client.http.aclose()
-    return rows
+
+
+def _scale_out_over_stubs(args) -> dict:
+    stubs = spawn_stub_upstreams()
+    children = [stubs]
+    try:
+        for _ in range(2):
+            children.append(spawn_gateway(*stubs.urls, *args.gateway_arg))
+        return asyncio.run(_scale_out(args, children[1:], stubs))
+    finally:
+        for child in reversed(children):
+            child.stop()
 
 
 def _routing_rate() -> dict:
@@ -197,15 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         decode = spawn_engine("decode", tokenizer)
         children.append(decode)
-        gateways = []
-        for _ in range(1 if args.no_scale_out else 2):
-            gateways.append(spawn_gateway(prefill.url, decode.url, *args.gateway_arg))
-            children.append(gateways[-1])
-        rows = asyncio.run(_run(args, prefill, decode, gateways)) + [_routing_rate()]
+        children.append(spawn_gateway(prefill.url, decode.url, *args.gateway_arg))
+        rows = asyncio.run(_run(args, prefill, decode, children[-1]))
     finally:
         for child in reversed(children):
             child.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+    if not args.no_scale_out:
+        rows.append(_scale_out_over_stubs(args))
+    rows.append(_routing_rate())
     if args.json:
         for row in rows:
             print(json.dumps(row))

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from laps_agent.bench.gateway import main as bench_main
 
 
@@ -24,6 +26,10 @@ def test_bench_gateway_prints_every_number(capsys):
     scale_out = rows["scale-out (1 KiB, 4 clients)"]
     assert scale_out["one_gateway_req_per_s"] > 0 and scale_out["two_gateways_req_per_s"] > 0
     assert scale_out["target_ratio"] == 1.8
+    # over compute-free stubs, with the ceiling this machine's cores allow
+    assert scale_out["gateway_cpu_ms_per_request"] > 0
+    assert scale_out["load_generator_and_upstreams_cpu_ms_per_request"] > 0
+    assert 1.0 <= scale_out["ceiling_ratio_on_these_cores"] <= 2.0
     assert rows["routing decisions (in-process)"]["decisions_per_s"] > 0
 
 
@@ -66,3 +72,12 @@ def test_gateway_flags_set_engine_load_polling():
     config = config_from_args(build_parser().parse_args(
         ["--no-engine-load-poll", "--engine-load-interval", "0.25"]))
     assert (config.engine_load_poll, config.engine_load_interval_s) == (False, 0.25)
+
+
+def test_scale_out_ceiling_is_what_the_cores_leave_two_gateways():
+    from laps_agent.bench._gateway_report import scale_out_ceiling
+
+    # 0.2 ms per request in a gateway, 0.05 ms in the load generator and upstreams
+    assert scale_out_ceiling(2, 0.2, 0.05) == pytest.approx(1.6)   # 2 cores: 8,000 vs 5,000 req/s
+    assert scale_out_ceiling(16, 0.2, 0.05) == pytest.approx(2.0)  # room for both gateways
+    assert scale_out_ceiling(1, 0.2, 0.05) == pytest.approx(1.0)   # one core: no gain at all
