@@ -1,15 +1,15 @@
 """Pure builders: a LAPSCluster's typed spec -> the manifests of its children.
 
 Every manifest carries the architecture's labels and an owner reference to the cluster, so a
-reconcile is "apply each of these" and deletion is the garbage collector's job.
+reconcile is "apply each of these" and deletion is the garbage collector's job. The pod-running
+children (engines, gateway) are shaped in workloads.py; this module builds the rest and
+assembles them all.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from .engine_args import engine_command, gateway_command, model_visible_to_gateway, sglang_plugin_env
-from .gateway_auth import gateway_auth
 from .naming import (
     BOOTSTRAP_PORT,
     CLUSTER_LABEL,
@@ -18,149 +18,13 @@ from .naming import (
     GROUPS,
     ROLE_LABEL,
     ClusterRef,
-    component_labels,
     object_meta as _meta,
     role_selector,
 )
 from .network_policy import build_network_policies, network_policy_refs
-from .pod_security import restricted
 from .pressure import scrape_interval_seconds
-from .spec import ClusterSpec, PoolSpec, ResourcesSpec
-
-PODINFO_DIR = "/etc/podinfo"
-
-
-def _resources(resources: ResourcesSpec, gpus: int | None = None) -> dict[str, Any]:
-    # Quantities are strings in the API (an int is accepted but read back as a string), so
-    # render them as strings: clients that parse typed objects reject numbers there.
-    out: dict[str, Any] = {}
-    if resources.requests:
-        out["requests"] = {k: str(v) for k, v in resources.requests.items()}
-    limits = {k: str(v) for k, v in resources.limits.items()}
-    if gpus and "nvidia.com/gpu" not in limits:
-        # A CUDA engine without a GPU limit would be scheduled onto a node with no GPU for it.
-        limits["nvidia.com/gpu"] = str(gpus)
-    if limits:
-        out["limits"] = limits
-    return out
-
-
-def _field_env(name: str, path: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def _pre_stop(spec: ClusterSpec) -> dict[str, Any]:
-    """Container fields for a graceful shutdown: a preStop delay, during which the pod serves on
-    while the endpoints controllers take it out of every Service (and the gateways' discovery);
-    then SIGTERM starts its drain (laps_agent/drain.py, --drain-grace-s). An exec of `python`,
-    which every image here has (the laps images, SGLang's), rather than the preStop `sleep`
-    action (Kubernetes >= 1.30 only), the `sleep` binary (not in every image) or an httpGet
-    (an SGLang engine has no endpoint for it)."""
-    seconds = spec.drain.pre_stop_seconds
-    if not seconds:
-        return {}
-    command = ["python", "-c", f"import time; time.sleep({seconds})"]
-    return {"lifecycle": {"preStop": {"exec": {"command": command}}}}
-
-
-def _model_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
-    """(volumes, mounts) for the model volume, empty when the model is inside the image."""
-    if spec.model.volume is None:
-        return [], []
-    volume = {"name": "model", **spec.model.volume}
-    return [volume], [{"name": "model", "mountPath": spec.model.mount_path, "readOnly": True}]
-
-
-def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpec) -> dict[str, Any]:
-    command, args = engine_command(spec, role)
-    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
-    if role == "prefill":
-        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
-    env = [
-        _field_env("POD_IP", "status.podIP"),
-        _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_NAMESPACE", "metadata.namespace"),
-        # SGLang's KV transfer advertises this address to its peers (else it guesses one).
-        *([_field_env("SGLANG_HOST_IP", "status.podIP")] if spec.engine.backend == "sglang" else []),
-        # Before the user's env, so an entry there with the same name wins.
-        *sglang_plugin_env(spec, role),
-        *(dict(e) for e in spec.engine.env),
-    ]
-    volumes, mounts = _model_volume(spec)
-    if role == "prefill":
-        # The engine learns its group from its own labels, which the operator rewrites in place.
-        volumes.append({
-            "name": "podinfo",
-            "downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]},
-        })
-        mounts.append({"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True})
-    if spec.engine.backend == "sglang":
-        # NCCL and SGLang's tokenizer processes need more shared memory than the 64Mi default.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    uses_gpu = spec.engine.device == "cuda" or spec.engine.backend == "sglang"
-    container = {
-        "name": "engine",
-        "image": spec.engine.image,
-        "imagePullPolicy": spec.engine.image_pull_policy,
-        "command": command,
-        "args": args,
-        "ports": ports,
-        "env": env,
-        "volumeMounts": mounts,
-        "resources": _resources(pool.resources, pool.tensor_parallel_size if uses_gpu else None),
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
-        "startupProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 5,
-            "failureThreshold": 360,  # loading a large model can take half an hour
-        },
-        **_pre_stop(spec),
-    }
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes,
-                                "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}
-    if pool.node_selector:
-        pod_spec["nodeSelector"] = dict(pool.node_selector)
-    if pool.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
-    if pool.affinity:
-        pod_spec["affinity"] = dict(pool.affinity)
-    # SGLang's image compiles kernels at run time into places we do not control.
-    pod_spec = restricted(pod_spec, read_only_root=spec.engine.backend != "sglang")
-    return {"metadata": {"labels": component_labels(cluster.name, role)}, "spec": pod_spec}
-
-
-def build_prefill_statefulset(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
-    # The group label is deliberately absent from the template: the operator writes it on the
-    # pods, so moving a pod between groups restarts nothing.
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": _meta(cluster, cluster.prefill, "prefill"),
-        "spec": {
-            "serviceName": cluster.prefill,
-            "replicas": spec.prefill.replicas,
-            # Pods are independent engines: start and stop them together, not one by one.
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
-            "selector": {"matchLabels": role_selector(cluster.name, "prefill")},
-            "template": _engine_pod(cluster, spec, "prefill", spec.prefill),
-        },
-    }
-
-
-def build_decode_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(cluster, cluster.decode, "decode"),
-        "spec": {
-            "replicas": spec.decode.replicas,
-            "strategy": {"type": "RollingUpdate"},
-            "selector": {"matchLabels": role_selector(cluster.name, "decode")},
-            "template": _engine_pod(cluster, spec, "decode", spec.decode),
-        },
-    }
+from .spec import ClusterSpec
+from .workloads import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset
 
 
 def _service(cluster: ClusterRef, name: str, component: str, selector: dict, ports: list[dict],
@@ -220,47 +84,6 @@ def build_gateway_rbac(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str,
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": cluster.namespace}],
         },
     ]
-
-
-def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
-    command, args = gateway_command(spec, cluster)
-    volumes, mounts = _model_volume(spec) if model_visible_to_gateway(spec) else ([], [])
-    auth_volumes, auth_mounts, auth_args = gateway_auth(spec)
-    volumes, mounts, args = volumes + auth_volumes, mounts + auth_mounts, args + auth_args
-    container = {
-        "name": "gateway",
-        "image": spec.gateway.image,
-        "imagePullPolicy": spec.engine.image_pull_policy,
-        "command": command,
-        "args": args,
-        "ports": [{"name": "http", "containerPort": spec.gateway.port, "protocol": "TCP"}],
-        "env": [_field_env("POD_NAMESPACE", "metadata.namespace")],
-        "volumeMounts": mounts,
-        "resources": _resources(spec.gateway.resources),
-        # /health answers 503 until the gateway can route (a prefill and a decode pod known):
-        # out of the Service until then, never restarted for it. /live answers while the
-        # process serves; only a hung gateway fails it (three times in a row: 30 s).
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/live", "port": "http"}, "periodSeconds": 10,
-                          "timeoutSeconds": 5, "failureThreshold": 3},
-        **_pre_stop(spec),
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(cluster, cluster.gateway, "gateway"),
-        "spec": {
-            "replicas": spec.gateway.replicas,
-            "strategy": {"type": "RollingUpdate"},
-            "selector": {"matchLabels": role_selector(cluster.name, "gateway")},
-            "template": {
-                "metadata": {"labels": component_labels(cluster.name, "gateway")},
-                "spec": restricted({"serviceAccountName": cluster.gateway, "containers": [container],
-                                    "volumes": volumes,
-                                    "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}),
-            },
-        },
-    }
 
 
 def build_config_map(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:

@@ -9,62 +9,33 @@ decision. It mirrors the builtin engine's loop (engine.py / engine_core.py) step
                      (only while fewer than max_running requests decode)
                   -> ONE decode step for every running request.
 
-Only durations differ: a prefill batch takes `profile.prefill_seconds` of its uncached tokens
-(eager, or the padded / CUDA-graph bucket that `bucket_for_batch` picks: the cheaper path by the
-profile's own costs; a `PrefixCacheModel` says what is cached), a decode step
-`profile.decode_seconds(batch, context tokens)`. KV is counted in pages with the builtin engine's
-reservation rule (`kv_reservation`); a batch that does not fit goes back to the head of its queue
-(`requeue`), an import waits at the head of the import queue.
+Only durations differ: a prefill batch takes what prefill_cost.py prices for its uncached tokens
+(a `PrefixCacheModel` says what is cached), a decode step `profile.decode_seconds(batch, context
+tokens)`. KV is counted in pages with the builtin engine's reservation rule (`kv_reservation`); a
+batch that does not fit goes back to the head of its queue (`requeue`), an import waits at the
+head of the import queue.
 
-Events report what clients see: a request's tokens ("token", `tokens` = completion tokens so
-far; the first one is its time to first token), the end of a prefill-only request ("prefilled":
-its KV is ready to hand off) and refusals ("error"). With `token_events=False` (the simulator)
-decode steps report only finished requests, so a step costs O(finished), not O(running).
+Requests in, events out: requests.py. With `token_events=False` (the simulator) decode steps
+report only finished requests, so a step costs O(finished), not O(running).
 """
 from __future__ import annotations
 
 import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
 from laps_agent.engine.prefix_warm import Warm, WarmQueue
-from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
+from laps_agent.scheduling.buckets import BucketGrid
 from laps_agent.scheduling.config import SchedulerConfig
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
 
+from .prefill_cost import prefill_batch_cost, prefill_record
 from .prefix_cache import PrefixCacheModel
 from .profile import Profile
+from .requests import KINDS, Event, ModelRequest
 
-KINDS = ("generate", "prefill", "decode")
 _IDLE, _PREFILL, _DECODE, _WARM = 0, 1, 2, 3
-
-
-@dataclass(slots=True)
-class ModelRequest:
-    rid: str
-    kind: str                 # "generate" (prefill + decode here) | "prefill" | "decode" (KV arrived)
-    prompt_tokens: int
-    max_new_tokens: int
-    arrival: float            # the caller's clock
-    cached_tokens: int = 0
-    cls: str = ""
-    pages: int = 0            # KV pages held
-    outputs: int = 0          # completion tokens this request will produce here in all
-    start_step: int = 0       # decode steps done by the engine when it joined the running set
-    blocks: Sequence[int] | None = None   # the prompt's KV-page keys, for the prefix cache
-
-
-@dataclass(slots=True)
-class Event:
-    rid: str
-    kind: str                 # "token" | "prefilled" | "error"
-    time: float
-    tokens: int = 0           # completion tokens so far
-    finished: bool = False
-    error: str | None = None
-    cls: str = ""
 
 
 class EngineModel:
@@ -237,21 +208,11 @@ class EngineModel:
         if not batch:
             return False
         uncached = [max(1, r.prompt_tokens - r.cached_tokens) for r in batch]
-        cached = [r.cached_tokens for r in batch]
-
-        def cost(b: Bucket | None) -> float:
-            return self.profile.prefill_seconds(uncached, cached, (b.batch_size, b.seq_len) if b else None)
-
-        bucket = bucket_for_batch(self.grid, decision.queue, uncached, mode=self.batch_prefill_graphs_mode,
-                                  graphs=self.profile.graphs, cost=cost)
-        seconds = cost(bucket)
+        seconds, bucket = prefill_batch_cost(self.profile, self.grid, decision.queue, uncached,
+                                             [r.cached_tokens for r in batch], self.batch_prefill_graphs_mode)
         self.scheduler.observe_prefill(items, seconds)
         if self.on_prefill is not None:
-            path = "eager" if bucket is None else ("graph" if self.profile.graphs else "bucket")
-            self.on_prefill(PrefillRecord(
-                cls=decision.queue if decision.queue != "fifo" else None, size=len(batch),
-                real_tokens=sum(uncached), padded_tokens=bucket.tokens if bucket else sum(uncached),
-                path=path, bucketed=bucket is not None, seconds=seconds))
+            self.on_prefill(prefill_record(decision.queue, uncached, bucket, seconds, self.profile.graphs))
         self._batch = batch
         self._begin(_PREFILL, t, seconds)
         return True

@@ -24,8 +24,9 @@ from laps_agent.engine.engine_config import EngineConfig
 from laps_agent.engine.pd_wire import BootstrapError, decode_frame, encode_frame
 from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
 
-from .core import EngineModel, Event, ModelRequest
+from .core import EngineModel
 from .profile import Profile
+from .requests import Event, ModelRequest
 
 log = logging.getLogger(__name__)
 FILLER_WORDS = (" the", " of", " and", " to", " in", " data", " model", " time", " value", " system")

@@ -1,5 +1,6 @@
 """The engine's single-threaded state machine: admission, prefill batches, decode steps, PD
-hand-off, stop handling. Everything here runs on the engine thread only (see engine.py)."""
+hand-off, stop handling. Everything here runs on the engine thread only (see engine.py). The PD
+steps (KV import and export) and prefix warming are in engine_core_pd.py."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from laps_agent.engine.engine_config import EngineConfig, PrefillRecord, PrefillRequest, kv_reservation
+from laps_agent.engine.engine_core_pd import PDSteps
 from laps_agent.engine.kv_cache import KVCacheFull, PagedKVAllocator
 from laps_agent.engine.prefix_warm import Warm, WarmQueue
 from laps_agent.engine.requests import EngineOutput, GenerateWork, OutputSink
@@ -30,7 +32,9 @@ class _Live:
     cached: int = 0   # prompt tokens whose KV came from the prefix cache (known after allocation)
 
 
-class EngineCore:
+class EngineCore(PDSteps):
+    """One engine's loop state; the steps of work crossing engines (PD, warms) are PDSteps'."""
+
     def __init__(self, runner: Any, tokenizer: Any, config: EngineConfig, *, grid: Any = None,
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
                  on_first_token: Callable[[str, float], None] | None = None,
@@ -86,34 +90,6 @@ class EngineCore:
             except ValueError as exc:  # refused by the scheduler: fail this request only
                 self._fail(work.rid, str(exc))
 
-    def _warm_idle(self) -> bool:
-        """One warm chunk, if nothing else could run: no prefill waiting (nor held by the
-        waiting window), nothing decoding or importing. Returns whether it computed."""
-        if not self.warms or len(self.scheduler) or self._running or self._imports:
-            return False
-        chunk = self.warms.next_chunk(lambda w: self.kv.match(w.ids))
-        if chunk is None:
-            return False
-        warm, _, end = chunk
-        try:
-            self.kv.allocate(warm.rid, end, warm.ids[:end])
-        except KVCacheFull:  # the pool is busy with real work: not worth an eviction fight
-            self.warms.drop("dropped")
-            return False
-        cached = self.kv.cached_tokens(warm.rid)
-        item = ForwardItem(token_ids=list(warm.ids[cached:end]), start_pos=cached, pages=self._pages(warm.rid, end))
-        try:
-            self.runner.forward([item], bucketed=False)
-        except Exception:  # noqa: BLE001 - a warm is an optimisation: never fail the loop for it
-            log.exception("prefix warm failed")
-            self.kv.free(warm.rid)
-            self.warms.drop("failed")
-            return True
-        self.kv.insert(warm.rid, warm.ids[:end])
-        self.kv.free(warm.rid)
-        self.warms.advance(warm, end, end - cached)
-        return True
-
     def _classify(self, tokens: int) -> str:
         return length_class(tokens, self.config.scheduler.length_threshold)
 
@@ -132,29 +108,6 @@ class EngineCore:
     def _reserve_tokens(self, work: GenerateWork) -> int:
         return kv_reservation(work.kind, len(work.input_ids), work.params.max_new_tokens,
                               self.config.context_len, self.kv.capacity_tokens)
-
-    def _admit_imports(self) -> bool:
-        worked = False
-        while self._imports and len(self._running) < self.config.max_running_requests:
-            rid = self._imports[0]
-            live = self._live[rid]
-            work = live.work
-            try:
-                pages = self.kv.allocate(rid, self._reserve_tokens(work))
-            except KVCacheFull:
-                return worked
-            self._imports.popleft()
-            worked = True
-            try:
-                n = len(work.input_ids)
-                self.runner.import_kv(pages[: self.kv.pages_for(n)], work.kv)
-            except Exception as exc:  # noqa: BLE001 - a bad transfer must not kill the loop
-                log.exception("KV import failed for %s", rid)
-                self._fail(rid, f"KV import failed: {exc}")
-                continue
-            work.kv = None  # drop the CPU copy now that the pool holds it
-            self._take_token(live, work.first_token, first=True)
-        return worked
 
     def _prefill_once(self) -> tuple[bool, float | None]:
         now = time.monotonic()
@@ -221,24 +174,6 @@ class EngineCore:
         graphs = getattr(self.runner, "graphs", None) is not None
         return bucket_for_batch(self.grid, queue, lengths, mode=self.config.batch_prefill_graphs_mode,
                                 graphs=graphs) is not None
-
-    def _hand_off(self, live: _Live, token: int) -> None:
-        rid = live.work.rid
-        try:
-            kv = self.runner.export_kv_async(self._pages(rid, len(live.work.input_ids)), len(live.work.input_ids))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("KV export failed for %s", rid)
-            self._fail(rid, f"KV export failed: {exc}")
-            return
-        self.kv.free(rid)
-        self._live.pop(rid, None)
-        ttft = time.monotonic() - live.work.arrival
-        if self.on_first_token is not None:
-            self.on_first_token(live.cls, ttft)
-        self._emit(live, EngineOutput(
-            rid, token_ids=[token], text=self._decode_text([token]), finished=True,
-            finish_reason="prefilled", prompt_tokens=len(live.work.input_ids), completion_tokens=1,
-            cached_tokens=live.cached, kv=kv, ttft_s=ttft, cls=live.cls))
 
     def _decode_once(self) -> None:
         rids = list(self._running)

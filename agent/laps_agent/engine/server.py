@@ -1,5 +1,6 @@
 """HTTP front of one engine: SGLang-native /generate, OpenAI /v1/*, health, info, metrics, and the
-PD hand-off (prefill role parks KV in its outbox; decode role fetches it before decoding).
+PD hand-off (prefill role parks KV in its outbox; decode role fetches it before decoding). The
+routes are in server_routes.py, the JSON and SSE bodies sent back in server_responses.py.
 
 Torch-free: it serves the builtin engine (with `pd.TensorKVCodec`) and the emulated engine (with
 its own codec) alike. What it needs of an engine: `submit(work, sink)`, `abort(rid)`,
@@ -25,11 +26,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from laps_agent.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.engine import api_models as api
-from laps_agent.engine.http_util import ClientGone, error, sse, until_disconnect
+from laps_agent.engine.http_util import ClientGone, error, until_disconnect
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
+from laps_agent.engine.server_responses import final_body, sse_events
 from laps_agent.tokenizer import unencodable_message, unencodable_text
 
 if TYPE_CHECKING:
@@ -245,8 +247,8 @@ class EngineServer:
             work, extra = await self.prepare(parsed, request)
             if parsed.stream:
                 first = await self._first_output(work, parsed, request)
-                return StreamingResponse(self._sse(work, parsed, first, extra, started),
-                                         media_type="text/event-stream")
+                events = sse_events(work, parsed, first, extra, started, self.settings.served_model_name)
+                return StreamingResponse(events, media_type="text/event-stream")
             outs, last = await until_disconnect(request, self.collect(work, parsed.bootstrap))
         except api.ApiError as exc:
             return error(exc)
@@ -257,7 +259,8 @@ class EngineServer:
             return error(api.ApiError(504, str(exc), "bootstrap_error"))
         except ClientGone:
             return Response(status_code=499)
-        return JSONResponse(self._final_body(work, parsed, outs, last, extra, started))
+        return JSONResponse(final_body(work, parsed, outs, last, extra, started,
+                                       self.settings.served_model_name))
 
     async def _first_output(self, work: GenerateWork, parsed: api.ParsedRequest, request: Request):
         """Streaming: run until the first output before sending headers, so failures that happen
@@ -277,63 +280,6 @@ class EngineServer:
             finally:
                 await gen.aclose()
         return first, gen
-
-    def _final_body(self, work, parsed, outs, last, extra, started) -> dict:
-        text = "".join(o.text for o in outs)
-        ids = [t for o in outs for t in o.token_ids]
-        model = self.settings.served_model_name
-        if parsed.kind == "generate":
-            return api.generate_body(work.rid, text, ids, last.finish_reason, last.matched_stop,
-                                     last.prompt_tokens, last.completion_tokens, time.monotonic() - started, extra,
-                                     cached=last.cached_tokens)
-        return api.completion_body(_oid(parsed, work), model, text, api.openai_finish(last.finish_reason),
-                                   last.prompt_tokens, last.completion_tokens, chat=parsed.kind == "chat",
-                                   cached=last.cached_tokens)
-
-    async def _sse(self, work, parsed, first_and_gen, extra, started) -> AsyncIterator[bytes]:
-        first, gen = first_and_gen
-        model, chat = self.settings.served_model_name, parsed.kind == "chat"
-        oid = _oid(parsed, work)
-        text, ids = "", []
-        last = first
-        sent_role = False
-
-        async def stream() -> AsyncIterator[EngineOutput]:
-            yield first
-            if not first.finished:
-                async for out in gen:
-                    yield out
-
-        try:
-            async for out in stream():
-                last = out
-                if out.error:
-                    yield sse(api.ApiError(out.error_status, out.error, "engine_error").body())
-                    break
-                text += out.text
-                ids += out.token_ids
-                finish = api.openai_finish(out.finish_reason) if out.finished else None
-                if parsed.kind == "generate":
-                    body = api.generate_body(work.rid, text, ids, out.finish_reason if out.finished else None,
-                                             out.matched_stop, out.prompt_tokens, out.completion_tokens,
-                                             time.monotonic() - started, extra, cached=out.cached_tokens)
-                else:
-                    if not out.text and not out.finished and sent_role:
-                        continue  # nothing new to show (text held back for a possible stop string)
-                    body = api.completion_body(oid, model, out.text, finish, 0, 0, chunk=True, chat=chat,
-                                               first=not sent_role)
-                    sent_role = True
-                yield sse(body)
-            if parsed.include_usage and parsed.kind != "generate":
-                yield sse(api.usage_chunk(oid, model, last.prompt_tokens, last.completion_tokens, chat,
-                                      last.cached_tokens))
-            yield b"data: [DONE]\n\n"
-        finally:
-            await gen.aclose()
-
-
-def _oid(parsed: api.ParsedRequest, work: GenerateWork) -> str:
-    return ("chatcmpl-" if parsed.kind == "chat" else "cmpl-") + work.rid
 
 
 def _no_output(out: EngineOutput) -> None:

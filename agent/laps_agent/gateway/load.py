@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.gateway.config import ProxyConfig
-from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.metrics import GROUPS, GatewayMetrics
 from laps_agent.gateway.outlier import may_eject
 from laps_agent.gateway.routing import EndpointLoad
 
@@ -60,7 +60,12 @@ class LoadTracker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._metrics, self._config, self._clock = metrics, config, clock
         self._loads: dict[str, EndpointLoad] = {}
-        self._groups: dict[str, _GroupPending] = {}
+        self._groups: dict[str, _GroupPending] = {group: _GroupPending() for group in GROUPS}
+        # The gauges read the counts when scraped: setting them on every request cost ~4
+        # metric updates per request for a figure read every few seconds.
+        for group, pending in self._groups.items():
+            metrics.pending_requests_of[group].set_function(lambda p=pending: p.requests)
+            metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
         self._failures: dict[str, int] = {}
         self._ejected_until: dict[str, float] = {}
 
@@ -91,8 +96,6 @@ class LoadTracker:
         pending = self._groups.setdefault(group, _GroupPending())
         pending.requests += 1
         pending.tokens += tokens
-        self._metrics.pending_requests_of[group].set(pending.requests)
-        self._metrics.pending_tokens_of[group].set(pending.tokens)
         return PrefillTicket(self, group, endpoint, tokens)
 
     def _finish_prefill(self, ticket: PrefillTicket) -> None:
@@ -102,8 +105,6 @@ class LoadTracker:
         pending = self._groups[ticket.group]
         pending.requests -= 1
         pending.tokens -= ticket.tokens
-        self._metrics.pending_requests_of[ticket.group].set(pending.requests)
-        self._metrics.pending_tokens_of[ticket.group].set(pending.tokens)
 
     def begin_decode(self, endpoint: str) -> None:
         self._load(endpoint).pending_requests += 1

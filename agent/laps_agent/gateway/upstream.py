@@ -130,14 +130,20 @@ class UpstreamResponse:
             self._wakeup.set_result(None)
 
     async def _wait(self) -> None:
-        self._wakeup = self._conn._loop.create_future()
+        # A bare timer handle, not asyncio.timeout: that one costs several calls per wait, and
+        # a request waits 3-4 times.
+        loop = self._conn._loop
+        self._wakeup = waiter = loop.create_future()
+        timer = loop.call_later(self._read_timeout, self._time_out, waiter)
         try:
-            async with asyncio.timeout(self._read_timeout):
-                await self._wakeup
-        except TimeoutError:
-            raise UpstreamTimeout(f"no data for {self._read_timeout}s") from None
+            await waiter
         finally:
+            timer.cancel()
             self._wakeup = None
+
+    def _time_out(self, waiter: asyncio.Future) -> None:
+        if not waiter.done():
+            waiter.set_exception(UpstreamTimeout(f"no data for {self._read_timeout}s"))
 
     async def _headers(self) -> None:
         while not self._headers_done:

@@ -38,9 +38,9 @@ from laps_agent.results.records import TimelineSample
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD, length_class
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
+from .allocation import SimAllocator, timeline_sample
 from .prefix import SimPrefixes
-from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
-                                      group_pressure, reference_decide)
+from laps_operator.allocation import AllocationConfig
 from laps_operator.groups import initial_short_count
 
 _ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM = 0, 1, 2, 3, 4, 5
@@ -128,9 +128,9 @@ class SimCluster:
         self.interval_s, self.hop_s = interval_s, hop_s
         bound = system.max_pending_tokens_per_pod if max_pending_tokens_per_pod is None else max_pending_tokens_per_pod
         self.max_pending_tokens_per_pod = DEFAULT_MAX_PENDING_TOKENS_PER_POD if bound is None else bound
-        self.moves: list[tuple[float, Move]] = []
-        self._policy = PolicyState()
-        self._window = PressureWindow()
+        # What `laps local`'s StaticAllocator does, on the virtual clock (allocation.py).
+        self.allocator = SimAllocator(system.allocation, self.allocation, self.prefill_eps)
+        self.moves = self.allocator.moves  # (time, move) of every pod moved between groups
         self._seq = itertools.count()
         self._tiebreak = itertools.count()
 
@@ -176,12 +176,12 @@ class SimCluster:
             elif kind == _KV:
                 self._kv_arrived(reqs[payload], now)
             elif kind == _SAMPLE:  # the timeline, and the allocation's pressure samples (1 s)
-                timeline.append(self._sample(now))
-                self._window.add(self._pressure_sample())
+                timeline.append(timeline_sample(now, self.groups, self.tracker))
+                self.allocator.observe(self.tracker, self.groups)
                 if self._finished < n:
                     heapq.heappush(heap, (now + (self.sample_every_s or 1.0), next(self._seq), _SAMPLE, None))
             elif kind == _REBALANCE:
-                self._rebalance(now)
+                self.groups = self.allocator.rebalance(now, self.groups, self.tracker)
                 if self._finished < n:
                     heapq.heappush(heap, (now + self.interval_s, next(self._seq), _REBALANCE, None))
         return SimOutcome(reqs, timeline, now - (float(at[0]) if n else 0.0),
@@ -280,34 +280,6 @@ class SimCluster:
         if r.decode >= 0:
             self.tracker.end_decode(self.decode_eps[r.decode].name)
         self._finished += 1
-
-    # ---- allocation (what `laps local`'s StaticAllocator does, on the virtual clock) ----------
-    def _pressure_sample(self) -> dict[str, float]:
-        if self.system.allocation == "reference":  # the reference counts pending requests
-            return {g: float(self.tracker.group_pending(g)[0]) for g in self.groups}
-        return {g: group_pressure(*self.tracker.group_pending(g)) for g in self.groups}
-
-    def _rebalance(self, now: float) -> None:
-        members = {g: [ep.name for ep in eps] for g, eps in self.groups.items()}
-        pressure = self._window.take()
-        if self.system.allocation == "reference":
-            move = reference_decide(members, pressure, self.allocation.ratio)
-        else:
-            loads = self.tracker.loads()
-            in_flight = {name: float(loads[name].pending_tokens) for name in self._prefill_index if name in loads}
-            decision = decide(members, pressure, in_flight, self._policy, now, self.allocation)
-            self._policy, move = decision.state, decision.move
-        if move is None:
-            return
-        ep = self.prefill_eps[self._prefill_index[move.pod]]
-        self.groups = {move.source: tuple(e for e in self.groups[move.source] if e is not ep),
-                       move.target: self.groups[move.target] + (ep,)}
-        self.moves.append((now, move))
-
-    def _sample(self, now: float) -> TimelineSample:
-        pending = {g: self.tracker.group_pending(g) for g in ("short", "long")}
-        return TimelineSample(now, {g: len(eps) for g, eps in self.groups.items()},
-                              {g: p[1] for g, p in pending.items()}, {g: p[0] for g, p in pending.items()})
 
 
 def chars4_estimate(chars_per_token: float) -> Callable[[int], int]:

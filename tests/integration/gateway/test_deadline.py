@@ -67,3 +67,22 @@ def test_requests_within_the_deadline_are_untouched(stub_engines, gateway_server
                       json={"prompt": "x", "max_tokens": 4, "stream": True}) as stream:
         events = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and len(events) == 5
+
+
+def test_an_engine_that_stops_answering_gets_504_after_the_read_timeout(stub_engines, gateway_server):
+    """Apart from the total deadline: no byte from a pod for --read-timeout-s ends the request."""
+    from laps_agent.gateway.config import ProxyConfig
+
+    prefill, _ = stub_engines("prefill", prefill_delay_s=30)
+    decode, _ = stub_engines("decode", first_token_delay_s=30)
+    gateway = gateway_server(_static([prefill.url], [decode.url]), request_deadline_s=0,
+                             proxy=ProxyConfig(read_timeout_s=0.5, max_retries=0))
+    started = time.monotonic()
+    reply = httpx.post(f"{gateway.url}/v1/completions", timeout=10,
+                       json={"prompt": "x", "max_tokens": 4})
+    assert reply.status_code == 504, reply.text
+    message = reply.json()["error"]["message"]
+    assert message.startswith("timed out waiting for ") and message.endswith("no data for 0.5s"), message
+    assert 0.5 <= time.monotonic() - started < 5
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert metric_value(metrics, "laps_gateway_errors_total", reason="upstream_timeout") == 1

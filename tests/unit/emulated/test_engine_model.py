@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.emulated.core import EngineModel, ModelRequest
+from laps_agent.emulated.core import EngineModel
 from laps_agent.emulated.profile import ProfileError, load_profile, parse_profile
+from laps_agent.emulated.requests import ModelRequest
 from laps_agent.scheduling.buckets import BucketGrid
 from laps_agent.scheduling.config import SchedulerConfig
 

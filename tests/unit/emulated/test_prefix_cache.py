@@ -2,9 +2,10 @@
 of the uncached tokens alone."""
 from __future__ import annotations
 
-from laps_agent.emulated.core import EngineModel, ModelRequest
+from laps_agent.emulated.core import EngineModel
 from laps_agent.emulated.prefix_cache import PrefixCacheModel
 from laps_agent.emulated.profile import load_profile
+from laps_agent.emulated.requests import ModelRequest
 from laps_agent.scheduling.config import SchedulerConfig
 
 

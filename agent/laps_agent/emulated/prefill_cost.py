@@ -1,0 +1,33 @@
+"""What a prefill batch costs on the engine model: its duration and the record the builtin engine
+would log for it.
+
+Separate from the state machine (core.py) because this is where the model's time comes from:
+pure arithmetic on the profile and the bucket grid, with no engine state. The path is the
+builtin engine's own choice (`bucket_for_batch`); only the seconds are the profile's.
+"""
+from __future__ import annotations
+
+from laps_agent.engine.engine_config import PrefillRecord
+from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
+
+from .profile import Profile
+
+
+def prefill_batch_cost(profile: Profile, grid: BucketGrid | None, queue: str, uncached: list[int],
+                       cached: list[int], mode: str) -> tuple[float, Bucket | None]:
+    """Seconds the batch takes and the bucket it runs in (None: eager): the padded / CUDA-graph
+    bucket when `bucket_for_batch` finds it cheaper by the profile's own costs."""
+    def cost(b: Bucket | None) -> float:
+        return profile.prefill_seconds(uncached, cached, (b.batch_size, b.seq_len) if b else None)
+
+    bucket = bucket_for_batch(grid, queue, uncached, mode=mode, graphs=profile.graphs, cost=cost)
+    return cost(bucket), bucket
+
+
+def prefill_record(queue: str, uncached: list[int], bucket: Bucket | None, seconds: float,
+                   graphs: bool) -> PrefillRecord:
+    """The builtin engine's record of the batch (benchmarks and metrics read these)."""
+    path = "eager" if bucket is None else ("graph" if graphs else "bucket")
+    return PrefillRecord(cls=queue if queue != "fifo" else None, size=len(uncached),
+                         real_tokens=sum(uncached), padded_tokens=bucket.tokens if bucket else sum(uncached),
+                         path=path, bucketed=bucket is not None, seconds=seconds)
