@@ -48,8 +48,14 @@ def resolve(kv: torch.Tensor | KVExport) -> torch.Tensor:
     return kv.wait() if isinstance(kv, KVExport) else kv
 
 
-def stage_import(kv: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
-    """Off the engine loop: `kv` (host memory) ready for a non-blocking copy to `device`."""
-    if device is None or torch.device(device).type != "cuda" or kv.is_pinned():
+def stage_import(kv: torch.Tensor, device: torch.device | str | None,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Off the engine loop: `kv` (host memory) ready for a non-blocking copy into a pool of
+    `dtype` on `device`. A KV of another dtype (the prefill engine runs another --dtype) is
+    converted here: converting in the copy would do it on the host, on the loop, and from
+    pageable memory."""
+    if device is None or torch.device(device).type != "cuda":
         return kv
-    return kv.pin_memory()
+    if dtype is not None and kv.dtype != dtype:
+        kv = kv.to(dtype)
+    return kv if kv.is_pinned() else kv.pin_memory()

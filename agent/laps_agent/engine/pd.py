@@ -75,11 +75,11 @@ def _writable_bytes(body: memoryview) -> torch.Tensor:
 
 class TensorKVCodec:
     """KVCodec of the builtin engine; waiting for the KV and the decode copies run off the
-    event loop. `device`: the decode engine's, into whose pool received KV goes (kv_export:
-    staged in pinned memory for CUDA)."""
+    event loop. `device`, `dtype`: the decode engine's pool, into which received KV goes
+    (kv_export: staged in pinned memory for CUDA)."""
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
-        self.device = device
+    def __init__(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        self.device, self.dtype = device, dtype
 
     async def encode(self, room: int, input_ids: list[int], first_token: int,
                      kv: torch.Tensor | KVExport, meta: dict | None = None) -> Frame:
@@ -92,7 +92,7 @@ class TensorKVCodec:
     async def decode(self, payload: bytes | memoryview) -> "KVTransfer":
         def run() -> KVTransfer:
             transfer = KVTransfer.decode(payload)
-            transfer.kv = stage_import(transfer.kv, self.device)
+            transfer.kv = stage_import(transfer.kv, self.device, self.dtype)
             return transfer
 
         return await asyncio.to_thread(run)

@@ -71,7 +71,7 @@ class EngineServer:
             from laps_agent.engine.pd import TensorKVCodec
 
             runner = getattr(engine, "runner", None)  # received KV goes to its device
-            codec = TensorKVCodec(getattr(runner, "device", None))
+            codec = TensorKVCodec(getattr(runner, "device", None), getattr(runner, "dtype", None))
         self.codec = codec
         self.tokenizer = engine.tokenizer
         self.outbox = KVOutbox(settings.bootstrap_timeout_s)

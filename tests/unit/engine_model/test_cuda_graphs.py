@@ -208,8 +208,11 @@ def _kv_round_trip(device: str, tiny_model_dir, tiny_loaded=None) -> None:
     pages = _pages(0, len(ids))
     prefill.forward([ForwardItem(ids, 0, pages)])
     sent = prefill.export_kv(pages, len(ids))
-    staged = stage_import(sent.clone(), device)
+    wire = sent.float()  # what a prefill engine of another --dtype would send
+    staged = stage_import(wire.clone(), device, decode.dtype)
     assert staged.is_pinned() == (device == "cuda")
+    if device == "cuda":  # converted off the loop, into what the pool holds
+        assert staged.dtype == decode.dtype
     other = _pages(20, len(ids))
     decode.import_kv(other, staged)
     del staged  # the engine loop drops the host copy at once
