@@ -40,6 +40,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="as `laps engine --dtype` (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--max-batch", type=int, default=8, help="requests per prefill batch (both schedulers)")
     p.add_argument("--part", choices=("all", "ttft", "throughput"), default="all")
     return p.parse_args(argv)
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from laps_agent.engine.engine import Engine, EngineConfig
-    from laps_agent.engine.loader import default_model_path, load_model
+    from laps_agent.engine.loader import default_model_path, load_model, resolve_dtype
     from laps_agent.engine.runner import ForwardItem, ModelRunner
     from laps_agent.scheduling.buckets import BucketGrid
     from laps_agent.scheduling.config import SchedulerConfig
@@ -62,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     path = args.model or str(default_model_path())
     t0 = time.monotonic()
-    loaded = load_model(path, device=device)
-    print(f"model {loaded.name} on {device} ({torch.get_num_threads()} threads), loaded in {time.monotonic() - t0:.1f}s")
+    dtype = resolve_dtype(args.dtype, device)  # auto: bf16 on CUDA (the flash-attn path), fp32 on CPU
+    loaded = load_model(path, device=device, dtype=dtype)
+    print(f"model {loaded.name} on {device} in {str(dtype).removeprefix('torch.')} "
+          f"({torch.get_num_threads()} threads), loaded in {time.monotonic() - t0:.1f}s")
     rng = random.Random(args.seed)
     vocab = loaded.config.vocab_size
     low = min(100, vocab // 4)  # skip the special tokens at the start of most vocabularies
@@ -75,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     page = 16
     pages = -(-(args.long_tokens + sum(map(len, shorts)) + 64 * (args.short_count + 1)) // page) + 8
     runner = ModelRunner(loaded, num_pages=pages, page_size=page, grid=grid, cuda_graphs=(device == "cuda"))
+    if runner.graphs is not None:  # as the engine does at start-up: no capture inside a timed run
+        t0 = time.monotonic()
+        print(f"captured {len(runner.capture_graphs())} CUDA graphs in {time.monotonic() - t0:.1f}s")
     print(f"long prompt {args.long_tokens} tokens + {len(shorts)} short prompts of "
           f"{sorted(map(len, shorts))} tokens, arriving together; {args.repeats} repeats")
 

@@ -37,12 +37,17 @@ class BucketGraphs:
     """Static-buffer bucket runs; CUDA graphs on a CUDA device. Off CUDA the same buffers and
     replay logic run eagerly, which lets CPU tests check everything but the capture itself."""
 
-    def __init__(self, runner: ModelRunner, *, max_pages: int):
+    def __init__(self, runner: ModelRunner, *, max_pages: int, pool=None):
+        """`pool`: a graph memory pool (torch.cuda.graph_pool_handle()) shared with other
+        BucketGraphs of the runner: every graph replays on the engine's one stream and its
+        output is cloned at once, so one pool serves the prefill and the decode graphs."""
         self.runner = runner
         self.max_pages = max_pages  # page-table width of every graph
         self.captured: dict[Bucket, _CapturedBucket] = {}
         self.use_graphs = runner.device.type == "cuda"
-        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        if self.use_graphs and pool is None:
+            pool = torch.cuda.graph_pool_handle()
+        self._pool = pool if self.use_graphs else None
 
     @torch.inference_mode()
     def run(self, items: Sequence[ForwardItem], plan: PaddingPlan) -> torch.Tensor | None:
@@ -97,7 +102,9 @@ class BucketGraphs:
                 compute()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a capture forbids unsafe CUDA calls of this thread only, so the codec's
+        # worker threads (pinned staging of KV) are not failed by a capture under way.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = compute()
         captured = _CapturedBucket(graph, inputs, logits, compute)
         self.captured[bucket] = captured

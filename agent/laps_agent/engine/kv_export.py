@@ -38,7 +38,7 @@ def start_export(gathered: torch.Tensor) -> KVExport:
         return KVExport(gathered)
     host = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=True)
     host.copy_(gathered, non_blocking=True)
-    ready = torch.cuda.Event()
+    ready = torch.cuda.Event(blocking=True)  # wait() sleeps in its thread instead of spinning a core
     ready.record()
     return KVExport(host, ready)
 

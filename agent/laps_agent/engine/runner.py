@@ -132,11 +132,12 @@ class ModelRunner:
         if use_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.graphs = None
+        pool = torch.cuda.graph_pool_handle() if use_graphs else None  # prefill and decode graphs'
         if use_graphs and grid is not None:
             from .cuda_graphs import BucketGraphs
 
             max_context = graph_max_context or min(num_pages * page_size, grid.max_seq_len + 2048)
-            self.graphs = BucketGraphs(self, max_pages=_pages_needed(max_context, page_size))
+            self.graphs = BucketGraphs(self, max_pages=_pages_needed(max_context, page_size), pool=pool)
         # Decode graphs read a page table as wide as the longest context they serve; longer
         # sequences decode eagerly (the fixed width is attention work for every slot).
         self.decode_buckets = [Bucket(b, 1) for b in sorted(set(decode_batch_sizes))]
@@ -145,7 +146,7 @@ class ModelRunner:
             from .cuda_graphs import BucketGraphs
 
             width = _pages_needed(min(num_pages * page_size, decode_graph_max_context), page_size)
-            self.decode_graphs = BucketGraphs(self, max_pages=width)
+            self.decode_graphs = BucketGraphs(self, max_pages=width, pool=pool)
 
     # ------------------------------------------------------------------ public API
     def capture_graphs(self, progress: Callable[[int, int, Bucket], None] | None = None) -> list[Bucket]:
