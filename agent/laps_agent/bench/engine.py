@@ -15,6 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from laps_agent.engine.engine_config import DTYPE_CHOICES
 from laps_agent.engine.requests import EngineOutput, GenerateWork
 from laps_agent.engine.sampling import SamplingParams
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
@@ -40,7 +41,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="as `laps engine --dtype` (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--max-batch", type=int, default=8, help="requests per prefill batch (both schedulers)")
     p.add_argument("--part", choices=("all", "ttft", "throughput"), default="all")

@@ -12,6 +12,7 @@ import time
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.drain import DEFAULT_GRACE_S
 from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
+from laps_agent.engine.engine_config import DTYPE_CHOICES
 
 log = logging.getLogger("laps.engine")
 
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "beyond which new ones get 503 queue_full; default 4x --max-running-requests, "
                         "at least 256; 0: no bound")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights, activations and KV: auto = bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--laps-scheduler", action=argparse.BooleanOptionalAction, default=True)

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from laps_agent.scheduling.buckets import BATCH_PREFILL_GRAPHS_MODES
 from laps_agent.scheduling.config import SchedulerConfig
 
+# `--dtype` of `laps engine` and `laps bench engine` (loader.resolve_dtype maps them to torch).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
 ROLES = ("prefill", "decode", "mixed")
 
 

@@ -93,7 +93,7 @@ class LoadTracker:
         load = self._load(endpoint)
         load.pending_requests += 1
         load.pending_tokens += tokens
-        pending = self._groups.setdefault(group, _GroupPending())
+        pending = self._groups[group]  # one per group from the start (their gauges read them)
         pending.requests += 1
         pending.tokens += tokens
         return PrefillTicket(self, group, endpoint, tokens)
