@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 from collections.abc import Callable
@@ -22,13 +21,12 @@ from laps_agent.gateway.estimate import TokenEstimator
 from laps_agent.gateway.failures import GatewayError, UpstreamStatus
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.payload import PDPayload
+from laps_agent.gateway.payload import PDPayload, parse_body
 from laps_agent.gateway.prefix import prefix_chain
 from laps_agent.gateway.proxy import PDProxy, ProxyCall, Reply, StreamReply
 from laps_agent.gateway.relay import HangupGuard, RelayResponse
 from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
 from laps_agent.gateway.status import laps_status, readiness
-from laps_agent.tokenizer import unencodable_message, unencodable_text
 
 log = logging.getLogger(__name__)
 _ERROR_STATUSES = (400, 401, 404, 413, 422, 429, 502, 503, 504)
@@ -172,17 +170,7 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
 async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kind: str) -> Response:
     config = gateway.config
     raw = await _read_body(request, config.max_body_bytes)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(400, "bad_json", f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise GatewayError(400, "bad_json", "request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "bad_json", "request body must be a JSON object")
-    where = unencodable_text(raw, body)
-    if where is not None:  # the engines' tokenizer could not encode it either
-        raise GatewayError(400, "invalid_request", unencodable_message(where))
+    body = parse_body(raw)
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the engines run with --prefix-warm: expect the pod that served a chat's "
                           "previous turn to hold its answer too")
     aff.add_argument("--prefix-record-blocks", type=int, default=GatewayConfig.prefix_record_blocks_per_pod,
-                     help="blocks (a chat message or 256 characters) remembered per prefill pod (LRU)")
+                     help="blocks (a chat message, or a tier block of a text: 256 characters and up) remembered per prefill pod (LRU)")
     static = p.add_argument_group("static discovery")
     static.add_argument("--prefill-short", default="", help="URL[,URL...]")
     static.add_argument("--prefill-long", default="", help="URL[,URL...]")

@@ -90,8 +90,13 @@ def heuristic_tokens(text: str) -> int:
     n = len(text)
     if n <= EXACT_CHARS:
         return max(1, round(_heuristic_count(text)))
-    step = (n - WINDOW_CHARS) / (SAMPLE_WINDOWS - 1)
-    sample = "".join([text[int(i * step):int(i * step) + WINDOW_CHARS] for i in range(SAMPLE_WINDOWS)])
+    # Windows every `step` characters from the start, and the last at the very end; the slices
+    # are made by map in C (a comprehension computing each window took a third of the estimate).
+    step = (n - WINDOW_CHARS) // (SAMPLE_WINDOWS - 1)
+    last = (SAMPLE_WINDOWS - 2) * step
+    sample = "".join(map(text.__getitem__, map(slice, range(0, last + 1, step),
+                                              range(WINDOW_CHARS, last + WINDOW_CHARS + 1, step))))
+    sample += text[n - WINDOW_CHARS:]
     return max(1, round(_heuristic_count(sample) * n / len(sample)))
 
 

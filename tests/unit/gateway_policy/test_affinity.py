@@ -2,10 +2,12 @@
 record of what it sent where."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from laps_agent.gateway.affinity import reported_split
-from laps_agent.gateway.prefix import BLOCK_CHARS, PrefixRecord, prefix_chain
+from laps_agent.gateway.prefix import BLOCK_CHARS, BLOCKS_PER_TIER, PrefixRecord, prefix_chain
 from laps_agent.gateway.routing import AffinityBound, Endpoint, EndpointLoad, choose_route
 
 
@@ -114,6 +116,22 @@ def test_chains_share_prefixes_exactly_when_the_prompts_do():
     ids = prefix_chain({"input_ids": list(range(200))}, "generate", 200)
     assert len(ids) == 3 and ids.ends == (64, 128, 192)
     assert prefix_chain({"prompt": ["a", "b"]}, "completion", 2) is None
+
+
+def test_a_long_prompt_is_few_blocks_and_what_a_pod_holds_of_it_is_known_closely():
+    rng = random.Random(7)
+    words = ["prefill", "decode", "cache", "token", "pod", "KV", "route", "12", "(x)", "\n  "]
+    doc = " ".join(rng.choice(words) for _ in range(100_000))         # ~600 KB
+    record, before = PrefixRecord(), 0
+    for size in (10_000, 40_000, 160_000, 500_000):   # a prompt growing turn by turn, sent to "p"
+        chain = prefix_chain({"prompt": doc[:size]}, "completion", size // 4)
+        # Blocks grow with the log of the length (fixed 256-character blocks: 39 to 1953).
+        assert len(chain) == {10_000: 27, 40_000: 53, 160_000: 84, 500_000: 110}[size]
+        # The pod holds the earlier turn: the longer prompt finds it held, to within 1/16.
+        held = record.held("p", chain)
+        assert before * (1 - 1 / BLOCKS_PER_TIER) <= held <= before
+        record.record("p", chain)
+        before = size // 4
 
 
 @pytest.mark.parametrize("body, split", [
