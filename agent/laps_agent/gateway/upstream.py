@@ -173,6 +173,11 @@ class UpstreamResponse:
         if self._released:
             return
         self._released = True
+        # The parser and this response refer to each other (it calls back the on_* methods):
+        # dropped here, both go at once with their last reference instead of waiting for the
+        # cyclic GC (~20 objects per call). No byte reaches them after this: the connection
+        # no longer points here.
+        self._parser = None
         conn = self._conn
         conn.response = None
         reusable = self.complete and self._keep_alive and not conn.closed
@@ -238,6 +243,7 @@ class UpstreamPool:
             await response._headers()
         except BaseException:
             response._released = True
+            response._parser = None
             conn.response = None
             conn.close()
             raise
