@@ -40,14 +40,19 @@ class PDPayload:
         text = raw.strip(_JSON_WHITESPACE)
         if text[:1] != b"{" or text[-1:] != b"}":
             text = json.dumps(body).encode()
-        # The object without its closing brace (a view: no copy until an attempt's body is
-        # joined), and a comma if it has members.
+        # The object without its closing brace (a view of the client's bytes: never copied),
+        # and a comma if it has members.
         self._head = memoryview(text)[:-1]
         self._comma = b"," if body else b""
 
+    def pieces(self, host: str, port: int | None, room: int) -> tuple[memoryview, bytes]:
+        """An attempt's body as the client's bytes and the PD fields after them: the upstream
+        client writes both in one call (writev), so a long body is never copied to join them."""
+        return self._head, b'%s"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
+            self._comma, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
+
     def with_bootstrap(self, host: str, port: int | None, room: int) -> bytes:
-        return b"".join((self._head, self._comma, b'"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
-            json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)))
+        return b"".join(self.pieces(host, port, room))
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -139,8 +139,8 @@ class PDProxy:
         raise failure
 
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
-        payload = call.body.with_bootstrap(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
-                                           self._rooms.getrandbits(63))
+        payload = call.body.pieces(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
+                                   self._rooms.getrandbits(63))
         # The pod's work is what it is expected not to hold (routing's expected uncached length).
         ticket = self._tracker.begin_prefill(d.group, d.prefill.name, max(1, call.tokens - d.cached))
         self.affinity.sent(d, call.prefix)
@@ -192,7 +192,7 @@ class PDProxy:
         if ticket.done():  # only the first of the two signals counts
             self._metrics.ttft_of[d.cls].observe(time.monotonic() - call.started)
 
-    async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: bytes,
+    async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
                        ticket: PrefillTicket) -> None:
         pod = d.prefill
         try:
@@ -210,7 +210,7 @@ class PDProxy:
             call.engine_checked = self.affinity.engine_answer(d, body)
         self._end_prefill_phase(call, d, ticket)
 
-    async def _decode(self, d: RouteDecision, call: ProxyCall, payload: bytes):
+    async def _decode(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes]):
         pod = d.decode
         response: UpstreamResponse | None = None
         try:

@@ -211,18 +211,22 @@ class UpstreamPool:
             raise UpstreamConnectError(f"connect to {key[0]}:{key[1]} failed: {exc}") from None
         return conn
 
-    async def post(self, host: str, port: int, path: str, body: bytes, headers: bytes = b"") -> UpstreamResponse:
-        """`headers`: extra header lines, each ending in CRLF."""
+    async def post(self, host: str, port: int, path: str, body: bytes | tuple[bytes | memoryview, ...],
+                   headers: bytes = b"") -> UpstreamResponse:
+        """`body`: bytes, or pieces sent one after the other. `headers`: extra header lines,
+        each ending in CRLF."""
+        pieces = body if isinstance(body, tuple) else (body,)
         head = (b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n%s"
-                b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, headers, len(body)))
+                b"content-length: %d\r\n\r\n" % (path.encode(), host.encode(), port, headers,
+                                                  sum(map(len, pieces))))
         # Head and body go out in one write (writev): a long body is not copied to join them.
-        return await self._request((host, port), (head, body))
+        return await self._request((host, port), (head, *pieces))
 
     async def get(self, host: str, port: int, path: str) -> UpstreamResponse:
         return await self._request((host, port), (b"GET %s HTTP/1.1\r\nhost: %s:%d\r\n\r\n" % (
             path.encode(), host.encode(), port),))
 
-    async def _request(self, key: tuple[str, int], request: tuple[bytes, ...]) -> UpstreamResponse:
+    async def _request(self, key: tuple[str, int], request: tuple[bytes | memoryview, ...]) -> UpstreamResponse:
         idle = self._idle.get(key)
         while idle:  # an idle connection the engine closed meanwhile fails before any byte
             conn = idle.pop()
@@ -235,7 +239,7 @@ class UpstreamPool:
         return await self._send(await self._connect(key), key, request)
 
     async def _send(self, conn: _Connection, key: tuple[str, int],
-                    request: tuple[bytes, ...]) -> UpstreamResponse:
+                    request: tuple[bytes | memoryview, ...]) -> UpstreamResponse:
         response = UpstreamResponse(conn, self, key, self._read_timeout)
         conn.response = response
         try:
