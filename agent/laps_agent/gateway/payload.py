@@ -2,7 +2,8 @@
 (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) spliced in before the closing brace.
 
 Re-encoding the parsed body would cost time in proportion to the prompt (~0.1 ms per 40 KB, and
-another parse-sized walk); splicing costs a copy. Only bytes that are a plain UTF-8 JSON object
+another parse-sized walk); splicing costs nothing: the client's bytes up to the brace and the
+PD fields go upstream one after the other (`PDPayload.pieces`). Only bytes that are a plain UTF-8 JSON object
 (first byte `{`, last `}` after whitespace) are spliced; anything else json.loads accepts (a
 UTF-16/32 or BOM-prefixed body) is re-encoded, as is a body that carries its own `bootstrap_*`
 keys: those are dropped, so the engines see exactly one of each, the gateway's.
@@ -50,9 +51,6 @@ class PDPayload:
         client writes both in one call (writev), so a long body is never copied to join them."""
         return self._head, b'%s"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
             self._comma, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
-
-    def with_bootstrap(self, host: str, port: int | None, room: int) -> bytes:
-        return b"".join(self.pieces(host, port, room))
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

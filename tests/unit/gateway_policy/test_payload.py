@@ -11,7 +11,7 @@ PD = {"bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 42
 
 
 def spliced(raw: bytes, host="10.0.0.7", port=8998, room=42) -> bytes:
-    return PDPayload(raw, json.loads(raw)).with_bootstrap(host, port, room)
+    return b"".join(PDPayload(raw, json.loads(raw)).pieces(host, port, room))
 
 
 @pytest.mark.parametrize("raw", [
@@ -40,11 +40,11 @@ def test_the_clients_own_bootstrap_fields_never_reach_the_engines():
 
 def test_a_body_in_another_encoding_is_re_encoded():
     raw = '{"prompt": "x"}'.encode("utf-16")  # json.loads takes it; splicing bytes would not
-    assert json.loads(PDPayload(raw, json.loads(raw)).with_bootstrap("h", None, 1)) == {
+    assert json.loads(b"".join(PDPayload(raw, json.loads(raw)).pieces("h", None, 1))) == {
         "prompt": "x", "bootstrap_host": "h", "bootstrap_port": None, "bootstrap_room": 1}
 
 
 def test_each_attempt_gets_its_own_room_from_one_payload():
     payload = PDPayload(b'{"prompt": "x"}', {"prompt": "x"})
-    rooms = [json.loads(payload.with_bootstrap("h", 1, room))["bootstrap_room"] for room in (1, 2**63 - 1)]
+    rooms = [json.loads(b"".join(payload.pieces("h", 1, room)))["bootstrap_room"] for room in (1, 2**63 - 1)]
     assert rooms == [1, 2**63 - 1]
