@@ -118,10 +118,40 @@ def parse_generate(body: Any) -> ParsedRequest:
                          _bool(body, "stream"), _bootstrap(body), rid=rid)
 
 
+# OpenAI fields this engine does not implement, each with the values that ask for nothing
+# (what clients send by default). Any other value is refused, naming the field: an answer that
+# silently lacks what was asked for is worse (a harness asking for logprobs would score
+# nothing, a penalty would not apply). Stock SGLang behind the same gateway implements them.
+_NOT_IMPLEMENTED: dict[str, tuple] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0), "repetition_penalty": (None, 1), "min_tokens": (None, 0),
+    "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+}
+
+
+def _asks_nothing(value: Any, neutral: tuple) -> bool:
+    for n in neutral:
+        if n is None or isinstance(n, bool):
+            if value is n:
+                return True
+        elif isinstance(n, int):   # 0 and 0.0 alike, never False/True
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == n:
+                return True
+        elif value == n:
+            return True
+    return False
+
+
 def _openai_params(body: dict, default_max: int) -> SamplingParams:
     n = body.get("n", 1)
     if n not in (1, None):
         raise ApiError(400, "only n=1 is supported")
+    for key, neutral in _NOT_IMPLEMENTED.items():
+        if key in body and not _asks_nothing(body[key], neutral):
+            raise ApiError(400, f"{key}={body[key]!r} is not implemented by this engine; "
+                                f"leave it out, or serve the model with the SGLang backend")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     raw = {
         "max_new_tokens": default_max if max_tokens is None else max_tokens,
@@ -150,6 +180,9 @@ def parse_completion(body: Any) -> ParsedRequest:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         text = prompt
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        raise ApiError(400, f"batched prompts ({len(prompt)} in one request) are not supported: "
+                            "send one prompt per request")
     elif isinstance(prompt, list):
         ids = _ids(prompt, "prompt")
     else:

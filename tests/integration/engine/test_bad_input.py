@@ -22,6 +22,16 @@ BAD = [
     ("/generate", b'{"text": "hi", "sampling_params": {"top_k": "many"}}', "top_k"),
     ("/generate", b'{"text": "hi", "stream": "yes"}', "stream"),
     ("/v1/completions", b'{"prompt": "hi", "n": 3}', "n=1"),
+    ("/v1/completions", b'{"prompt": "hi", "logprobs": 1}', "logprobs=1 is not implemented"),
+    ("/v1/completions", b'{"prompt": "hi", "logprobs": 0}', "logprobs=0 is not implemented"),
+    ("/v1/completions", b'{"prompt": "hi", "echo": true}', "echo=True is not implemented"),
+    ("/v1/completions", b'{"prompt": "hi", "presence_penalty": 0.5}', "presence_penalty"),
+    ("/v1/completions", b'{"prompt": ["one", "two"]}', "batched prompts (2 in one request)"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', "logprobs"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
+                             b'"tools": [{"type": "function", "function": {"name": "f"}}]}', "tools"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
+                             b'"response_format": {"type": "json_object"}}', "response_format"),
     ("/v1/completions", b'{"prompt": {"a": 1}}', "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stop": 5}', "stop"),
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2.5}', "max_new_tokens"),
@@ -37,6 +47,18 @@ def test_bad_input_is_a_clear_4xx(tiny_mixed_engine, path, raw, needle):
     assert 400 <= resp.status_code < 500, resp.text
     err = resp.json()["error"]
     assert needle in err["message"] and err["type"]
+
+
+def test_fields_that_ask_for_nothing_are_served(tiny_mixed_engine):
+    """What clients send by default for the fields the engine does not implement passes."""
+    body = {"prompt": "hi", "max_tokens": 2, "logprobs": None, "echo": False, "best_of": 1,
+            "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {}, "suffix": None}
+    resp = httpx.post(tiny_mixed_engine.url + "/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": False,
+            "tool_choice": "none", "tools": [], "response_format": {"type": "text"}, "top_logprobs": 0}
+    resp = httpx.post(tiny_mixed_engine.url + "/v1/chat/completions", json=chat, timeout=60)
+    assert resp.status_code == 200, resp.text
 
 
 def test_over_context_prompt_is_rejected_and_engine_keeps_serving(tiny_mixed_engine):
