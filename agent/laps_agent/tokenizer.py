@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jinja2.exceptions import TemplateError
+from pydantic_core import from_json
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
@@ -249,6 +250,19 @@ __all__ = ["Tokenizer", "TokenizerError", "ChatTemplateError", "load_tokenizer",
 # patterns is scanned byte by byte, ~4x slower.
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 _RAW_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def loads_json_text(raw: bytes) -> tuple[Any, bool]:
+    """What json.loads makes of `raw` (a request body), and whether every string in it is
+    known to be Unicode text. pydantic-core's JSON parser (Rust; ~7 us for 40 KB against ~35 for
+    json.loads) reads it first: it takes only UTF-8 JSON without lone surrogates, escaped or
+    raw, so the flag is True and unencodable_text need not run. Whatever it refuses goes to
+    json.loads, whose result or error every body thus gets (UTF-16/32, BOM, nesting deeper than
+    the fast parser's limit, the error messages), with the flag False."""
+    try:
+        return from_json(raw), True
+    except ValueError:
+        return json.loads(raw), False
 
 
 def unencodable_text(raw: bytes, body: Any) -> str | None:

@@ -32,7 +32,7 @@ from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_p
 from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
 from laps_agent.engine.server_responses import final_body, sse_events
-from laps_agent.tokenizer import unencodable_message, unencodable_text
+from laps_agent.tokenizer import loads_json_text, unencodable_message, unencodable_text
 
 if TYPE_CHECKING:
     from laps_agent.engine.engine import Engine
@@ -228,12 +228,12 @@ class EngineServer:
         started = time.monotonic()
         raw = await request.body()
         try:
-            body = json.loads(raw)
+            body, text = loads_json_text(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(api.ApiError(400, f"malformed JSON body: {exc}"))
         except RecursionError:
             return error(api.ApiError(400, "malformed JSON body: nested too deeply"))
-        where = unencodable_text(raw, body)
+        where = None if text else unencodable_text(raw, body)
         if where is not None:  # checked up front: templates, stop strings and the tokenizer fail on it
             return error(api.ApiError(400, unencodable_message(where)))
         try:

@@ -3,26 +3,22 @@
 
 Re-encoding the parsed body would cost time in proportion to the prompt (~0.1 ms per 40 KB, and
 another parse-sized walk); splicing costs nothing: the client's bytes up to the brace and the
-PD fields go upstream one after the other (`PDPayload.pieces`). Only bytes that are a plain UTF-8 JSON object
-(first byte `{`, last `}` after whitespace) are spliced; anything else json.loads accepts (a
-UTF-16/32 or BOM-prefixed body) is re-encoded, as is a body that carries its own `bootstrap_*`
-keys: those are dropped, so the engines see exactly one of each, the gateway's.
+PD fields go upstream one after the other (`PDPayload.pieces`). Only bytes that are a plain
+UTF-8 JSON object (first byte `{`, last `}` after whitespace) are spliced; anything else
+json.loads accepts (a UTF-16/32 or BOM-prefixed body) is re-encoded, as is a body that carries
+its own `bootstrap_*` keys: those are dropped, so the engines see exactly one of each, the
+gateway's.
 
-`parse_body` reads the body first with pydantic-core's JSON parser (Rust): ~7 us for 40 KB
-against ~35 us for json.loads, and it takes only what every engine takes too: UTF-8 JSON
-whose strings are Unicode text (a lone surrogate, escaped or raw, is refused). Whatever it
-refuses goes to json.loads, so every body gets json.loads' verdict: the same dict (UTF-16/32,
-BOM, nesting deeper than the fast parser's limit), its error message, or a lone surrogate found
-and named (tokenizer.unencodable_text)."""
+`parse_body` reads it with tokenizer.loads_json_text (a fast parser, json.loads for what that
+refuses), so every body gets json.loads' verdict: its dict, its error message, or a lone
+surrogate found and named (tokenizer.unencodable_text)."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from pydantic_core import from_json
-
 from laps_agent.gateway.failures import GatewayError
-from laps_agent.tokenizer import unencodable_message, unencodable_text
+from laps_agent.tokenizer import loads_json_text, unencodable_message, unencodable_text
 
 BOOTSTRAP_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 _JSON_WHITESPACE = b" \t\r\n"
@@ -57,26 +53,14 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; GatewayError 400 when it is not one (see the module
     docstring)."""
     try:
-        body = from_json(raw)
-    except ValueError:
-        return _parse_slow(raw)
-    return _object(body)
-
-
-def _object(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise GatewayError(400, "bad_json", "request body must be a JSON object")
-    return body
-
-
-def _parse_slow(raw: bytes) -> dict[str, Any]:
-    try:
-        body = _object(json.loads(raw))
+        body, text = loads_json_text(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise GatewayError(400, "bad_json", f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise GatewayError(400, "bad_json", "request body is nested too deeply") from None
-    where = unencodable_text(raw, body)
+    if not isinstance(body, dict):
+        raise GatewayError(400, "bad_json", "request body must be a JSON object")
+    where = None if text else unencodable_text(raw, body)
     if where is not None:  # the engines' tokenizer could not encode it either
         raise GatewayError(400, "invalid_request", unencodable_message(where))
     return body
