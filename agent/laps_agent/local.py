@@ -135,12 +135,12 @@ def _served_name(children: list[EngineChild], given: str | None) -> str:
     return info.get("served_model_name") or "default"
 
 
-def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
+def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
     from laps_agent.gateway.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
-    from laps_agent.gateway.serving import bind_listening_socket, run_forever
+    from laps_agent.gateway.serving import run_forever, url_host
 
     def urls(role: str, group: str | None = None) -> tuple[str, ...]:
         return tuple(c.url for c in children if c.role == role and c.group == group)
@@ -157,13 +157,12 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer) -> None:
                            prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, **overrides)
     app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
-    sock = bind_listening_socket(args.host, args.port)
     host, port = sock.getsockname()[:2]
     pool = (f"{len(spec.prefill_short)} prefill (one pool)" if args.single_pool else
             f"{len(spec.prefill_short)} short + {len(spec.prefill_long)} long prefill")
     _say(f"model {config.served_model_name!r}: {pool}, {len(spec.decode)} decode engines"
          + (f" (emulated: {args.profile or 'cpu-smollm2'})" if args.engine == "emulated" else ""))
-    _say(f"OpenAI-compatible API: http://{host}:{port}/v1   (Ctrl-C stops everything)")
+    _say(f"OpenAI-compatible API: http://{url_host(host)}:{port}/v1   (Ctrl-C stops everything)")
     # Returns on SIGINT/SIGTERM once the requests in flight are answered (laps_agent/drain.py).
     run_forever(app, sock, drain=app.state.gateway.drain, log_level="warning")
 
@@ -205,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     from laps_agent.gateway.cli import check_auth_args
 
     check_auth_args(args, parser)  # before minutes of loading, not after
+    from laps_agent.gateway.serving import ListenError, bind_listening_socket
+
+    try:  # the gateway's port too: a port in use is said at once, not after the loading
+        sock = bind_listening_socket(args.host, args.port)
+    except ListenError as err:
+        parser.exit(1, f"laps local: error: {err}\n")
     if args.prefix_warm is None:  # warming pays only where the next turn comes back to the pod
         args.prefix_warm = args.prefix_affinity
     _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
@@ -238,13 +243,14 @@ def main(argv: list[str] | None = None) -> int:
                              *(["--served-model-name", args.served_model_name]
                                if args.served_model_name else [])]))
         _wait_until_loaded(children, args.startup_timeout)
-        _serve_gateway(args, children, tokenizer)
+        _serve_gateway(args, children, tokenizer, sock)
     except KeyboardInterrupt:
         pass
     except RuntimeError as exc:
         _say(f"error: {exc}")
         return 1
     finally:
+        sock.close()
         _say("stopping engines…")
         stop_all(children)
         _say("stopped")

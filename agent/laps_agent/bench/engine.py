@@ -12,6 +12,7 @@ import os
 import queue
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from laps_agent.engine.engine import Engine, EngineConfig
     from laps_agent.engine.loader import default_model_path, load_model, resolve_dtype
+    from laps_agent.engine.model_files import ModelLoadError
     from laps_agent.engine.runner import ForwardItem, ModelRunner
     from laps_agent.scheduling.buckets import BucketGrid
     from laps_agent.scheduling.config import SchedulerConfig
@@ -66,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model or str(default_model_path())
     t0 = time.monotonic()
     dtype = resolve_dtype(args.dtype, device)  # auto: bf16 on CUDA (the flash-attn path), fp32 on CPU
-    loaded = load_model(path, device=device, dtype=dtype)
+    try:
+        loaded = load_model(path, device=device, dtype=dtype)
+    except ModelLoadError as err:
+        print(f"laps bench engine: error: {err}", file=sys.stderr)
+        return 2  # as laps engine and argparse say a bad argument
     print(f"model {loaded.name} on {device} in {str(dtype).removeprefix('torch.')} "
           f"({torch.get_num_threads()} threads), loaded in {time.monotonic() - t0:.1f}s")
     rng = random.Random(args.seed)

@@ -170,12 +170,15 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from laps_agent.gateway.app import create_app
-    from laps_agent.gateway.serving import bind_listening_socket, run_forever
+    from laps_agent.gateway.serving import ListenError, bind_listening_socket, run_forever, url_host
 
     app = create_app(config_from_args(args), discovery_from_args(args, parser),
                      build_estimator(args.tokenizer, args.estimator))
-    sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below
+    try:
+        sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below
+    except ListenError as err:
+        parser.exit(1, f"laps gateway: error: {err}\n")
     host, port = sock.getsockname()[:2]
-    print(f"laps gateway listening on http://{host}:{port}", flush=True)
+    print(f"laps gateway listening on http://{url_host(host)}:{port}", flush=True)
     run_forever(app, sock, drain=app.state.gateway.drain, log_level=args.log_level.lower())
     return 0

@@ -13,13 +13,38 @@ import uvicorn
 from laps_agent.drain import Drain, DrainingServer
 
 
+class ListenError(OSError):
+    """The address cannot be listened on; the message says which address and why."""
+
+
 def bind_listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
+    """A listening socket on host:port. `host` may be a name, an IPv4 or an IPv6 address (the
+    family follows it: an IPv6-only cluster listens on '::'). A port out of range, a name that
+    does not resolve or a port in use raise ListenError naming the address, for the CLIs to
+    print instead of a traceback."""
+    where = f"{url_host(host)}:{port}"
+    if not 0 <= port <= 65535:
+        raise ListenError(f"cannot listen on {where}: the port must be 0-65535")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise ListenError(f"cannot listen on {where}: {err.strerror or err}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise ListenError(f"cannot listen on {where}: {err.strerror or err}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def url_host(host: str) -> str:
+    """`host` as it goes in a URL: an IPv6 address in brackets."""
+    return f"[{host.strip('[]')}]" if ":" in host else host
 
 
 def make_server(app, **kwargs) -> uvicorn.Server:
@@ -35,7 +60,7 @@ class ServerThread:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, **uvicorn_options) -> None:
         self._sock = bind_listening_socket(host, port)
         self.host, self.port = self._sock.getsockname()[:2]
-        self.url = f"http://{self.host}:{self.port}"
+        self.url = f"http://{url_host(self.host)}:{self.port}"
         self.server = make_server(app, **uvicorn_options)
         self._thread = threading.Thread(target=self._run, name=f"uvicorn:{self.port}", daemon=True)
         self._error: BaseException | None = None

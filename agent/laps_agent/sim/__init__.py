@@ -190,10 +190,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Flag values that cannot describe a run, refused before minutes of simulation (a zero or
+    negative value would otherwise be dropped for the default or fail deep inside)."""
+    problems = [f"--{name} must be {rule}, got {value}" for name, value, ok, rule in (
+        ("prefill", args.prefill, args.prefill >= 1, ">= 1"),
+        ("decode", args.decode, args.decode >= 1, ">= 1"),
+        ("threshold", args.threshold, args.threshold is None or args.threshold >= 0, ">= 0"),
+        ("rate-scale", args.rate_scale, args.rate_scale is None or args.rate_scale > 0, "> 0"),
+        ("load", args.load, args.load is None or args.load > 0, "> 0"),
+        ("max-requests", args.max_requests, args.max_requests is None or args.max_requests >= 1, ">= 1"),
+        ("hop-ms", args.hop_ms, args.hop_ms >= 0, ">= 0"),
+        ("warmup-s", args.warmup_s, args.warmup_s >= 0, ">= 0"),
+    ) if not ok]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args, engine_args = p.parse_known_args(argv)
     try:
+        _check_numbers(args)
         spec = load_workload(args.workload)
         if args.seed is not None:
             spec = spec.model_copy(update={"seed": args.seed})
@@ -204,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ProfileError, ValueError) as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
         return 2
-    threshold = args.threshold or spec.threshold
-    rate_scale = args.rate_scale or 1.0
+    threshold = spec.threshold if args.threshold is None else args.threshold
+    rate_scale = 1.0 if args.rate_scale is None else args.rate_scale
     if args.load is not None:
         capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
                                     threshold=threshold, engine_args=tuple(engine_args))
