@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 
+from laps_agent.bench._args import positive, positive_ints
 from laps_agent.bench._gateway_report import Cell, latency_row, scale_out_row, table
 from laps_agent.bench._gateway_stack import (Child, spawn_engine, spawn_gateway, spawn_stub_upstreams,
                                               word_tokenizer)
@@ -197,16 +198,12 @@ def _routing_rate() -> dict:
     return {"mode": "routing decisions (in-process)", "decisions_per_s": float(bench_routing())}
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="laps bench gateway", description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    p.add_argument("--sizes", type=_ints, default=[1, 40], help="body sizes in KiB, comma-separated")
-    p.add_argument("--clients", type=_ints, default=[1, 8, 32], help="concurrent clients, comma-separated")
-    p.add_argument("--scale-clients", type=int, default=32, help="clients of the scale-out phase")
+    p.add_argument("--seconds", type=positive(float), default=5.0, help="per measurement")
+    p.add_argument("--sizes", type=positive_ints, default=[1, 40], help="body sizes in KiB, comma-separated")
+    p.add_argument("--clients", type=positive_ints, default=[1, 8, 32], help="concurrent clients, comma-separated")
+    p.add_argument("--scale-clients", type=positive(int), default=32, help="clients of the scale-out phase")
     p.add_argument("--no-scale-out", action="store_true", help="skip the two-gateway phase")
     p.add_argument("--gateway-arg", action="append", default=[],
                    help="extra `laps gateway` flag (repeatable), e.g. --gateway-arg=--no-engine-load-poll")

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from laps_agent.bench._args import positive
 from laps_agent.bench._client import StreamClient
 from laps_agent.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
 from laps_agent.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
@@ -41,15 +42,6 @@ def _slo(text: str) -> dict[str, float]:
     return out
 
 
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps bench run", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,13 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"workload YAML file or built-in name ({', '.join(available_workloads())})")
     p.add_argument("--out", type=Path, help="result directory (default bench-results/<time>-<label>)")
     p.add_argument("--seed", type=int, help="override the workload's seed")
-    p.add_argument("--rate-scale", type=_positive(float), default=1.0, help="multiply every phase's rate")
-    p.add_argument("--max-requests", type=_positive(int), help="stop the plan after N requests")
+    p.add_argument("--rate-scale", type=positive(float), default=1.0, help="multiply every phase's rate")
+    p.add_argument("--max-requests", type=positive(int), help="stop the plan after N requests")
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer sizes the prompts; "
                    "default SmolLM2's; 'none': approximate (one word = one token)")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--slo", type=_slo, default={}, help="TTFT SLOs in seconds, e.g. short=0.5,long=4")
-    p.add_argument("--timeout", type=_positive(float), default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds per request (default 300)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="Bearer key for a gateway with API keys (default: $OPENAI_API_KEY, as the "
                         "openai client)")

@@ -81,3 +81,19 @@ def test_scale_out_ceiling_is_what_the_cores_leave_two_gateways():
     assert scale_out_ceiling(2, 0.2, 0.05) == pytest.approx(1.6)   # 2 cores: 8,000 vs 5,000 req/s
     assert scale_out_ceiling(16, 0.2, 0.05) == pytest.approx(2.0)  # room for both gateways
     assert scale_out_ceiling(1, 0.2, 0.05) == pytest.approx(1.0)   # one core: no gain at all
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--sizes", "0", "each value must be >= 1"),
+    ("--clients", "1,0", "each value must be >= 1"),
+    ("--clients", "x", "expected comma-separated integers"),
+    ("--seconds", "nan", "must be > 0"),
+    ("--scale-clients", "0", "must be > 0"),
+])
+def test_bench_gateway_refuses_values_that_measure_nothing(capsys, flag, value, message):
+    """They used to start the stack and end in a traceback (an empty sample, a 400 from a 0 KiB body)."""
+    with pytest.raises(SystemExit) as exit_:
+        bench_main([flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err

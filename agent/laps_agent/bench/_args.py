@@ -1,0 +1,31 @@
+"""Argument types the benchmarks' flags share: values that would measure nothing (0 clients, a
+0 KiB body, a NaN timeout) are refused by argparse with the flag's name, not met mid-run."""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, TypeVar
+
+Number = TypeVar("Number", int, float)
+
+
+def positive(kind: Callable[[str], Number]) -> Callable[[str], Number]:
+    def parse(text: str) -> Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def positive_ints(text: str) -> list[int]:
+    """Comma-separated integers, each >= 1."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"each value must be >= 1, got {text!r}")
+    return values
