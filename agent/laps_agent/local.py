@@ -140,7 +140,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
-    from laps_agent.gateway.serving import run_forever, url_host
+    from laps_agent.serving import run_forever, url_host
 
     def urls(role: str, group: str | None = None) -> tuple[str, ...]:
         return tuple(c.url for c in children if c.role == role and c.group == group)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     from laps_agent.gateway.cli import check_auth_args
 
     check_auth_args(args, parser)  # before minutes of loading, not after
-    from laps_agent.gateway.serving import ListenError, bind_listening_socket
+    from laps_agent.serving import ListenError, bind_listening_socket
 
     try:  # the gateway's port too: a port in use is said at once, not after the loading
         sock = bind_listening_socket(args.host, args.port)

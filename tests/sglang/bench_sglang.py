@@ -29,7 +29,7 @@ def _gateway(prefill: SGLangServer, decode: SGLangServer):
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
-    from laps_agent.gateway.serving import ServerThread
+    from laps_agent.serving import ServerThread
     from tests.support.waiting import poll
 
     discovery = StaticDiscovery(StaticSpec((prefill.url,), (prefill.url,), (decode.url,)), poll_s=0.2)

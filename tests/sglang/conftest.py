@@ -44,7 +44,7 @@ def gateway_for():
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
-    from laps_agent.gateway.serving import ServerThread
+    from laps_agent.serving import ServerThread
     from tests.support.waiting import poll
 
     started = []

@@ -38,7 +38,7 @@ class RawRequest:
 @pytest.fixture
 def stub_engines():
     """start(role, **StubEngine options) -> (ServerThread, StubEngine) serving in a thread."""
-    from laps_agent.gateway.serving import ServerThread
+    from laps_agent.serving import ServerThread
     from tests.support.stub_engine import StubEngine
 
     started: list[ServerThread] = []
@@ -102,7 +102,7 @@ def gateway_server():
     from laps_agent.gateway.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
-    from laps_agent.gateway.serving import ServerThread
+    from laps_agent.serving import ServerThread
 
     started: list[ServerThread] = []
 

@@ -12,7 +12,7 @@ import time
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.drain import DEFAULT_GRACE_S
 from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
-from laps_agent.engine.engine_config import DTYPE_CHOICES
+from laps_agent.engine.engine_config import DTYPE_CHOICES, check_mem_fraction
 
 log = logging.getLogger("laps.engine")
 
@@ -158,6 +158,9 @@ def build(args: argparse.Namespace):
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda, but torch {torch.__version__} sees no CUDA device "
+                         f"(built for CUDA {torch.version.cuda or 'none'})")
     path = args.model or str(default_model_path())
     dtype = resolve_dtype(args.dtype, device)
     log.info("loading model %s on %s (%s) ...", path, device, str(dtype).removeprefix("torch."))
@@ -194,10 +197,21 @@ def build(args: argparse.Namespace):
 
 
 def check_server_flags(args: argparse.Namespace) -> None:
-    if args.bootstrap_timeout <= 0:
-        raise ValueError("--bootstrap-timeout must be > 0")
-    if args.drain_grace_s < 0:
-        raise ValueError("--drain-grace-s must be >= 0")
+    """Flags both backends read, checked before anything loads. Unset (None) means the default;
+    a value the engine cannot run with is refused naming the flag (0 running requests would
+    never serve one, a negative queue bound was read as 'no bound')."""
+    rules = (("bootstrap-timeout", args.bootstrap_timeout, "> 0", lambda v: v > 0),
+             ("drain-grace-s", args.drain_grace_s, ">= 0", lambda v: v >= 0),
+             ("max-running-requests", args.max_running_requests, ">= 1", lambda v: v >= 1),
+             ("max-prefill-tokens", args.max_prefill_tokens, ">= 1", lambda v: v >= 1),
+             ("max-queued-requests", args.max_queued_requests, ">= 0 (0: no bound)", lambda v: v >= 0),
+             ("context-length", args.context_length, ">= 1", lambda v: v >= 1),
+             ("torch-threads", args.torch_threads, ">= 1", lambda v: v >= 1),
+             ("decode-graph-max-context", args.decode_graph_max_context, ">= 1", lambda v: v >= 1))
+    for flag, value, rule, ok in rules:
+        if value is not None and not ok(value):
+            raise ValueError(f"--{flag} must be {rule}, got {value}")
+    check_mem_fraction(args.mem_fraction)
 
 
 def server_settings(args: argparse.Namespace, name: str, max_running: int, **extra):
@@ -228,24 +242,42 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
                                head_dim=cfg.head_dim, dtype_bytes=dtype_bytes, page_size=args.page_size)
 
 
-async def serve(server, host: str, port: int, bootstrap_port: int | None) -> None:
+def listen(args: argparse.Namespace):
+    """The HTTP socket and, for the prefill role, the bootstrap socket, bound before the model
+    loads: a port in use or out of range is said at once (ListenError), not after the load."""
+    from laps_agent.serving import bind_listening_socket
+
+    http = bind_listening_socket(args.host, args.port)
+    try:
+        boot = bind_listening_socket(args.host, args.bootstrap_port) if args.role == "prefill" else None
+    except Exception:
+        http.close()
+        raise
+    return http, boot
+
+
+async def serve(server, http_sock, boot_sock=None) -> None:
     import uvicorn
 
     from laps_agent.drain import DrainingServer
     from laps_agent.engine.pd import bootstrap_app
+    from laps_agent.serving import url_host
 
     # SIGTERM drains (laps_agent/drain.py); the bootstrap server stops only after the drain, so
     # the decode engines still collect the KV of every prefill this engine finished.
-    http = DrainingServer(uvicorn.Config(server.app, host=host, port=port, log_level="warning"),
-                          server.drain)
-    tasks = [asyncio.create_task(http.serve())]
+    http = DrainingServer(uvicorn.Config(server.app, log_level="warning"), server.drain)
+    tasks = [asyncio.create_task(http.serve(sockets=[http_sock]))]
     boot = None
-    if bootstrap_port is not None:
-        boot = _QuietServer(uvicorn.Config(bootstrap_app(server.outbox, server.warm_handler()), host=host, port=bootstrap_port,
+    if boot_sock is not None:
+        boot = _QuietServer(uvicorn.Config(bootstrap_app(server.outbox, server.warm_handler()),
                                            log_level="warning", timeout_graceful_shutdown=1))
-        tasks.append(asyncio.create_task(boot.serve()))
-    log.info("serving http on %s:%d%s", host, port,
-             f", bootstrap on {host}:{bootstrap_port}" if bootstrap_port is not None else "")
+        tasks.append(asyncio.create_task(boot.serve(sockets=[boot_sock])))
+
+    def where(sock) -> str:
+        host, port = sock.getsockname()[:2]
+        return f"{url_host(host)}:{port}"
+    log.info("serving http on %s%s", where(http_sock),
+             f", bootstrap on {where(boot_sock)}" if boot_sock is not None else "")
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -281,8 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per KV fetch otherwise
     try:
+        check_server_flags(args)
+        sockets = listen(args)
+    except (ValueError, OSError) as exc:  # bad flags, a port that cannot be had
+        log.error("cannot start: %s", exc)
+        print(f"laps engine: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         server, engine = build(args)
     except (ValueError, OSError) as exc:  # bad flags, missing/unsupported model files
+        for sock in sockets:
+            if sock is not None:
+                sock.close()
         log.error("cannot start: %s", exc)
         print(f"laps engine: error: {exc}", file=sys.stderr)
         return 2
@@ -294,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run = uvloop.run
     try:
-        run(serve(server, args.host, args.port, args.bootstrap_port if args.role == "prefill" else None))
+        run(serve(server, *sockets))
     finally:
         engine.stop()
         log.info("engine stopped")

@@ -9,6 +9,13 @@ from laps_agent.scheduling.config import SchedulerConfig
 # `--dtype` of `laps engine` and `laps bench engine` (loader.resolve_dtype maps them to torch).
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
+
+def check_mem_fraction(fraction: float) -> None:
+    """The KV pool's share of free device memory (--mem-fraction): here, without torch, so the
+    CLI checks it before the load as well as the runner when it sizes the pool."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--mem-fraction must be in (0, 1], got {fraction}")
+
 ROLES = ("prefill", "decode", "mixed")
 
 

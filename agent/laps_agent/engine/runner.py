@@ -21,6 +21,7 @@ import torch
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
 
 from .attention import BlockAttention, PackedAttention
+from .engine_config import check_mem_fraction
 from .kv_export import KVExport, start_export
 from .loader import LoadedModel
 
@@ -81,8 +82,7 @@ def kv_pages_for_memory(free_bytes: int, fraction: float, *, layers: int, kv_hea
                         dtype_bytes: int, page_size: int) -> int:
     """KV pages that `fraction` of `free_bytes` holds (K and V of every layer, plus the scratch
     page the runner keeps). Raises ValueError when not even one page fits."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"--mem-fraction must be in (0, 1], got {fraction}")
+    check_mem_fraction(fraction)
     page_bytes = 2 * layers * page_size * kv_heads * head_dim * dtype_bytes
     pages = int(free_bytes * fraction) // page_bytes - 1
     if pages < 1:

@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from laps_agent.gateway.app import create_app
-    from laps_agent.gateway.serving import ListenError, bind_listening_socket, run_forever, url_host
+    from laps_agent.serving import ListenError, bind_listening_socket, run_forever, url_host
 
     app = create_app(config_from_args(args), discovery_from_args(args, parser),
                      build_estimator(args.tokenizer, args.estimator))

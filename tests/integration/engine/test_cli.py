@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+
+import pytest
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:
@@ -21,6 +24,37 @@ def test_bad_flag_values_are_refused(tiny_engine_model):
     assert result.returncode == 2 and "wait_max_batch" in result.stderr
     result = run_engine("--model", str(tiny_engine_model), "--batch-prefill-graphs-seq-lengths", "16,x")
     assert result.returncode == 2 and "comma-separated integers" in result.stderr
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-running-requests", "0", "--max-running-requests must be >= 1, got 0"),
+    ("--max-prefill-tokens", "0", "--max-prefill-tokens must be >= 1, got 0"),
+    ("--max-queued-requests", "-1", "--max-queued-requests must be >= 0 (0: no bound), got -1"),
+    ("--context-length", "0", "--context-length must be >= 1, got 0"),
+    ("--torch-threads", "-1", "--torch-threads must be >= 1, got -1"),
+    ("--decode-graph-max-context", "0", "--decode-graph-max-context must be >= 1, got 0"),
+    ("--mem-fraction", "1.5", "--mem-fraction must be in (0, 1], got 1.5"),
+    ("--port", "70000", "cannot listen on 0.0.0.0:70000: the port must be 0-65535"),
+])
+def test_values_the_engine_cannot_run_with_are_refused_before_loading(tiny_engine_model, flag, value, message):
+    """They were read as the default (0 running requests), as 'no bound' (a negative queue),
+    a traceback (threads, port) or an engine that exits 0 having served nothing (port)."""
+    result = run_engine("--model", str(tiny_engine_model), "--port", "0", flag, value)
+    assert result.returncode == 2
+    assert f"laps engine: error: {message}" in result.stderr and "Traceback" not in result.stderr
+    assert "loading model" not in result.stderr
+
+
+def test_a_port_in_use_is_said_before_loading(tiny_engine_model):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for args in (("--port", str(port)), ("--role", "prefill", "--port", "0", "--bootstrap-port", str(port))):
+            result = run_engine("--model", str(tiny_engine_model), "--host", "127.0.0.1", *args)
+            assert result.returncode == 2
+            assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+            assert "loading model" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_engine_serves_in_bfloat16(engine_launcher, tiny_engine_model):

@@ -12,7 +12,7 @@ from laps_agent.gateway.app import create_app
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
 from laps_agent.gateway.estimate import TokenEstimator
-from laps_agent.gateway.serving import ServerThread
+from laps_agent.serving import ServerThread
 from tests.support.stub_engine import StubEngine
 from tests.support.fixtures_gateway import poll
 

@@ -36,7 +36,7 @@ def test_membership_file_changes_take_effect(stub_engines, gateway_server, tmp_p
 
 
 def test_engine_joins_once_it_answers(stub_engines, gateway_server):
-    from laps_agent.gateway.serving import ServerThread
+    from laps_agent.serving import ServerThread
     from tests.support.stub_engine import StubEngine
 
     decode, _ = stub_engines("decode")

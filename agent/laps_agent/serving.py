@@ -1,7 +1,9 @@
-"""Run an ASGI app with uvicorn on a socket bound before start, in a thread of its own.
+"""Serving over HTTP, for the gateway, the engines and the tests: listening sockets bound before
+start, and uvicorn run on them (in this thread, or in a thread of its own).
 
 Binding first (port 0 = the kernel picks a free one) means the port is known and already
-accepting before anyone connects: no fixed ports, no polling for start-up races."""
+accepting before anyone connects: no fixed ports, no polling for start-up races; and a port that
+cannot be had is said before minutes of model loading, not after."""
 from __future__ import annotations
 
 import socket
