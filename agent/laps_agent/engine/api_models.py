@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from laps_agent.engine.sampling_params import SamplingError, SamplingParams
+from laps_agent.engine.sampling_params import SamplingError, SamplingParams, is_whole_number
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256
@@ -128,6 +128,8 @@ _NOT_IMPLEMENTED: dict[str, tuple] = {
     "frequency_penalty": (None, 0), "repetition_penalty": (None, 1), "min_tokens": (None, 0),
     "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none", "auto"),
     "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+    # SGLang's (and vLLM's) extensions to the OpenAI body, which clients of those servers send.
+    "min_p": (None, 0), "regex": (None,), "json_schema": (None,), "ebnf": (None,),
 }
 
 
@@ -152,9 +154,8 @@ def _openai_params(body: dict, default_max: int) -> SamplingParams:
         if key in body and not _asks_nothing(body[key], neutral):
             raise ApiError(400, f"{key}={body[key]!r} is not implemented by this engine; "
                                 f"leave it out, or serve the model with the SGLang backend")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     raw = {
-        "max_new_tokens": default_max if max_tokens is None else max_tokens,
+        "max_new_tokens": _max_tokens(body, default_max),
         "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
         "stop": body.get("stop"), "seed": body.get("seed"), "stop_token_ids": body.get("stop_token_ids"),
         "ignore_eos": body.get("ignore_eos", False),
@@ -163,6 +164,20 @@ def _openai_params(body: dict, default_max: int) -> SamplingParams:
     if stop is not None and not isinstance(stop, (str, list)):
         raise ApiError(400, "stop must be a string or a list of strings")
     return _params(raw)
+
+
+def _max_tokens(body: dict, default: int) -> int:
+    """max_completion_tokens (OpenAI's newer name) over max_tokens; a null one does not count:
+    typed clients send every field, `"max_completion_tokens": null` beside a real max_tokens.
+    Checked here so that the error names the field the client sent."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not is_whole_number(value) or value < 1:
+            raise ApiError(400, f"{key} must be an integer >= 1, got {value!r}")
+        return int(value)
+    return default
 
 
 def _stream_options(body: dict) -> bool:
@@ -192,6 +207,23 @@ def parse_completion(body: Any) -> ParsedRequest:
                          model=body.get("model"))
 
 
+def _text_parts(parts: list, where: str) -> str:
+    """The text of a message's content parts. Any other part (image_url, input_audio, file) is
+    refused: this text-only engine answering without it would answer another question."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "text":
+            raise ApiError(400, f"{where}[{j}].text must be a string")
+        else:
+            shown = f"type {kind!r}" if isinstance(kind, str) else repr(part)[:80]
+            raise ApiError(400, f"{where}[{j}] ({shown}) is not supported: this model takes "
+                                f"text parts only ({{\"type\": \"text\", \"text\": ...}})")
+    return "".join(texts)
+
+
 def parse_chat(body: Any, apply_template) -> ParsedRequest:
     body = _require_dict(body)
     messages = body.get("messages")
@@ -202,12 +234,14 @@ def parse_chat(body: Any, apply_template) -> ParsedRequest:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string `role`")
         content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts: keep the text ones
-            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            content = "".join(parts)
+        if isinstance(content, list):  # OpenAI content parts
+            content = _text_parts(content, f"messages[{i}].content")
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string or text parts")
-        clean.append({"role": m["role"], "content": content})
+        # OpenAI's `developer` role is what `system` was; chat templates know only `system` (an
+        # unknown role is rendered as such, and the template adds its default system prompt).
+        role = "system" if m["role"] == "developer" else m["role"]
+        clean.append({"role": role, "content": content})
     try:
         text = apply_template(clean)
     except Exception as exc:  # noqa: BLE001 - template errors are the client's messages' fault

@@ -63,7 +63,7 @@ class SamplingParams:
                 ignore_eos=bool(raw.get("ignore_eos", False)),
                 seed=None if seed is None else _int(seed, "seed"),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # float() of a 400-digit integer
             if isinstance(exc, SamplingError):
                 raise
             raise SamplingError(f"invalid sampling_params: {exc}") from None
@@ -75,8 +75,16 @@ class SamplingParams:
                 "seed": self.seed}
 
 
+def is_whole_number(value: object) -> bool:
+    """An integer, or a float with an integer value (JSON writes 3.0), never a bool. An infinite
+    float (JSON's 1e999) is none: int() of it raises OverflowError, not ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or (math.isfinite(value) and int(value) == value)
+
+
 def _int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+    if not is_whole_number(value):
         raise SamplingError(f"{name} must be an integer, got {value!r}")
     return int(value)
 

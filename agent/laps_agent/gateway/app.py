@@ -29,7 +29,7 @@ from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest,
 from laps_agent.gateway.status import laps_status, readiness
 
 log = logging.getLogger(__name__)
-_ERROR_STATUSES = (400, 401, 404, 413, 422, 429, 502, 503, 504)
+_ERROR_STATUSES = (400, 401, 404, 413, 415, 422, 429, 502, 503, 504)
 
 
 @dataclass
@@ -61,6 +61,10 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":  # else a compressed body fails as "not valid UTF-8", cryptically
+        raise GatewayError(415, "unsupported_encoding", f"Content-Encoding {encoding!r} is not "
+                           "supported: send the JSON body uncompressed")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
@@ -131,10 +135,19 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
     post("/v1/chat/completions", ChatCompletionRequest, "chat")
     post("/generate", GenerateRequest, "generate")
 
+    card = {"id": config.served_model_name, "object": "model", "created": 0, "owned_by": "laps"}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": config.served_model_name, "object": "model",
-                                            "created": 0, "owned_by": "laps"}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}", responses={404: {"model": ErrorBody}})
+    async def model(model_id: str) -> Response:
+        """OpenAI's retrieve-model (the `openai` client's models.retrieve); ids may hold '/'."""
+        if model_id != config.served_model_name:
+            return error_response(404, f"model {model_id!r} is not served here; this gateway "
+                                       f"serves {config.served_model_name!r}")
+        return JSONResponse(card)
 
     @app.get("/health", responses={503: {"description": "not ready: no usable prefill or decode "
                                                           "pod, or draining (shutting down)"}})
@@ -163,6 +176,10 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # HEAD on the probe paths, as GET (uvicorn sends no body): HTTP load balancers and uptime
+    # checks probe with HEAD, and a 405 reads as "down".
+    for path, endpoint in (("/health", health), ("/live", live), ("/v1/models", models)):
+        app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
     _install_openapi(app, components)
     return app
 
@@ -192,7 +209,7 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
         tokens = len(raw) // 4
     # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
     chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
-    call = ProxyCall(path=request.scope["path"], body=PDPayload(raw, body), stream=parsed.stream,
+    call = ProxyCall(path=request.scope["path"], body=PDPayload(raw, body), stream=bool(parsed.stream),
                      tokens=tokens, prefix=chain)
     reply = None
     async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls

@@ -14,7 +14,7 @@ _PASS_THROUGH = ConfigDict(extra="allow")
 class _Sampling(BaseModel):
     model_config = _PASS_THROUGH
     model: str | None = Field(None, description="must name the served model when given")
-    stream: bool = False
+    stream: bool | None = Field(False, description="null: not streamed (OpenAI's default)")
     max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -50,7 +50,7 @@ class GenerateRequest(BaseModel):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | None = None
-    stream: bool = False
+    stream: bool | None = False
 
     @model_validator(mode="after")
     def _needs_input(self) -> GenerateRequest:

@@ -34,7 +34,7 @@ BAD = [
                              b'"response_format": {"type": "json_object"}}', "response_format"),
     ("/v1/completions", b'{"prompt": {"a": 1}}', "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stop": 5}', "stop"),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2.5}', "max_new_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2.5}', "max_tokens must be an integer"),
     ("/v1/chat/completions", b'{"messages": []}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"content": "no role"}]}', "role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 7}]}', "content"),

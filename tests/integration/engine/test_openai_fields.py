@@ -1,0 +1,107 @@
+"""OpenAI request fields as real clients send them: nulls for every field left unset, the newer
+names, non-text content parts, numbers JSON can write but Python cannot make an int of."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+CHAT = "/v1/chat/completions"
+
+
+def _post(engine, path: str, body) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(engine.url + path, content=body, headers={"content-type": "application/json"},
+                          timeout=60)
+    return httpx.post(engine.url + path, json=body, timeout=60)
+
+
+def _chat(messages: list[dict], **fields) -> dict:
+    return {"messages": messages, "temperature": 0, **fields}
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(tiny_mixed_engine):
+    """Typed clients send `"max_completion_tokens": null` beside the max_tokens they set."""
+    body = _chat([{"role": "user", "content": "hi"}], max_tokens=3, max_completion_tokens=None,
+                 ignore_eos=True)
+    reply = _post(tiny_mixed_engine, CHAT, body)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 3
+
+
+def test_max_completion_tokens_is_honoured_and_wins_over_max_tokens(tiny_mixed_engine):
+    for fields, expected in (({"max_completion_tokens": 2}, 2),
+                             ({"max_completion_tokens": 2, "max_tokens": 5}, 2)):
+        body = _chat([{"role": "user", "content": "hi"}], ignore_eos=True, **fields)
+        reply = _post(tiny_mixed_engine, CHAT, body)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == expected, fields
+
+
+@pytest.mark.parametrize("raw, needle", [
+    (b'{"prompt": "hi", "max_tokens": "5"}', "max_tokens must be an integer >= 1, got '5'"),
+    (b'{"prompt": "hi", "max_completion_tokens": 0}', "max_completion_tokens must be an integer >= 1"),
+    (b'{"prompt": "hi", "max_tokens": true}', "max_tokens must be an integer >= 1"),
+])
+def test_a_bad_token_limit_is_named_as_the_client_sent_it(tiny_mixed_engine, raw, needle):
+    reply = _post(tiny_mixed_engine, "/v1/completions", raw)
+    assert reply.status_code == 400, reply.text
+    assert needle in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path, raw, field", [
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1e999}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "top_k": 1e999}', "top_k"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "seed": -1e999}', "seed"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 2, "stop_token_ids": [1e999]}', "stop_token_ids"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"max_new_tokens": 1e999}}', "max_new_tokens"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"temperature": 1' + b"0" * 400 + b'}}',
+     "sampling_params"),
+])
+def test_numbers_too_large_for_their_field_are_a_400_not_a_500(tiny_mixed_engine, path, raw, field):
+    reply = _post(tiny_mixed_engine, path, raw)
+    assert reply.status_code == 400, reply.text
+    assert field in reply.json()["error"]["message"]
+
+
+def test_non_text_content_parts_are_refused_not_dropped(tiny_mixed_engine):
+    """An image dropped silently would get an answer to another question."""
+    parts = [{"type": "text", "text": "what is in this picture?"},
+             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
+    reply = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": parts}], max_tokens=2))
+    assert reply.status_code == 400, reply.text
+    assert "messages[0].content[1] (type 'image_url') is not supported" in reply.json()["error"]["message"]
+    reply = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": [{"type": "text"}]}]))
+    assert reply.status_code == 400
+    assert "messages[0].content[0].text must be a string" in reply.json()["error"]["message"]
+
+
+def test_text_parts_are_the_same_prompt_as_a_string(tiny_mixed_engine):
+    parts = [{"type": "text", "text": "the capital "}, {"type": "text", "text": "of France"}]
+    as_parts = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": parts}], max_tokens=4))
+    as_text = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": "the capital of France"}],
+                                                   max_tokens=4))
+    assert as_parts.status_code == as_text.status_code == 200, as_parts.text
+    # (The second finds the first's prefix cached, so only the token counts are compared.)
+    assert as_parts.json()["usage"]["prompt_tokens"] == as_text.json()["usage"]["prompt_tokens"]
+    assert as_parts.json()["choices"][0]["message"] == as_text.json()["choices"][0]["message"]
+
+
+def test_a_developer_message_is_the_system_message(tiny_mixed_engine):
+    """OpenAI's `developer` role replaces `system`; chat templates know only `system`."""
+    answers = []
+    for role in ("developer", "system"):
+        messages = [{"role": role, "content": "answer briefly"}, {"role": "user", "content": "hi"}]
+        reply = _post(tiny_mixed_engine, CHAT, _chat(messages, max_tokens=4))
+        assert reply.status_code == 200, reply.text
+        answers.append((reply.json()["usage"]["prompt_tokens"], reply.json()["choices"][0]["message"]))
+    assert answers[0] == answers[1]
+
+
+def test_sglang_sampling_extensions_are_refused_unless_neutral(tiny_mixed_engine):
+    """min_p and constrained decoding change the answer: refused, not silently ignored."""
+    for field, value in (("min_p", 0.1), ("regex", "[0-9]+"), ("json_schema", "{}")):
+        reply = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": "hi"}], **{field: value}))
+        assert reply.status_code == 400, (field, reply.text)
+        assert f"{field}=" in reply.json()["error"]["message"]
+    neutral = _chat([{"role": "user", "content": "hi"}], max_tokens=2, min_p=0.0, regex=None)
+    assert _post(tiny_mixed_engine, CHAT, neutral).status_code == 200
