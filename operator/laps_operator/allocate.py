@@ -26,8 +26,8 @@ from . import metrics, pressure
 from .allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
 from .apply import contains
 from .kube import Kube
-from .reconcile import cluster_ref, label_pod, prefill_pods, sync_groups
-from .spec import ClusterSpec, InvalidSpecError, parse_spec
+from .reconcile import cluster_ref, label_pod, parse_cluster, prefill_pods, sync_groups
+from .spec import ClusterSpec, InvalidSpecError
 from .status import condition, groups_status, set_condition
 from .writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
 
@@ -134,7 +134,7 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     if live is None or live["metadata"].get("deletionTimestamp"):
         return StepOutcome()
     try:
-        spec = parse_spec(live.get("spec"))
+        spec = parse_cluster(live)
     except InvalidSpecError:
         return StepOutcome(live, reason="invalid spec")
     if not active(spec):
@@ -202,7 +202,7 @@ class AllocationLoop:
         if live is None or live["metadata"].get("deletionTimestamp"):
             return None, None
         try:
-            spec = parse_spec(live.get("spec"))
+            spec = parse_cluster(live)
         except InvalidSpecError:
             return OFF_RECHECK_S, None
         if not active(spec):

@@ -1,6 +1,7 @@
 """Names and labels of everything the operator creates (docs/contracts.md, "Labels")."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MANAGER = "laps-operator"
@@ -17,6 +18,29 @@ LABELS_FILE = "/etc/podinfo/labels"
 # The operator's own pods, as the chart labels them (charts/laps/templates/_helpers.tpl,
 # laps.selectorLabels without the release name, which the operator does not know).
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "laps", "app.kubernetes.io/component": "operator"}
+
+# A cluster's name prefixes every child's name, so it must fit the strictest of them. Services
+# (`<name>-gateway`, `<name>-prefill-short`, ...) are DNS-1035 labels: lowercase letters, digits
+# and '-', starting with a letter, at most 63 characters. The longest bound is the prefill
+# StatefulSet's: its pods carry the label controller-revision-hash=`<statefulset>-<hash>` (a hash
+# of up to 10 characters; label values have at most 63), so `<name>-prefill` may have at most 52
+# characters. The CRD's schema states the same rule (metadata.name); this repeats it for servers
+# that did not validate the object.
+MAX_CLUSTER_NAME = 63 - len("-0123456789") - len("-prefill")
+CLUSTER_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def cluster_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a LAPSCluster's children, or None when it can."""
+    if len(name) > MAX_CLUSTER_NAME:
+        return (f"metadata.name: {len(name)} characters, at most {MAX_CLUSTER_NAME}: it prefixes the "
+                f"children's names (the prefill StatefulSet `{name[:8]}...-prefill` gives its pods a "
+                "label `<statefulset>-<hash>` of at most 63 characters)")
+    if not re.match(CLUSTER_NAME_PATTERN, name):
+        return ("metadata.name: must consist of lowercase letters, digits and '-', start with a letter "
+                f"and end with a letter or digit ({name!r}): it prefixes the names of Services, "
+                "which are DNS-1035 labels")
+    return None
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def query_prometheus(url: str, query: str, now: float, max_age_s: float, *,
     try:
         response = httpx.get(url.rstrip("/") + "/api/v1/query", params={"query": query},
                              timeout=timeout_s, trust_env=False)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:   # InvalidURL is no HTTPError
         return unknown("PrometheusUnreachable", f"cannot query {url}: {type(exc).__name__}: {exc}"[:500])
     try:
         body = response.json()

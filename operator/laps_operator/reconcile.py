@@ -13,7 +13,8 @@ from .apply import Applied, apply_all, contains, delete_if_owned
 from .builders import build_children, optional_children
 from .groups import GroupPlan, PodView, plan_groups
 from .kube import Kube, Ref
-from .naming import GROUP_LABEL, ClusterRef, role_selector
+from .naming import GROUP_LABEL, ClusterRef, cluster_name_problem, role_selector
+from .network_policy import network_policy_refs
 from .spec import ClusterSpec, InvalidSpecError, parse_spec
 from .status import groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
 from .writers import cluster_lock, cr_ref, retry_on_conflict
@@ -38,6 +39,15 @@ class Outcome:
 def cluster_ref(body: dict[str, Any]) -> ClusterRef:
     meta = body["metadata"]
     return ClusterRef(meta["name"], meta.get("namespace") or "default", meta.get("uid") or "")
+
+
+def parse_cluster(body: dict[str, Any]) -> ClusterSpec:
+    """The typed spec of a LAPSCluster whose children can exist: its name must fit their names
+    (naming.cluster_name_problem) and its spec must be valid; InvalidSpecError otherwise."""
+    problem = cluster_name_problem(body["metadata"]["name"])
+    if problem:
+        raise InvalidSpecError(problem)
+    return parse_spec(body.get("spec"))
 
 
 def own_namespace() -> str | None:
@@ -78,7 +88,7 @@ def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
     old_status = body.get("status") or {}
     outcome = Outcome(previous_phase=old_status.get("phase") or "")
     try:
-        spec = parse_spec(body.get("spec"))
+        spec = parse_cluster(body)
     except InvalidSpecError as exc:
         # Nothing is created or changed for a spec we cannot fully honour.
         status = invalid_status(old_status, generation=generation, message=str(exc), now=now_rfc3339())
@@ -166,7 +176,7 @@ def _live_valid(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], 
     if _gone(live):
         return None
     try:
-        return live, parse_spec(live.get("spec"))
+        return live, parse_cluster(live)
     except InvalidSpecError:
         return None
 
@@ -208,6 +218,7 @@ def delete_children(kube: Kube, ref: ClusterRef) -> list[Applied]:
         ("rbac.authorization.k8s.io/v1", "RoleBinding", ref.gateway),
         ("rbac.authorization.k8s.io/v1", "Role", ref.gateway), ("v1", "ServiceAccount", ref.gateway),
         ("v1", "ConfigMap", ref.config), ("monitoring.coreos.com/v1", "PodMonitor", ref.name),
+        *network_policy_refs(ref),
     ]
     removed = []
     for api_version, kind, name in names:

@@ -3,15 +3,14 @@
 The CRD's schema already defaults and validates on a real API server; this model repeats the
 same defaults and rules so the operator behaves the same where nothing validated the object
 (an emulator, a server that lost the CEL rules, an old CRD). A failure here becomes the
-InvalidSpec condition's message, so messages name the field the user has to fix.
+InvalidSpec condition's message, so messages name the field the user has to fix. The sections
+about what the pods run and where (model, engine, pools) are in spec_pods.py.
 """
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     ValidationError,
@@ -19,73 +18,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+
+from .formats import url_problem
+from .spec_pods import EngineSpec, ModelSpec, PoolSpec, ResourcesSpec, SpecModel as _Model
 
 GROUP = "laps.io"
 VERSION = "v1alpha1"
 KIND = "LAPSCluster"
 PLURAL = "lapsclusters"
-
-Quantity = int | str  # as the CRD: x-kubernetes-int-or-string
-
-
-class _Model(BaseModel):
-    # camelCase in the CR, snake_case in Python; unknown keys are typos worth reporting.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-class ModelSpec(_Model):
-    name: str = Field(min_length=1)
-    path: str = Field(min_length=1)
-    served_name: str | None = None
-    volume: dict[str, Any] | None = None
-    mount_path: str = "/models"
-
-    @property
-    def served(self) -> str:
-        return self.served_name or self.name
-
-
-# SGLang 0.5.23's --disaggregation-transfer-backend choices that move real KV (`fake` moves none).
-SGLANG_TRANSFER_BACKENDS = ("mooncake", "mooncake_tcp", "nixl", "ascend", "mori")
-
-
-class SGLangSpec(_Model):
-    # How a SGLang prefill pod hands its KV to decode (backend sglang only).
-    transfer_backend: Literal["mooncake", "mooncake_tcp", "nixl", "ascend", "mori"] = "mooncake"
-
-
-class EngineSpec(_Model):
-    backend: Literal["builtin", "sglang"] = "builtin"
-    sglang: SGLangSpec = SGLangSpec()
-    image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_queued_requests: int | None = Field(default=None, ge=0)
-    extra_args: tuple[str, ...] = ()
-    env: tuple[dict[str, Any], ...] = ()
-
-    @field_validator("env")
-    @classmethod
-    def _env_has_names(cls, env: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
-        for item in env:
-            if not isinstance(item.get("name"), str) or not item["name"]:
-                raise ValueError("every env entry needs a non-empty 'name'")
-        return env
-
-
-class ResourcesSpec(_Model):
-    limits: dict[str, Quantity] = Field(default_factory=dict)
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-
-
-class PoolSpec(_Model):
-    replicas: int = Field(default=1, ge=1, le=256)
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    resources: ResourcesSpec = ResourcesSpec()
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: tuple[dict[str, Any], ...] = ()
-    affinity: dict[str, Any] | None = None
 
 
 class SchedulerSpec(_Model):
@@ -197,6 +137,13 @@ class MonitoringSpec(_Model):
     prometheus_url: str = Field(default="", alias="prometheusURL")
     pod_monitor: bool = False
     pressure_query: str | None = None
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _base_url(cls, url: str) -> str:
+        if problem := url_problem(url):
+            raise ValueError(problem)
+        return url
 
 
 # Prometheus Operator's Prometheus pods carry this label (kube-prometheus-stack included); any

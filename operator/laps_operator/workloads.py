@@ -21,7 +21,8 @@ from .naming import (
     role_selector,
 )
 from .pod_security import restricted
-from .spec import ClusterSpec, PoolSpec, ResourcesSpec
+from .spec import ClusterSpec
+from .spec_pods import PoolSpec, ResourcesSpec
 
 PODINFO_DIR = "/etc/podinfo"
 
@@ -63,7 +64,8 @@ def _model_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
     """(volumes, mounts) for the model volume, empty when the model is inside the image."""
     if spec.model.volume is None:
         return [], []
-    volume = {"name": "model", **spec.model.volume}
+    # A volume copied whole from a pod spec carries its own `name`: the mount refers to "model".
+    volume = {**spec.model.volume, "name": "model"}
     return [volume], [{"name": "model", "mountPath": spec.model.mount_path, "readOnly": True}]
 
 

@@ -3,6 +3,7 @@ charts/laps` would send, validated against Kubernetes 1.37's schemas."""
 from __future__ import annotations
 
 import pathlib
+import re
 
 import helm_python
 import kubernetes_validate
@@ -16,9 +17,9 @@ KUBE_VERSION = "1.37"
 FOREIGN_KINDS = {"ServiceMonitor"}
 
 
-def render(values: dict | None = None, namespace: str = "laps-system") -> list[dict]:
+def render(values: dict | None = None, namespace: str = "laps-system", release: str = "laps") -> list[dict]:
     chart = helm_python.Chart.load(CHART)
-    out = chart.render(values or {}, name="laps", namespace=namespace, is_install=True)
+    out = chart.render(values or {}, name=release, namespace=namespace, is_install=True)
     docs = []
     for path, text in out.items():
         if path.endswith("NOTES.txt"):
@@ -119,3 +120,58 @@ def test_operator_pods_carry_the_labels_the_gateway_network_policy_admits():
     (deploy,) = by_kind(render(), "Deployment")
     labels = deploy["spec"]["template"]["metadata"]["labels"]
     assert OPERATOR_POD_LABELS.items() <= labels.items()
+
+
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@pytest.mark.parametrize("release", ["laps", "r" * 53, "team-a-serving-stack-" + "x" * 32])
+def test_every_name_is_one_the_api_server_accepts_up_to_helms_longest_release_name(release):
+    # Helm allows release names of up to 53 characters; names the server would refuse are not
+    # something kubernetes-validate checks.
+    values = {"metrics": {"serviceMonitor": {"enabled": True}}, "watchNamespaces": ["team-a"]}
+    for docs in (render(release=release), render(values, release=release)):
+        for doc in docs:
+            name = doc["metadata"]["name"]
+            assert DNS_1123_SUBDOMAIN.match(name) and len(name) <= 253, name
+            if doc["kind"] == "Service":
+                assert DNS_1035.match(name) and len(name) <= 63, f"Service {name!r} ({len(name)})"
+            assert all(len(v) <= 63 for v in doc["metadata"]["labels"].values()), doc["metadata"]["labels"]
+        (service,) = by_kind(docs, "Service")
+        (deploy,) = by_kind(docs, "Deployment")
+        selector = service["spec"]["selector"]
+        assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_non_default_values_reach_the_operator_pod_and_its_bindings():
+    values = {
+        "image": {"repository": "registry.example/laps-operator", "tag": "1.2.3", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "resources": {"requests": {"cpu": "1"}},
+        "nodeSelector": {"pool": "system"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "serviceAccount": {"create": True, "name": "laps-operator-sa"},
+        "grafana": {"dashboards": {"enabled": False}},
+        "metrics": {"port": 9090},
+        "watchNamespaces": ["team-a", "team-b"],
+    }
+    docs = render(values, namespace="ops")
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    (deploy,) = by_kind(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (ctr,) = pod["containers"]
+    assert (ctr["image"], ctr["imagePullPolicy"]) == ("registry.example/laps-operator:1.2.3", "Always")
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert (pod["nodeSelector"], pod["tolerations"]) == (values["nodeSelector"], values["tolerations"])
+    assert ctr["resources"]["requests"]["cpu"] == "1"   # merged into the default requests
+    assert "--metrics-port=9090" in ctr["args"] and {"name": "metrics", "containerPort": 9090,
+                                                       "protocol": "TCP"} in ctr["ports"]
+    assert not by_kind(docs, "ConfigMap")
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert (sa["metadata"]["name"], sa["metadata"]["namespace"]) == ("laps-operator-sa", "ops")
+    assert pod["serviceAccountName"] == "laps-operator-sa"
+    for binding in by_kind(docs, "RoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "laps-operator-sa", "namespace": "ops"}]
+    assert all(d["metadata"].get("namespace") == "ops" for d in docs if d["kind"] not in ("Role", "RoleBinding"))

@@ -48,8 +48,10 @@ def to_draft7(schema: Any) -> Any:
 
 def validator(crd: dict[str, Any] | None = None) -> jsonschema.Draft7Validator:
     schema = to_draft7(openapi_schema(crd or load_crd()))
-    # metadata is the server's business, not the CRD's.
-    schema["properties"]["metadata"] = {"type": "object"}
+    # metadata is the server's business, except for what a CRD may restrict there: name and
+    # generateName (the server checks those against the schema, and the rest as ObjectMeta).
+    metadata = schema["properties"]["metadata"]
+    metadata.pop("additionalProperties", None)
     jsonschema.Draft7Validator.check_schema(schema)
     return jsonschema.Draft7Validator(schema)
 

@@ -337,3 +337,13 @@ def test_sglang_prefill_gets_sglang_s_own_full_prefill_graphs_for_the_bucket_gri
     assert "--cuda-graph-config" not in container(build_decode_deployment(CLUSTER, spec))["args"]
     off = spec_of(engine={"backend": "sglang", "device": "cuda"}, laps={"batchPrefillGraphs": {"enabled": False}})
     assert "--cuda-graph-config" not in container(build_prefill_statefulset(CLUSTER, off))["args"]
+
+
+def test_a_model_volume_copied_with_its_own_name_is_still_the_one_mounted():
+    # A Volume pasted from a pod spec carries `name`; the engines mount the volume named "model".
+    spec = spec_of(model={**BASE["model"], "volume": {"name": "weights", "persistentVolumeClaim": {"claimName": "w"}}})
+    for workload in (build_prefill_statefulset(CLUSTER, spec), build_decode_deployment(CLUSTER, spec)):
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mount = next(m for m in container(workload)["volumeMounts"] if m["mountPath"] == "/models")
+        assert volumes[mount["name"]] == {"name": "model", "persistentVolumeClaim": {"claimName": "w"}}

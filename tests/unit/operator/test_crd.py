@@ -8,7 +8,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from laps_operator.builders import build_children
-from laps_operator.naming import ClusterRef
+from laps_operator.formats import PROMETHEUS_URL_PATTERN, QUANTITY_PATTERN
+from laps_operator.naming import CLUSTER_NAME_PATTERN, MAX_CLUSTER_NAME, ClusterRef, cluster_name_problem
 from laps_operator.spec import InvalidSpecError, parse_spec
 
 from tests.unit.operator.crd_jsonschema import (
@@ -120,6 +121,13 @@ INVALID = [
     (with_spec(**{"laps.prefixAffinity": 0}), "spec.laps.prefixAffinity", "not of type 'boolean'"),
     (with_spec(**{"laps.prefixWarm": "yes"}), "spec.laps.prefixWarm", "not of type 'boolean'"),
     ({**MINIMAL, "spec": {}}, "spec", "'model' is a required property"),
+    # Values the API server would refuse in the children, or the allocation loop could not use.
+    (with_spec(**{"prefill.resources.limits": {"cpu": "two"}}), "spec.prefill.resources.limits.cpu", "does not match"),
+    (with_spec(**{"decode.resources.requests": {"memory": "2 GB"}}), "spec.decode.resources.requests.memory",
+     "does not match"),
+    (with_spec(**{"gateway.resources.requests": {"cpu": "-1"}}), "spec.gateway.resources.requests.cpu", "does not match"),
+    (with_spec(**{"monitoring.prometheusURL": "prometheus:9090"}), "spec.monitoring.prometheusURL", "does not match"),
+    (with_spec(**{"monitoring.prometheusURL": "http://p:9090/?x"}), "spec.monitoring.prometheusURL", "does not match"),
 ]
 
 
@@ -252,3 +260,69 @@ def test_prefix_warm_is_a_described_boolean_that_follows_affinity_on_the_builtin
         doc = with_spec(**{"laps.prefixWarm": value})
         assert errors(doc) == []
         assert parse_spec(apply_defaults(doc, SCHEMA)["spec"]).warm is value
+
+
+def test_the_crd_restricts_only_what_a_crd_may_in_metadata():
+    # apiextensions refuses a schema that says anything about metadata but name and generateName.
+    metadata = SCHEMA["properties"]["metadata"]
+    assert set(metadata) <= {"type", "properties"} and set(metadata["properties"]) <= {"name", "generateName"}
+
+
+NAMES = [
+    ("a" * MAX_CLUSTER_NAME, True),
+    ("smollm2-" + "x" * (MAX_CLUSTER_NAME - 8), True),
+    ("a" * (MAX_CLUSTER_NAME + 1), False),
+    ("a" * 63, False),
+    ("a" * 253, False),
+    ("my.cluster", False),   # a valid name for a custom resource, not for `<name>-gateway`
+    ("1cluster", False),     # a Service name starts with a letter
+    ("Cluster", False),
+]
+
+
+@pytest.mark.parametrize(("name", "fits"), NAMES, ids=[f"{n[:12]}..{len(n)}" for n, _ in NAMES])
+def test_a_cluster_name_must_fit_its_childrens_names_in_the_crd_and_the_operator(name, fits):
+    doc = {**MINIMAL, "metadata": {"name": name}}
+    assert (errors(doc) == []) is fits, errors(doc)
+    assert (cluster_name_problem(name) is None) is fits
+    if not fits:
+        return
+    # What a real API server checks on the children (the emulator and kubernetes-validate do not).
+    dns_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    for child in build_children(ClusterRef(name, "serving", "uid-1"), parse_spec(MINIMAL["spec"])):
+        meta = child["metadata"]
+        if child["kind"] == "Service":
+            assert dns_1035.match(meta["name"]) and len(meta["name"]) <= 63, meta["name"]
+        if child["kind"] == "StatefulSet":
+            # Its pods' controller-revision-hash label: `<statefulset>-<hash of up to 10 characters>`.
+            assert len(meta["name"] + "-0123456789") <= 63
+            assert len(f"{meta['name']}-{child['spec']['replicas'] - 1}") <= 63   # the pods' names
+        assert all(len(v) <= 63 for v in meta["labels"].values()), meta["labels"]
+
+
+def test_quantity_and_url_patterns_are_the_operators():
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    maps = [spec[pool]["properties"]["resources"]["properties"][kind]["additionalProperties"]
+            for pool in ("prefill", "decode", "gateway") for kind in ("limits", "requests")]
+    assert {m["pattern"] for m in maps} == {QUANTITY_PATTERN}
+    assert spec["monitoring"]["properties"]["prometheusURL"]["pattern"] == PROMETHEUS_URL_PATTERN
+    name = SCHEMA["properties"]["metadata"]["properties"]["name"]
+    assert (name["pattern"], name["maxLength"]) == (CLUSTER_NAME_PATTERN, MAX_CLUSTER_NAME)
+
+
+@pytest.mark.parametrize("resources", [
+    {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": 1, "memory": "1024Mi", "nvidia.com/gpu": 2}},
+    {"requests": {"cpu": "+1.5", "memory": "1e9"}},
+])
+def test_valid_quantities_pass_both_checks(resources):
+    doc = with_spec(**{"prefill.resources": resources})
+    assert errors(doc) == []
+    parse_spec(apply_defaults(doc, SCHEMA)["spec"])
+
+
+def test_a_request_over_its_limit_is_an_invalid_spec_naming_both():
+    # No CRD rule (CEL's quantity library is too new to rely on): the operator says it.
+    doc = with_spec(**{"decode.resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}})
+    with pytest.raises(InvalidSpecError, match=re.escape("spec.decode.resources: requests.memory (2Gi) exceeds "
+                                                         "limits.memory (1Gi)")):
+        parse_spec(apply_defaults(doc, SCHEMA)["spec"])

@@ -16,6 +16,7 @@ from laps_operator.pressure import (
     gateway_pod_regex,
     parse_gateway_metrics,
     parse_prometheus,
+    query_prometheus,
     scrape_gateways,
     scrape_interval_seconds,
     unknown,
@@ -176,3 +177,10 @@ def test_scrape_sums_the_running_gateway_pods_and_an_unreachable_one_makes_it_un
     kube.add(gateway_pod("c-gateway-1-d", 9))   # nothing listens on port 9
     down = scrape_gateways(kube, ref, 8000)
     assert down.reason == "GatewayUnreachable" and "c-gateway-1-d" in down.message
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:1", "prometheus:9090"])
+def test_a_prometheus_that_cannot_be_asked_is_unknown_pressure_not_an_exception(url):
+    # The spec refuses such URLs; one from an older operator's spec must still not crash the loop.
+    reading = query_prometheus(url, "up", 0.0, 10.0, timeout_s=1.0)
+    assert not reading.known and reading.reason == "PrometheusUnreachable" and url in reading.message

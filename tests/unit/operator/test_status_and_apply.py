@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from laps_operator.apply import contains, merge_patch_for
+from laps_operator.builders import build_children
+from laps_operator.reconcile import cluster_ref, delete_children, reconcile
 from laps_operator.spec import InvalidSpecError, parse_spec
 from laps_operator.status import (
     condition,
@@ -11,6 +13,9 @@ from laps_operator.status import (
     set_condition,
     workload_readiness,
 )
+from laps_operator.writers import cr_ref
+
+from tests.unit.operator.fake_kube import FakeKube, cluster
 
 SPEC = parse_spec({"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 2}})
 
@@ -107,3 +112,31 @@ def test_api_paths_of_core_grouped_and_custom_kinds():
     cr = Ref.of({"apiVersion": "laps.io/v1alpha1", "kind": "LAPSCluster", "metadata": {"name": "c", "namespace": "ns"}})
     assert cr.path() == "/apis/laps.io/v1alpha1/namespaces/ns/lapsclusters/c"
     assert cr.collection().path() == "/apis/laps.io/v1alpha1/namespaces/ns/lapsclusters"
+
+
+def test_a_cluster_whose_name_its_children_cannot_carry_is_invalid_and_gets_none():
+    # The CRD refuses such names; a server that did not (an old CRD) gets the same answer from
+    # the operator instead of children the API server would refuse one by one.
+    kube = FakeKube()
+    for name, says in (("c" * 45, "at most 44"), ("my.cluster", "DNS-1035")):
+        kube.add(cluster(name))
+        outcome = reconcile(kube, "ns", name)
+        assert outcome.phase == "Invalid" and outcome.invalid.startswith("metadata.name:")
+        status = kube.get(cr_ref("ns", name))["status"]
+        assert status["phase"] == "Invalid"
+        assert says in condition(status["conditions"], "InvalidSpec")["message"]
+    assert [verb for verb, _, _ in kube.writes if verb != "patch/status"] == []
+
+
+def test_deleting_a_cluster_removes_every_kind_of_child_it_can_own():
+    # Owner references let the garbage collector do it; the delete handler does it as well, so
+    # it must know every child the builders make (NetworkPolicies and the PodMonitor included).
+    kube = FakeKube()
+    body = kube.add(cluster("c", replicas=2))
+    ref = cluster_ref(body)
+    children = build_children(ref, parse_spec({**body["spec"], "monitoring": {"podMonitor": True}}), "ops")
+    for child in children:
+        kube.add(child)
+    removed = {(a.ref.kind, a.ref.name) for a in delete_children(kube, ref)}
+    assert removed == {(c["kind"], c["metadata"]["name"]) for c in children}
+    assert {key for key in kube.objects if key[0] != "LAPSCluster"} == set()

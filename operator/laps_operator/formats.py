@@ -1,0 +1,56 @@
+"""Formats of spec values that the API server or the operator itself would refuse later (pure).
+
+A quantity the API server refuses ("2 GB", "two", "-1") would get the workloads refused one
+write at a time, a Prometheus URL that does not parse would fail every allocation interval;
+checked when the spec is parsed, either gets the InvalidSpec condition naming the field. The
+CRD carries the same patterns (tests/unit/operator/test_crd.py compares them).
+"""
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from urllib.parse import urlsplit
+
+from kubernetes.utils.quantity import parse_quantity  # the official client's parser
+
+# The serialized form of resource.Quantity (what controller-gen writes into CRDs), without the
+# sign a container's resources may not have.
+QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+                    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+# A base URL: the allocation loop appends /api/v1/query.
+PROMETHEUS_URL_PATTERN = r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$"
+
+
+def quantity_problem(value: int | str) -> str | None:
+    """Why `value` is no valid container resource quantity, or None."""
+    if isinstance(value, bool) or (isinstance(value, int) and value < 0):
+        return f"{value!r} is not a quantity (e.g. 500m, 2, 16Gi)"
+    if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
+        return f"{value!r} is not a quantity (e.g. 500m, 2, 16Gi; no spaces, no sign)"
+    return None
+
+
+def quantity(value: int | str) -> Decimal:
+    return Decimal(parse_quantity(value))
+
+
+def requests_over_limits(requests: dict[str, int | str], limits: dict[str, int | str]) -> str | None:
+    """The API server refuses a container whose request exceeds its limit: which one does."""
+    for name, value in requests.items():
+        if name in limits and quantity(value) > quantity(limits[name]):
+            return f"requests.{name} ({value}) exceeds limits.{name} ({limits[name]})"
+    return None
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is no Prometheus base URL ("" is fine: none), or None."""
+    if not url:
+        return None
+    try:
+        urlsplit(url).port  # noqa: B018  (raises ValueError on a bad host or port)
+    except ValueError as exc:
+        return f"{url!r} is not a URL: {exc}"
+    if not re.match(PROMETHEUS_URL_PATTERN, url):
+        return (f"{url!r}: must be empty or an http:// or https:// base URL, e.g. "
+                "http://prometheus-operated.monitoring:9090 (no query or fragment)")
+    return None
