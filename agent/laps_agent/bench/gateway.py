@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from laps_agent.bench._args import positive, positive_ints
+from laps_agent.cli_args import positive, positive_ints
 from laps_agent.bench._gateway_report import Cell, latency_row, scale_out_row, table
 from laps_agent.bench._gateway_stack import (Child, spawn_engine, spawn_gateway, spawn_stub_upstreams,
                                               word_tokenizer)

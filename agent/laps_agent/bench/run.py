@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laps_agent.bench._args import positive
+from laps_agent.cli_args import positive
 from laps_agent.bench._client import StreamClient
 from laps_agent.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
 from laps_agent.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload

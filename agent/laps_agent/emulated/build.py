@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from laps_agent.engine.cli import bucket_grid, scheduler_config, server_settings
+from laps_agent.engine.cli import bucket_grid, scheduler_config
+from laps_agent.engine.cli_serving import server_settings
 from laps_agent.engine.engine_config import EngineConfig
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.model_files import default_model_path

@@ -1,5 +1,6 @@
-"""Argument types the benchmarks' flags share: values that would measure nothing (0 clients, a
-0 KiB body, a NaN timeout) are refused by argparse with the flag's name, not met mid-run."""
+"""Argument types the CLIs share (engine, benchmarks): values that cannot describe a run (0
+clients, a 0 KiB body, a NaN timeout, a graph of batch size 0) are refused by argparse with the
+flag's name, not met mid-run."""
 from __future__ import annotations
 
 import argparse
@@ -27,5 +28,5 @@ def positive_ints(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"each value must be >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
