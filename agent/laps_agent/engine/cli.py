@@ -194,7 +194,7 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
         return -(-2 * min(context, 8192) // args.page_size)
     import torch
 
-    from laps_agent.engine.runner import kv_pages_for_memory
+    from laps_agent.engine.engine_config import kv_pages_for_memory
 
     free, _ = torch.cuda.mem_get_info()
     cfg = loaded.config

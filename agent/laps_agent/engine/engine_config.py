@@ -1,4 +1,5 @@
-"""Configuration of the engine loop and what it reports per prefill batch."""
+"""Configuration of the engine loop and what it reports per prefill batch, and the sizing of its
+KV pool (torch-free, so the CLI checks flags before it imports torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,13 +9,6 @@ from laps_agent.scheduling.config import SchedulerConfig
 
 # `--dtype` of `laps engine` and `laps bench engine` (loader.resolve_dtype maps them to torch).
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-
-
-def check_mem_fraction(fraction: float) -> None:
-    """The KV pool's share of free device memory (--mem-fraction): here, without torch, so the
-    CLI checks it before the load as well as the runner when it sizes the pool."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"--mem-fraction must be in (0, 1], got {fraction}")
 
 ROLES = ("prefill", "decode", "mixed")
 
@@ -80,3 +74,23 @@ def kv_reservation(kind: str, prompt_tokens: int, max_new_tokens: int, context_l
     if kind == "prefill":
         return prompt_tokens
     return min(prompt_tokens + max_new_tokens, context_len, capacity_tokens)
+
+
+def kv_pages_for_memory(free_bytes: int, fraction: float, *, layers: int, kv_heads: int, head_dim: int,
+                        dtype_bytes: int, page_size: int) -> int:
+    """KV pages that `fraction` of `free_bytes` holds (K and V of every layer, plus the scratch
+    page the runner keeps). Raises ValueError when not even one page fits."""
+    check_mem_fraction(fraction)
+    page_bytes = 2 * layers * page_size * kv_heads * head_dim * dtype_bytes
+    pages = int(free_bytes * fraction) // page_bytes - 1
+    if pages < 1:
+        raise ValueError(f"{free_bytes * fraction / 2**20:.0f} MiB leaves no room for one KV page "
+                         f"({page_bytes / 2**20:.2f} MiB)")
+    return pages
+
+
+def check_mem_fraction(fraction: float) -> None:
+    """--mem-fraction, the KV pool's share of free device memory: the CLI checks it before the
+    load, kv_pages_for_memory when it sizes the pool on CUDA."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--mem-fraction must be in (0, 1], got {fraction}")

@@ -21,7 +21,6 @@ import torch
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
 
 from .attention import BlockAttention, PackedAttention
-from .engine_config import check_mem_fraction
 from .kv_export import KVExport, start_export
 from .loader import LoadedModel
 
@@ -76,19 +75,6 @@ def build_bucket_inputs(items: Sequence[ForwardItem], plan: PaddingPlan, *, page
         page_table[i, :needed] = pages[:needed].to(torch.int32)
         kv_lens[i] = item.start_pos + n
     return BucketInputs(input_ids, positions, slots, page_table, kv_lens)
-
-
-def kv_pages_for_memory(free_bytes: int, fraction: float, *, layers: int, kv_heads: int, head_dim: int,
-                        dtype_bytes: int, page_size: int) -> int:
-    """KV pages that `fraction` of `free_bytes` holds (K and V of every layer, plus the scratch
-    page the runner keeps). Raises ValueError when not even one page fits."""
-    check_mem_fraction(fraction)
-    page_bytes = 2 * layers * page_size * kv_heads * head_dim * dtype_bytes
-    pages = int(free_bytes * fraction) // page_bytes - 1
-    if pages < 1:
-        raise ValueError(f"{free_bytes * fraction / 2**20:.0f} MiB leaves no room for one KV page "
-                         f"({page_bytes / 2**20:.2f} MiB)")
-    return pages
 
 
 # Longest context a decode graph serves (its page-table width); see ModelRunner.__init__.
