@@ -19,6 +19,14 @@ QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 # A base URL: the allocation loop appends /api/v1/query.
 PROMETHEUS_URL_PATTERN = r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$"
+# A toleration's key is a label key (a qualified name: an optional DNS-subdomain prefix and '/',
+# then at most 63 characters), or empty (with operator Exists: every taint); its value a label
+# value. The lengths are checked apart (TOLERATION_KEY_MAX_LENGTH is the CRD's maxLength).
+TOLERATION_KEY_PATTERN = (r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                          r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+TOLERATION_KEY_MAX_LENGTH = 253 + 1 + 63
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LABEL_VALUE_MAX_LENGTH = 63
 
 
 def quantity_problem(value: int | str) -> str | None:
@@ -34,11 +42,39 @@ def quantity(value: int | str) -> Decimal:
     return Decimal(parse_quantity(value))
 
 
+def _native(name: str) -> bool:
+    # Kubernetes' IsNativeResource: cpu, memory, ephemeral-storage, hugepages-* (no domain) or
+    # kubernetes.io/...; anything else (nvidia.com/gpu) is an extended resource.
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def overcommittable(name: str) -> bool:
+    """Kubernetes' IsOvercommitAllowed: only native resources other than hugepages may have a
+    request below their limit. Extended resources such as nvidia.com/gpu are handed out whole,
+    never shared, so their request must equal their limit."""
+    return _native(name) and not name.startswith("hugepages-")
+
+
+def resource_problem(name: str, value: int | str) -> str | None:
+    """Why `value` is no valid quantity of the container resource `name`, or None."""
+    if problem := quantity_problem(value):
+        return problem
+    if not _native(name) and quantity(value) != quantity(value).to_integral_value():
+        return f"{value!r} is not a whole number (Kubernetes counts extended resources in units)"
+    return None
+
+
 def requests_over_limits(requests: dict[str, int | str], limits: dict[str, int | str]) -> str | None:
-    """The API server refuses a container whose request exceeds its limit: which one does."""
+    """The API server refuses a container whose request exceeds its limit, or differs from it for
+    a resource it does not overcommit: which one does."""
     for name, value in requests.items():
-        if name in limits and quantity(value) > quantity(limits[name]):
+        if name not in limits:
+            continue  # a missing limit of a resource never overcommitted is the request (workloads.py)
+        if quantity(value) > quantity(limits[name]):
             return f"requests.{name} ({value}) exceeds limits.{name} ({limits[name]})"
+        if not overcommittable(name) and quantity(value) != quantity(limits[name]):
+            return (f"requests.{name} ({value}) must equal limits.{name} ({limits[name]}): Kubernetes does "
+                    f"not overcommit {name}")
     return None
 
 

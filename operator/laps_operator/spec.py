@@ -20,7 +20,16 @@ from pydantic import (
 )
 
 from .formats import url_problem
-from .spec_pods import EngineSpec, ModelSpec, PoolSpec, ResourcesSpec, SpecModel as _Model
+from .gpus import gpu_count_problem
+from .spec_pods import (
+    EngineSpec,
+    LocalObjectReference,
+    ModelSpec,
+    PlacementSpec,
+    PoolSpec,
+    ResourcesSpec,
+    SpecModel as _Model,
+)
 
 GROUP = "laps.io"
 VERSION = "v1alpha1"
@@ -95,7 +104,7 @@ class ApiKeysSecretSpec(_Model):
     key: str = Field(default="api-keys", min_length=1)
 
 
-class GatewaySpec(_Model):
+class GatewaySpec(PlacementSpec):  # placed like the engine pools (nodeSelector, tolerations, affinity)
     replicas: int = Field(default=1, ge=0, le=64)
     image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
@@ -196,6 +205,17 @@ class ClusterSpec(_Model):
     drain: DrainSpec = DrainSpec()
     monitoring: MonitoringSpec = MonitoringSpec()
     network_policy: NetworkPolicySpec = NetworkPolicySpec()
+    # Every pod's imagePullSecrets (engines and gateway): images from private registries.
+    image_pull_secrets: tuple[LocalObjectReference, ...] = ()
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _unique_secrets(cls, refs: tuple[LocalObjectReference, ...]) -> tuple[LocalObjectReference, ...]:
+        # A pod's imagePullSecrets is a list keyed by name, as is the CRD's.
+        names = [ref.name for ref in refs]
+        if len(set(names)) != len(names):
+            raise ValueError("must not name a Secret twice")
+        return refs
 
     @field_validator("prefill", mode="before")
     @classmethod
@@ -229,6 +249,9 @@ class ClusterSpec(_Model):
             raise ValueError(
                 "tensorParallelSize > 1 needs engine.backend sglang (the builtin engine runs one device per pod)"
             )
+        for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
+            if problem := gpu_count_problem(role, self.engine, pool):
+                raise ValueError(problem)
         return self
 
     @property

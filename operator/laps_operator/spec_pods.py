@@ -1,6 +1,7 @@
 """The sections of a LAPSCluster's spec that say what its pods run and where: the model, the
-engine (image, backend), and each pool's size, resources and placement. spec.py assembles them
-with the LAPS knobs into ClusterSpec; the same camelCase aliases and strictness apply.
+engine (image, backend), each pool's size and resources, and the placement (nodeSelector,
+tolerations, affinity) that the pools and the gateway share. spec.py assembles them with the
+LAPS knobs into ClusterSpec; the same camelCase aliases and strictness apply.
 """
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from .formats import quantity_problem, requests_over_limits
+from .formats import (
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
+    TOLERATION_KEY_MAX_LENGTH,
+    TOLERATION_KEY_PATTERN,
+    requests_over_limits,
+    resource_problem,
+)
 
 Quantity = int | str  # as the CRD: x-kubernetes-int-or-string
 
@@ -66,7 +74,7 @@ class ResourcesSpec(SpecModel):
     @field_validator("limits", "requests")
     @classmethod
     def _quantities(cls, values: dict[str, Quantity]) -> dict[str, Quantity]:
-        bad = [f"{name}: {problem}" for name, value in values.items() if (problem := quantity_problem(value))]
+        bad = [f"{name}: {problem}" for name, value in values.items() if (problem := resource_problem(name, value))]
         if bad:
             raise ValueError("; ".join(bad))
         return values
@@ -78,10 +86,68 @@ class ResourcesSpec(SpecModel):
         return self
 
 
-class PoolSpec(SpecModel):
+class LocalObjectReference(SpecModel):
+    # As a pod's imagePullSecrets entry: a Secret in the cluster's namespace.
+    name: str = Field(min_length=1)
+
+
+class Toleration(SpecModel):
+    """Kubernetes' Toleration, its fields only (a typo such as `kee` is refused, not passed on for
+    the API server to refuse every write of the workload) and its rules."""
+    key: str | None = Field(default=None, max_length=TOLERATION_KEY_MAX_LENGTH, pattern=TOLERATION_KEY_PATTERN)
+    operator: Literal["Exists", "Equal"] | None = None  # unset: Equal
+    value: str | None = Field(default=None, max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE_PATTERN)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None  # unset: every effect
+    toleration_seconds: int | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _name_part(cls, key: str | None) -> str | None:
+        # The pattern cannot count the part after the prefix, a label name of at most 63.
+        if key and len(key.rpartition("/")[2]) > 63:
+            raise ValueError("the name after the prefix may have at most 63 characters")
+        return key
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        # The API server's own (ValidateTolerations).
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator Exists (it then tolerates every taint)")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute (only NoExecute taints evict)")
+        return self
+
+
+class NodeAffinity(SpecModel):
+    # Checked down to the scheduling terms, where a misspelt key is likeliest; the terms
+    # (NodeSelector, PreferredSchedulingTerm, PodAffinityTerm) pass through as written.
+    required_during_scheduling_ignored_during_execution: dict[str, Any] | None = None
+    preferred_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
+
+
+class PodAffinity(SpecModel):
+    required_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
+    preferred_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
+
+
+class Affinity(SpecModel):
+    # Kubernetes' Affinity, these keys only: a misspelt one is an InvalidSpec naming it, not a
+    # workload the API server refuses on every write.
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
+class PlacementSpec(SpecModel):
+    """Where a role's pods may run, as in a pod spec: the engine pools and the gateway."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    affinity: Affinity | None = None
+
+
+class PoolSpec(PlacementSpec):
     replicas: int = Field(default=1, ge=1, le=256)
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     resources: ResourcesSpec = ResourcesSpec()
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: tuple[dict[str, Any], ...] = ()
-    affinity: dict[str, Any] | None = None

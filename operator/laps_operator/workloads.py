@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from .engine_args import engine_command, gateway_command, model_visible_to_gateway, sglang_plugin_env
+from .formats import overcommittable
 from .gateway_auth import gateway_auth
+from .gpus import GPU, engine_gpus
 from .naming import (
     BOOTSTRAP_PORT,
     ENGINE_PORT,
@@ -22,7 +24,7 @@ from .naming import (
 )
 from .pod_security import restricted
 from .spec import ClusterSpec
-from .spec_pods import PoolSpec, ResourcesSpec
+from .spec_pods import PlacementSpec, PoolSpec, ResourcesSpec
 
 PODINFO_DIR = "/etc/podinfo"
 
@@ -34,9 +36,14 @@ def _resources(resources: ResourcesSpec, gpus: int | None = None) -> dict[str, A
     if resources.requests:
         out["requests"] = {k: str(v) for k, v in resources.requests.items()}
     limits = {k: str(v) for k, v in resources.limits.items()}
-    if gpus and "nvidia.com/gpu" not in limits:
+    for name, value in resources.requests.items():
+        # The API server refuses a request without a limit for what it never overcommits (GPUs and
+        # other extended resources, hugepages); the count asked for is the one the pod holds.
+        if not overcommittable(name):
+            limits.setdefault(name, str(value))
+    if gpus and GPU not in limits:
         # A CUDA engine without a GPU limit would be scheduled onto a node with no GPU for it.
-        limits["nvidia.com/gpu"] = str(gpus)
+        limits[GPU] = str(gpus)
     if limits:
         out["limits"] = limits
     return out
@@ -69,6 +76,25 @@ def _model_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
     return [volume], [{"name": "model", "mountPath": spec.model.mount_path, "readOnly": True}]
 
 
+def _pod_spec(spec: ClusterSpec, placement: PlacementSpec, **fields: Any) -> dict[str, Any]:
+    """The pod-level fields every pod of the cluster shares (pull secrets, grace period) and the
+    role's placement, around `fields` (containers, volumes, ...)."""
+    pod_spec: dict[str, Any] = {**fields, "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        # As written: the fields left out (None) stay out, for the API server's own defaults.
+        pod_spec["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                                   for t in placement.tolerations]
+    affinity = placement.affinity.model_dump(mode="json", by_alias=True, exclude_none=True) \
+        if placement.affinity else {}
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return pod_spec
+
+
 def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpec) -> dict[str, Any]:
     command, args = engine_command(spec, role)
     ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
@@ -96,7 +122,9 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         # NCCL and SGLang's tokenizer processes need more shared memory than the 64Mi default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    # A GPU engine holds the GPUs it uses (gpus.py); a builtin one on device auto asks for none.
     uses_gpu = spec.engine.device == "cuda" or spec.engine.backend == "sglang"
+    gpus = engine_gpus(spec.engine, pool) if uses_gpu else None
     container = {
         "name": "engine",
         "image": spec.engine.image,
@@ -106,7 +134,7 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         "ports": ports,
         "env": env,
         "volumeMounts": mounts,
-        "resources": _resources(pool.resources, pool.tensor_parallel_size if uses_gpu else None),
+        "resources": _resources(pool.resources, gpus),
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5},
         "startupProbe": {
             "httpGet": {"path": "/health", "port": "http"},
@@ -115,16 +143,9 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         },
         **_pre_stop(spec),
     }
-    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes,
-                                "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}
-    if pool.node_selector:
-        pod_spec["nodeSelector"] = dict(pool.node_selector)
-    if pool.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in pool.tolerations]
-    if pool.affinity:
-        pod_spec["affinity"] = dict(pool.affinity)
     # SGLang's image compiles kernels at run time into places we do not control.
-    pod_spec = restricted(pod_spec, read_only_root=spec.engine.backend != "sglang")
+    pod_spec = restricted(_pod_spec(spec, pool, containers=[container], volumes=volumes),
+                          read_only_root=spec.engine.backend != "sglang")
     return {"metadata": {"labels": component_labels(cluster.name, role)}, "spec": pod_spec}
 
 
@@ -194,9 +215,8 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
             "selector": {"matchLabels": role_selector(cluster.name, "gateway")},
             "template": {
                 "metadata": {"labels": component_labels(cluster.name, "gateway")},
-                "spec": restricted({"serviceAccountName": cluster.gateway, "containers": [container],
-                                    "volumes": volumes,
-                                    "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}),
+                "spec": restricted(_pod_spec(spec, spec.gateway, serviceAccountName=cluster.gateway,
+                                             containers=[container], volumes=volumes)),
             },
         },
     }

@@ -128,6 +128,10 @@ INVALID = [
     (with_spec(**{"gateway.resources.requests": {"cpu": "-1"}}), "spec.gateway.resources.requests.cpu", "does not match"),
     (with_spec(**{"monitoring.prometheusURL": "prometheus:9090"}), "spec.monitoring.prometheusURL", "does not match"),
     (with_spec(**{"monitoring.prometheusURL": "http://p:9090/?x"}), "spec.monitoring.prometheusURL", "does not match"),
+    # Pod fields the API server would refuse in every write of the workloads.
+    (with_spec(**{"prefill.tolerations": [{"kee": "gpu"}]}), "spec.prefill.tolerations.0", "'kee' was unexpected"),
+    (with_spec(**{"gateway.affinity": {"nodeAfinity": {}}}), "spec.gateway.affinity", "'nodeAfinity' was unexpected"),
+    (with_spec(imagePullSecrets=[{"secret": "r"}]), "spec.imagePullSecrets.0", "'name' is a required property"),
 ]
 
 
@@ -311,7 +315,7 @@ def test_quantity_and_url_patterns_are_the_operators():
 
 
 @pytest.mark.parametrize("resources", [
-    {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": 1, "memory": "1024Mi", "nvidia.com/gpu": 2}},
+    {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": 1, "memory": "1024Mi", "nvidia.com/gpu": 1}},
     {"requests": {"cpu": "+1.5", "memory": "1e9"}},
 ])
 def test_valid_quantities_pass_both_checks(resources):

@@ -1,0 +1,73 @@
+"""How many GPUs an engine pod holds (pure).
+
+An engine uses a fixed number of GPUs: the builtin engine one; SGLang one per rank, and its
+ranks are --tp-size (rendered from tensorParallelSize) times the pipeline stages and data-parallel
+replicas that engine.extraArgs may ask for (its data-parallel controller gives each replica its
+own tp x pp GPUs; attention data parallelism shares the tensor-parallel GPUs). Kubernetes hands
+GPUs out whole (a request must equal the limit: formats.overcommittable), so a pod given fewer
+cannot start its ranks and crash-loops, and a pod given more keeps GPUs on its node that nothing
+uses. The operator therefore holds a pool's GPU count to what its engine uses: unset, it becomes
+the limit; set otherwise, InvalidSpec names both fields.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .formats import quantity
+from .spec_pods import EngineSpec, PoolSpec
+
+GPU = "nvidia.com/gpu"
+
+# SGLang flags that multiply a pod's GPUs beyond --tp-size (with their aliases).
+_PIPELINE = ("--pp-size", "--pipeline-parallel-size")
+_DATA_PARALLEL = ("--dp-size", "--data-parallel-size")
+# The deprecated spelling of attention data parallelism (--dp-size N --enable-dp-attention):
+# there --dp-size splits the tensor-parallel GPUs instead of adding replicas.
+_DP_ATTENTION = "--enable-dp-attention"
+
+
+def _last_int(args: Sequence[str], names: tuple[str, ...]) -> tuple[str, int] | None:
+    """(flag, value) of the last of `names` in `args` (argparse keeps the last), `--f N` or `--f=N`."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in names:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value.isdigit():
+                found = (name, int(value))
+    return found
+
+
+def _multipliers(engine: EngineSpec) -> list[tuple[str, int]]:
+    """The SGLang flags in engine.extraArgs that multiply a pod's GPUs, with their values."""
+    if engine.backend != "sglang":
+        return []
+    found = [_last_int(engine.extra_args, _PIPELINE)]
+    if _DP_ATTENTION not in engine.extra_args:
+        found.append(_last_int(engine.extra_args, _DATA_PARALLEL))
+    return [(flag, value) for flag, value in filter(None, found) if value > 1]
+
+
+def engine_gpus(engine: EngineSpec, pool: PoolSpec) -> int | None:
+    """GPUs one engine pod of `pool` uses, or None when the engine runs on the CPU."""
+    if engine.backend != "sglang" and engine.device == "cpu":
+        return None
+    # Tensor parallelism needs SGLang (ClusterSpec): the builtin engine's is 1, one device.
+    count = pool.tensor_parallel_size
+    for _, value in _multipliers(engine):
+        count *= value
+    return count
+
+
+def gpu_count_problem(role: str, engine: EngineSpec, pool: PoolSpec) -> str | None:
+    """Why the GPU count `pool` asks for is not the one its engine uses, or None. No count (the
+    operator then sets it, workloads.py) and CPU engines are fine."""
+    asked = pool.resources.limits.get(GPU, pool.resources.requests.get(GPU))
+    used = engine_gpus(engine, pool)
+    if asked is None or used is None or quantity(asked) == used:
+        return None
+    how = "".join(f" x {flag} {value}" for flag, value in _multipliers(engine))
+    how = f"{how} in engine.extraArgs = {used}" if how else ""
+    return (f"{role}.resources {GPU} ({asked}) must equal {role}.tensorParallelSize ({pool.tensor_parallel_size})"
+            f"{how}, the GPUs one engine uses: with fewer it cannot start, more would sit idle on the node "
+            f"(leave {GPU} out and the operator sets it)")
