@@ -66,6 +66,10 @@ class StubEngine:
         # refuses while draining ("draining") or with its queue at its bound ("queue_full").
         self.refusal: str | None = None
         self.refused = 0
+        # When set, (status, content type, body) answers every generation: what an engine's HTTP
+        # server writes when its app crashed (uvicorn: 500 text/plain "Internal Server Error"),
+        # or a proxy in front of an engine (an HTML 502 page).
+        self.failure: tuple[int, str, bytes] | None = None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -85,6 +89,11 @@ class StubEngine:
                 self.refused += 1
                 return await _json(send, 503, {"error": {"message": f"stub refuses: {self.refusal}",
                                                          "type": self.refusal, "code": 503}})
+            if self.failure is not None:
+                status, content_type, raw = self.failure
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", content_type.encode()), (b"content-length", b"%d" % len(raw))]})
+                return await send({"type": "http.response.body", "body": raw})
             return await self._generate(path, bytes(body), receive, send)
         if path == "/health":
             return await _json(send, 200, {"status": "ok"})

@@ -6,21 +6,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from laps_agent.engine.api_error import ApiError
+from laps_agent.engine.chat_messages import clean_messages
 from laps_agent.engine.sampling_params import SamplingError, SamplingParams, is_whole_number
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", *,
-                 retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type = status, message, type_
-        self.retry_after = retry_after  # seconds, sent as Retry-After
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "code": self.status}}
 
 
 @dataclass(frozen=True)
@@ -207,41 +198,9 @@ def parse_completion(body: Any) -> ParsedRequest:
                          model=body.get("model"))
 
 
-def _text_parts(parts: list, where: str) -> str:
-    """The text of a message's content parts. Any other part (image_url, input_audio, file) is
-    refused: this text-only engine answering without it would answer another question."""
-    texts = []
-    for j, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "text":
-            raise ApiError(400, f"{where}[{j}].text must be a string")
-        else:
-            shown = f"type {kind!r}" if isinstance(kind, str) else repr(part)[:80]
-            raise ApiError(400, f"{where}[{j}] ({shown}) is not supported: this model takes "
-                                f"text parts only ({{\"type\": \"text\", \"text\": ...}})")
-    return "".join(texts)
-
-
 def parse_chat(body: Any, apply_template) -> ParsedRequest:
     body = _require_dict(body)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] must be an object with a string `role`")
-        content = m.get("content")
-        if isinstance(content, list):  # OpenAI content parts
-            content = _text_parts(content, f"messages[{i}].content")
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string or text parts")
-        # OpenAI's `developer` role is what `system` was; chat templates know only `system` (an
-        # unknown role is rendered as such, and the template adds its default system prompt).
-        role = "system" if m["role"] == "developer" else m["role"]
-        clean.append({"role": role, "content": content})
+    clean = clean_messages(body.get("messages"))
     try:
         text = apply_template(clean)
     except Exception as exc:  # noqa: BLE001 - template errors are the client's messages' fault

@@ -17,6 +17,8 @@ from laps_agent.gateway.auth import install_auth
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.deadline import RequestDeadline
 from laps_agent.gateway.discovery import Discovery
+from laps_agent.gateway.errors import (crash_response, error_response, install_error_handlers,
+                                       validation_message)
 from laps_agent.gateway.estimate import TokenEstimator
 from laps_agent.gateway.failures import GatewayError, UpstreamStatus
 from laps_agent.gateway.load import LoadTracker
@@ -42,22 +44,6 @@ class Gateway:
     proxy: PDProxy
     allocator: Any = None
     drain: Drain = field(default_factory=Drain)   # SIGTERM: laps_agent/drain.py
-
-
-def error_response(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
-    kind = ("overloaded_error" if status == 429 else
-            "invalid_request_error" if status < 500 else "server_error")
-    headers = {"retry-after": str(retry_after)} if retry_after is not None else None
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
-                        status_code=status, headers=headers)
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False)[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    return "invalid request: " + "; ".join(parts)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -103,7 +89,9 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             await gateway.proxy.aclose()
             await discovery.stop()
 
-    app = GatewayApp(title="laps gateway", version="0.1.0", lifespan=lifespan)
+    # No trailing-slash redirects: GatewayApp serves `/path/` as `/path` instead (see there).
+    app = GatewayApp(title="laps gateway", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
+    install_error_handlers(app)
     auth = install_auth(app, config, metrics, error_response)   # inside the drain guard: see auth.py
     app.add_middleware(DrainGuard, drain=gateway.drain, who="gateway")
     app.state.gateway = gateway
@@ -115,9 +103,12 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
         except GatewayError as exc:
             metrics.errors.labels(exc.reason).inc()
             return error_response(exc.status, exc.message, retry_after=exc.retry_after)
-        except UpstreamStatus as exc:
+        except UpstreamStatus as exc:   # its body is JSON whatever the engine sent (failures.py)
             metrics.errors.labels("upstream_status").inc()
             return Response(exc.body, status_code=exc.status, media_type="application/json")
+        except Exception as exc:   # noqa: BLE001 - a bug: still an OpenAI-shaped 500 (errors.py)
+            metrics.errors.labels("internal_error").inc()
+            return crash_response(exc)
 
     def post(path: str, model: type[BaseModel], kind: str) -> None:
         async def endpoint(request: Request) -> Response:
@@ -191,7 +182,8 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:
-        raise GatewayError(422, "invalid_request", _validation_message(exc)) from None
+        raise GatewayError(422, "invalid_request",
+                           validation_message(exc.errors(include_url=False))) from None
     requested = getattr(parsed, "model", None)
     if requested is not None and requested != config.served_model_name:
         raise GatewayError(404, "unknown_model", f"model {requested!r} is not served here; "
@@ -228,19 +220,31 @@ class GatewayApp(FastAPI):
     its per-request machinery (middleware stack, exception and exit-stack layers, dependency
     solving, route matching, its telemetry check) measured ~0.15 ms of CPU per request, a
     quarter of the gateway's cost for a 1 KB request. `work` maps each such path to its ASGI
-    handler; an exception escaping one reaches uvicorn, which answers 500 and logs it, as the
-    app's error middleware would."""
+    handler; `serve` answers an unexpected exception itself (errors.py), as the app's error
+    middleware would.
+
+    A path with a trailing slash is served as the path without it. FastAPI redirected it (307
+    to `http://<Host>/path`): wrong behind a TLS terminator or a proxy, and most clients do
+    not send a POST's body again after a redirect. FastAPI-based servers (SGLang, vLLM) have
+    taught clients that `/v1/chat/completions/` works, so it is served rather than refused;
+    only a request that missed the exact lookup pays for the check."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.work: dict[str, Callable] = {}
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.work.get(scope["path"])
-            if handler is not None:
-                scope["app"] = self
-                await handler(scope, receive, send)
+        if scope["type"] == "http":
+            if scope["method"] == "POST":
+                handler = self.work.get(scope["path"])
+                if handler is not None:
+                    scope["app"] = self
+                    await handler(scope, receive, send)
+                    return
+            path = scope["path"]
+            if path[-1:] == "/" and path != "/":
+                # Once: the stripped path no longer ends in "/" (or is "/").
+                await self({**scope, "path": path.rstrip("/") or "/"}, receive, send)
                 return
         await super().__call__(scope, receive, send)
 

@@ -37,12 +37,45 @@ class GatewayError(Exception):
         self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
 
 
-class UpstreamStatus(Exception):
-    """An engine refused the request itself (4xx/5xx not meaning 'try elsewhere')."""
+def error_body(status: int, message: str) -> dict:
+    """OpenAI's error shape, as the gateway writes it for an error it answers itself."""
+    kind = ("overloaded_error" if status == 429 else
+            "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "code": status}}
 
-    def __init__(self, status: int, body: bytes):
+
+class UpstreamStatus(Exception):
+    """An engine refused the request itself (4xx/5xx not meaning 'try elsewhere'). `status` and
+    `body` are what the client gets (relayed()): `body` is JSON whatever the engine sent."""
+
+    def __init__(self, status: int, body: bytes, who: str = "the engine"):
         super().__init__(f"upstream answered {status}")
-        self.status, self.body = status, body
+        self.status, self.body = relayed(status, body, who)
+
+
+def _text(body: bytes, limit: int = 500) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def relayed(status: int, body: bytes, who: str) -> tuple[int, bytes]:
+    """What the client gets for `who`'s own error answer. A JSON body (the engines' OpenAI-shaped
+    errors) goes as the engine wrote it. Anything else (the plain-text 500 an engine's HTTP
+    server writes when its app crashed, a proxy's HTML page) is wrapped in OpenAI's shape with
+    its text in the message: relayed as it was, it went out labelled application/json, and
+    OpenAI clients found no message in it. A redirect is no answer to relay (its Location names
+    the engine's own address): it is the gateway's 502."""
+    if 300 <= status < 400:
+        message = f"{who} answered {status}, a redirect, which the gateway does not follow"
+        return 502, json.dumps(error_body(502, message)).encode()
+    try:
+        json.loads(body)
+        return status, body
+    except (ValueError, RecursionError):   # UnicodeDecodeError is a ValueError
+        pass
+    text = _text(body)
+    message = f"{who} answered {status}: {text}" if text else f"{who} answered {status} with no body"
+    return status, json.dumps(error_body(status, message)).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +110,8 @@ def judge_status(role: str, status: int, body: bytes, *, prefill: str, group: st
     if status not in RETRYABLE_STATUSES:
         return None
     kind, detail = engine_error(body)
+    if kind is None and not detail:   # not OpenAI-shaped (a proxy's or server's text): say it
+        detail = _text(body, 200)
     name = prefill if role == "prefill" else decode
     if status == 503 and kind == DRAINING_TYPE:
         return Blame(role, True, 503, "upstream_draining",

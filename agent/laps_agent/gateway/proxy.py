@@ -256,7 +256,8 @@ class PDProxy:
                              decode=d.decode.name)
         if blame is None:
             # The engine's own verdict on the request (e.g. prompt too long): the client's to see.
-            return UpstreamStatus(status, body)
+            pod = d.prefill if role == "prefill" else d.decode
+            return UpstreamStatus(status, body, f"{role} pod {pod.name}")
         if blame.state == "failing":
             pod = self._record_failure(d, blame.role)
         else:  # draining or busy: refused, not failed (failures.py)

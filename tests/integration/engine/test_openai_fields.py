@@ -105,3 +105,45 @@ def test_sglang_sampling_extensions_are_refused_unless_neutral(tiny_mixed_engine
         assert f"{field}=" in reply.json()["error"]["message"]
     neutral = _chat([{"role": "user", "content": "hi"}], max_tokens=2, min_p=0.0, regex=None)
     assert _post(tiny_mixed_engine, CHAT, neutral).status_code == 200
+
+
+_TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+
+
+def test_a_tool_using_history_is_refused_as_tool_calls_not_as_bad_content(tiny_mixed_engine):
+    """A tool-using client sends back its assistant turn, `content: null` plus `tool_calls`, and
+    the tool's result: the engine implements no tools, and must say that, not blame `content`."""
+    import openai
+
+    history = [{"role": "user", "content": "weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [_TOOL_CALL]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    client = openai.OpenAI(base_url=f"{tiny_mixed_engine.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=history, max_tokens=2)
+    message = caught.value.message
+    assert ("messages[1] is a message with `tool_calls`: "
+            "tool calls are not supported by this engine") in message
+    assert "content must be" not in message
+    reply = _post(tiny_mixed_engine, CHAT, _chat([history[0], {"role": "tool", "tool_call_id": "call_1",
+                                                               "content": "sunny"}]))
+    assert reply.status_code == 400, reply.text
+    assert "messages[1] is a tool result (role 'tool'): tool calls are not supported" in (
+        reply.json()["error"]["message"])
+
+
+def test_an_assistant_message_with_null_content_is_an_empty_turn(tiny_mixed_engine):
+    """OpenAI's API allows `content: null` (or none) on an assistant message without tool calls."""
+    answers = []
+    for assistant in ({"role": "assistant", "content": None}, {"role": "assistant"},
+                      {"role": "assistant", "content": None, "tool_calls": []},
+                      {"role": "assistant", "content": ""}):
+        messages = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "and?"}]
+        reply = _post(tiny_mixed_engine, CHAT, _chat(messages, max_tokens=2))
+        assert reply.status_code == 200, (assistant, reply.text)
+        answers.append(reply.json()["usage"]["prompt_tokens"])
+    assert len(set(answers)) == 1
+    # Only the assistant may say nothing: a user message still needs its content.
+    reply = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": None}]))
+    assert reply.status_code == 400
+    assert "messages[0].content must be a string or text parts" in reply.json()["error"]["message"]
