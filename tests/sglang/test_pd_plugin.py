@@ -135,3 +135,26 @@ def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, 
         assert series in metrics, series
     short_ttft = next(line for line in metrics.splitlines() if line.startswith('laps_engine_ttft_seconds_count{class="short"}'))
     assert float(short_ttft.split()[-1]) >= 7
+
+
+def test_the_gateway_routes_by_what_sglang_reports_it_holds(gateway, laps_prefill, decode_server):
+    """Stock SGLang has no /get_load: the gateway reads its /v1/loads instead, so gateway
+    replicas share what SGLang holds (README: "Gateway replicas share what the engines hold")."""
+    def reports() -> dict:
+        status = httpx.get(f"{gateway}/laps_status", timeout=10).json()
+        pods = [p for group in status["groups"].values() for p in group["pods"]] + status["decode"]["pods"]
+        return {p["url"]: p["engine_load"] for p in pods}
+
+    idle = poll(lambda: (lambda r: r if None not in r.values() else None)(reports()), timeout=30,
+                message="a load report from each SGLang server")
+    assert set(idle) == {laps_prefill.url, decode_server.url}
+    assert all(r["requests"] == 0 for r in idle.values()), idle
+    # A long prompt (~3000 tokens, seconds of prefill here): the prefill server reports it held.
+    sender = Sender(gateway)
+    sender.send("LOAD", prompt(2000, seed=7))
+    held = poll(lambda: (lambda r: r if r and r["requests"] >= 1 else None)(reports()[laps_prefill.url]),
+                timeout=120, message="SGLang's prefill server to report the long prompt")
+    assert held["age_s"] < 5
+    sender.join()
+    poll(lambda: (reports()[laps_prefill.url] or {}).get("requests") == 0, timeout=60,
+         message="the report to show the prefill server idle again")

@@ -2,8 +2,8 @@
 hold rather than each by the requests it dispatched itself: alone, each sees only its own
 in-flight work, and least-pending routing sends all of them to the same idle-looking pod.
 
-Every gateway polls `GET /get_load` of each pod it routes to (engine/load_report.py) every
-`interval_s`. Per pod, routing and admission then see
+Every gateway polls `GET /get_load` of each pod it routes to (engine/load_report.py; on stock
+SGLang, its `/v1/loads`) every `interval_s`. Per pod, routing and admission then see
 
     own + max(0, reported - own when that poll was sent)
 
@@ -103,15 +103,28 @@ class EngineLoads:
                 "age_s": round(now - pod.asked_at, 3)}
 
 
+# Where an engine reports its load: this project's engines answer LOAD_PATH; stock SGLang
+# (the sglang backend) has no such route but reports the same figures per data-parallel rank at
+# SGLANG_LOAD_PATH, asked once LOAD_PATH answered 404.
+LOAD_PATH = "/get_load"
+SGLANG_LOAD_PATH = "/v1/loads?include=core"
+
+
 def parse_report(body: bytes) -> tuple[int, int]:
-    """(requests, tokens) of a /get_load answer; ValueError when it is not one."""
+    """(requests, tokens) of a /get_load answer, or of SGLang's /v1/loads (summed over its
+    ranks: requests waiting, in a KV transfer or running; uncached prompt tokens waiting);
+    ValueError when it is neither."""
     try:
         doc = json.loads(body)
+        if "loads" in doc:
+            ranks = doc["loads"]
+            return (sum(int(r["num_waiting_reqs"]) + int(r["num_running_reqs"]) for r in ranks),
+                    sum(int(r.get("num_waiting_uncached_tokens", 0)) for r in ranks))
         requests = (int(doc["waiting_requests"]) + int(doc.get("running_requests", 0))
                     + int(doc.get("transfer_requests", 0)))
         return requests, int(doc["pending_tokens"])
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"not a /get_load answer: {exc!r}") from None
+        raise ValueError(f"not a load report: {exc!r}") from None
 
 
 class EngineLoadPoller:
@@ -126,6 +139,7 @@ class EngineLoadPoller:
         self._pool = UpstreamPool(connect_timeout=self._timeout_s, read_timeout=self._timeout_s,
                                   max_idle_per_host=2)
         self._task: asyncio.Task | None = None
+        self._paths: dict[str, str] = {}   # pods that answered LOAD_PATH with 404: SGLang's route
 
     async def start(self) -> None:
         if self._enabled:
@@ -145,18 +159,24 @@ class EngineLoadPoller:
             pods = {e.name: e for group in membership.groups.values() for e in group}
             pods.update((e.name, e) for e in membership.decode)
             self.loads.keep_only(pods)
+            for gone in [name for name in self._paths if name not in pods]:
+                del self._paths[gone]
             await asyncio.gather(*(self._poll(e) for e in pods.values()))
             next_at = max(next_at + self.loads.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
 
     async def _poll(self, endpoint: Endpoint) -> None:
         mark = self.loads.asking(endpoint.name, self._own().get(endpoint.name, _IDLE))
+        path = self._paths.get(endpoint.name, LOAD_PATH)
         try:
             async with asyncio.timeout(self._timeout_s):
-                response = await self._pool.get(*address(endpoint.url), "/get_load")
+                response = await self._pool.get(*address(endpoint.url), path)
                 body = await response.read()
+            if response.status == 404 and path == LOAD_PATH:
+                self._paths[endpoint.name] = SGLANG_LOAD_PATH  # from the next poll on
+                return
             if response.status != 200:
-                return  # an engine without the route (404): its own work alone counts
+                return  # an engine with neither route: its own work alone counts
             requests, tokens = parse_report(body)
         except (UpstreamError, TimeoutError, ValueError) as exc:
             log.debug("no load report from %s: %s", endpoint.name, exc)

@@ -105,3 +105,18 @@ def test_a_report_is_read_from_get_load_json():
     for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}'):
         with pytest.raises(ValueError):
             parse_report(bad)
+
+
+def test_a_report_is_read_from_sglangs_v1_loads_summed_over_its_ranks():
+    """Stock SGLang (the sglang backend) has no /get_load; its /v1/loads?include=core gives the
+    same figures per data-parallel rank (its LoadSnapshot's core fields; tests/sglang reads a
+    real one through the gateway)."""
+    rank = ('{{"timestamp": 1.0, "dp_rank": {r}, "num_running_reqs": {run}, "num_waiting_reqs": {wait}, '
+            '"num_waiting_uncached_tokens": {tok}, "num_used_tokens": 900, "num_total_tokens": 950, '
+            '"max_total_num_tokens": 16384, "max_running_requests": 32, "token_usage": 0.05}}')
+    body = ('{"timestamp": "2026-11-23T10:00:00+00:00", "version": "0.5.23", "accelerator": null, '
+            '"num_accelerators": 1, "loads": [' + rank.format(r=0, run=2, wait=3, tok=700) + ", "
+            + rank.format(r=1, run=1, wait=0, tok=0) + "]}").encode()
+    assert parse_report(body) == (6, 700)
+    with pytest.raises(ValueError):
+        parse_report(b'{"loads": [{"dp_rank": 0}]}')
