@@ -139,7 +139,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
     from laps_agent.gateway.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery import StaticSpec
+    from laps_agent.local_discovery import LocalDiscovery
     from laps_agent.serving import run_forever, url_host
 
     def urls(role: str, group: str | None = None) -> tuple[str, ...]:
@@ -155,7 +156,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
                            prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, **overrides)
-    app = create_app(config, StaticDiscovery(spec), TokenEstimator(tokenizer, args.estimator),
+    app = create_app(config, LocalDiscovery(spec, children, _say), TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
     host, port = sock.getsockname()[:2]
     pool = (f"{len(spec.prefill_short)} prefill (one pool)" if args.single_pool else

@@ -58,6 +58,14 @@ class LocalProcess:
             if self.echo:
                 print(line, end="", flush=True)
 
+    def read_output(self) -> list[str]:
+        """`output`, with every line printed since the last read appended."""
+        while True:
+            try:
+                self.output.append(self._lines.get_nowait())
+            except queue.Empty:
+                return self.output
+
     @property
     def base(self) -> str:
         return self.url.removesuffix("/v1")

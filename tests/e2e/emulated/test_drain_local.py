@@ -2,7 +2,8 @@
 client: SIGTERM one engine (a prefill engine, then in a second stack a decode engine) in the
 middle of a load. It turns unready at once, every request it holds completes, new ones go to the
 other engines (the gateway retries its `draining` refusals elsewhere), the client sees no
-failure at all, and the engine exits 0 well within its grace period."""
+failure at all, the engine exits 0 well within its grace period, and `laps local` says so and
+takes it out of the gateway's membership."""
 from __future__ import annotations
 
 import asyncio
@@ -48,11 +49,11 @@ def _engine(stack, name: str) -> tuple[str, int]:
     raise AssertionError(f"no process for {name} at {url}")
 
 
-def _exit_status(pid: int) -> int | None:
-    """The exit status of a child of `laps local` that exited (it stays a zombie until `laps
-    local` reaps it at its own exit); None while it runs."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[49]) if fields[0] == "Z" else None  # field 52: exit_code, as waitpid gives it
+def _exit_status(stack, name: str) -> int | None:
+    """The exit status `laps local` reported for its engine `name` (it watches them, and takes
+    one that exited out of the gateway's membership); None while it runs."""
+    found = re.search(rf"\] {name} exited with (-?\d+);", "".join(stack.read_output()))
+    return int(found.group(1)) if found else None
 
 
 async def _one(client: openai.AsyncOpenAI, model: str, prompt: str, stream: bool) -> str:
@@ -108,7 +109,7 @@ async def test_sigterm_an_engine_in_the_middle_of_a_load(laps_local, tmp_path, v
         health = await poll_async(unready, 1.0, f"{victim} to turn unready at once")
         assert health["status"] == "draining"
         async def exited() -> bool:
-            return _exit_status(pid) is not None
+            return _exit_status(stack, victim) is not None
 
         await poll_async(exited, GRACE_S, f"{victim} to exit")
         exited_after = time.monotonic() - signalled
@@ -120,10 +121,15 @@ async def test_sigterm_an_engine_in_the_middle_of_a_load(laps_local, tmp_path, v
         await poll_async(later_requests_served, 60, "requests after the exit")
         stop.set()
         await asyncio.gather(*workers)
+        # Gone from the gateway's membership, as a dead pod's endpoints are on Kubernetes.
+        status = (await http.get(stack.base + "/laps_status")).json()
+        listed = [p["url"] for g in status["groups"].values() for p in g["pods"]] + \
+            [p["url"] for p in status["decode"]["pods"]]
+        assert url not in listed and len(listed) == 3, listed
 
     failures = [o for o in outcomes if o != "ok"]
     assert not failures, failures
-    assert _exit_status(pid) == 0 and exited_after < GRACE_S - 2
+    assert _exit_status(stack, victim) == 0 and exited_after < GRACE_S - 2
     log = (stack.workdir / f"{victim}.log").read_text()
     held = re.search(r"SIGTERM: draining (\d+) request\(s\) in flight", log)
     assert held and int(held.group(1)) >= 1, log[-2000:]  # it did hold requests, and finished them:
