@@ -3,6 +3,7 @@ loopback (mooncake_tcp), this project's gateway in front, the official `openai` 
 burst of mixed requests whose batch order shows the LAPS policy at work inside SGLang."""
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -149,12 +150,22 @@ def test_the_gateway_routes_by_what_sglang_reports_it_holds(gateway, laps_prefil
                 message="a load report from each SGLang server")
     assert set(idle) == {laps_prefill.url, decode_server.url}
     assert all(r["requests"] == 0 for r in idle.values()), idle
-    # A long prompt (~3000 tokens, seconds of prefill here): the prefill server reports it held.
-    sender = Sender(gateway)
-    sender.send("LOAD", prompt(2000, seed=7))
-    held = poll(lambda: (lambda r: r if r and r["requests"] >= 1 else None)(reports()[laps_prefill.url]),
-                timeout=120, message="SGLang's prefill server to report the long prompt")
+    # A long answer (300 decode steps, seconds here): the decode server reports it held. (Not a
+    # long prefill: SGLang's scheduler answers /v1/loads between forward passes, and one CPU
+    # prefill pass of thousands of tokens outlasts the poll's timeout; GPU passes take ms.)
+    answer: dict = {}
+
+    def generate() -> None:
+        answer["reply"] = httpx.post(f"{gateway}/v1/completions", timeout=300, json={
+            "model": "smollm2", "prompt": "Count slowly:", "max_tokens": 300, "ignore_eos": True,
+            "temperature": 0})
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    held = poll(lambda: (lambda r: r if r and r["requests"] >= 1 else None)(reports()[decode_server.url]),
+                timeout=120, message="SGLang's decode server to report the answer it is generating")
     assert held["age_s"] < 5
-    sender.join()
-    poll(lambda: (reports()[laps_prefill.url] or {}).get("requests") == 0, timeout=60,
-         message="the report to show the prefill server idle again")
+    thread.join(300)
+    assert answer["reply"].status_code == 200 and answer["reply"].json()["usage"]["completion_tokens"] == 300
+    poll(lambda: (reports()[decode_server.url] or {}).get("requests") == 0, timeout=60,
+         message="the report to show the decode server idle again")
