@@ -21,6 +21,7 @@ import httptools
 import httpx
 
 from laps_agent.engine.pd_frame import BODY_ALIGN, DIRECT_READ_BYTES, BootstrapError, body_buffer
+from laps_agent.serving import url_host
 
 # Where the response head (and the few body bytes read with it) lands before the body's buffer
 # exists; httpcore reads this much at a time too.
@@ -180,8 +181,7 @@ async def request(method: str, host: str, port: int, target: str, timeout_s: flo
     except OSError as exc:
         raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
     try:
-        authority = f"[{host.strip('[]')}]" if ":" in host else host
-        head = (f"{method} {target} HTTP/1.1\r\nhost: {authority}:{port}\r\naccept: */*\r\n"
+        head = (f"{method} {target} HTTP/1.1\r\nhost: {url_host(host)}:{port}\r\naccept: */*\r\n"
                 + (f"content-type: {content_type}\r\n" if content_type else "")
                 + (f"content-length: {len(body)}\r\n" if body or method != "GET" else "")
                 + "connection: close\r\n\r\n")

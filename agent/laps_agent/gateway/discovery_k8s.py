@@ -22,6 +22,7 @@ from pathlib import Path
 
 from laps_agent.gateway.discovery import Discovery, Membership
 from laps_agent.gateway.routing import Endpoint
+from laps_agent.serving import url_host
 
 log = logging.getLogger(__name__)
 SERVICE_LABEL = "kubernetes.io/service-name"
@@ -57,9 +58,8 @@ def slice_endpoints(endpoint_slice: dict) -> list[Endpoint]:
         if not addresses:
             continue
         address = addresses[0]  # all addresses of one endpoint are the same pod
-        host = f"[{address}]" if ":" in address else address
         name = (ep.get("targetRef") or {}).get("name") or address
-        found.append(Endpoint(name=name, url=f"http://{host}:{http_port}",
+        found.append(Endpoint(name=name, url=f"http://{url_host(address)}:{http_port}",
                               bootstrap_host=address, bootstrap_port=bootstrap_port))
     return found
 
