@@ -57,3 +57,19 @@ print("RESULT", _state(sched(M.DECODE, 1), settings) is None, _state(sched(M.NUL
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert result == ["RESULT True True True True"], done.stderr[-3000:]
     assert "pipeline parallelism (pp_size=2) is not supported" in done.stderr
+
+
+def test_a_misconfigured_plugin_stops_sglang_at_start(sglang_logs):
+    """A typo'd knob is an error at start, as a bad `laps engine` flag is. Before, the name was
+    ignored (and a bad value only logged): a Ready pod ran vanilla SGLang, FIFO."""
+    from tests.sglang.conftest import start_prefill
+    from tests.support.waiting import poll
+
+    server = start_prefill(sglang_logs, {"LAPS_SCHEDULER": "1", "LAPS_WAIT_WINDOW": "20"})
+    try:
+        poll(lambda: server.proc.poll() is not None, timeout=180, message="SGLang to refuse to start")
+        assert server.proc.returncode != 0
+        assert ("LAPS plugin: bad configuration: LAPS_WAIT_WINDOW is not a LAPS plugin setting; "
+                "did you mean LAPS_WAIT_WINDOW_MS?") in server.log_text()
+    finally:
+        server.stop()

@@ -11,6 +11,7 @@ import pytest
 
 from tests.sglang.burst import L1_WORDS, Sender, plugin_batches, prompt, send_short_first_burst
 from tests.sglang.conftest import start_prefill
+from tests.support.metrics_text import metric_value
 from tests.support.waiting import poll
 
 pytestmark = pytest.mark.sglang
@@ -169,3 +170,32 @@ def test_the_gateway_routes_by_what_sglang_reports_it_holds(gateway, laps_prefil
     assert answer["reply"].status_code == 200 and answer["reply"].json()["usage"]["completion_tokens"] == 300
     poll(lambda: (reports()[decode_server.url] or {}).get("requests") == 0, timeout=60,
          message="the report to show the decode server idle again")
+
+
+def test_requests_pd_cannot_serve_get_a_clear_4xx_and_leave_the_servers_serving(gateway, laps_prefill):
+    """n > 1 and token ids outside the vocabulary, through the gateway to real SGLang PD. Before,
+    n=2 got no answer at all (SGLang's decode server never answered it) and a prompt of token
+    id -1 crashed the prefill server's scheduler (then the gateway's retry, the next pod's)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", timeout=60, max_retries=0)
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.UnprocessableEntityError, match="n=2 is not supported"):
+        client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, n=2)
+    with pytest.raises(openai.UnprocessableEntityError, match="n=3 is not supported"):
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=4, n=3)
+    with pytest.raises(openai.BadRequestError, match="token id -1"):
+        client.completions.create(model="smollm2", prompt=[28, -1], max_tokens=4)
+    native = httpx.post(f"{gateway}/generate", timeout=60,
+                        json={"input_ids": [[28], [-7]], "sampling_params": {"max_new_tokens": 2}})
+    assert native.status_code == 400 and "token id -7" in native.json()["error"]["message"]
+    # Nothing was lost or left behind: the prefill server still serves, the gateway holds nothing.
+    done = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4,
+                                     temperature=0)
+    assert "Paris" in done.choices[0].text and laps_prefill.proc.poll() is None
+    def idle() -> bool:
+        metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
+        return all(metric_value(metrics, name, group=group) == 0 for group in ("short", "long")
+                   for name in ("laps_gateway_pending_requests", "laps_gateway_pending_tokens"))
+
+    poll(idle, timeout=30, message="the gateway's pending figures to be back at zero")

@@ -20,7 +20,8 @@ class RawRequest:
     """An HTTP request sent over a plain socket that the test closes when it chooses: the way
     to hang up at a known point (no client-side timeout racing the server)."""
 
-    def __init__(self, url: str, path: str, body: dict) -> None:
+    def __init__(self, url: str, path: str, body: dict, sent: int | None = None) -> None:
+        """`sent`: send only the body's first `sent` bytes (a client that hangs up mid-upload)."""
         import json
         import socket
         from urllib.parse import urlsplit
@@ -29,7 +30,8 @@ class RawRequest:
         payload = json.dumps(body).encode()
         self.sock = socket.create_connection((parts.hostname, parts.port))
         self.sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n%s" % (path.encode(), len(payload), payload))
+                          b"content-length: %d\r\n\r\n%s" % (path.encode(), len(payload),
+                                                              payload[:sent]))
 
     def hang_up(self) -> None:
         self.sock.close()

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from laps_agent.drain import Drain, DrainGuard, refusal_body
 from laps_agent.gateway.auth import install_auth
@@ -55,13 +56,21 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
     chunks, size = [], 0
-    async for chunk in request.stream():  # its last chunk is b""
-        if chunk:
-            chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
+    try:
+        async for chunk in request.stream():  # its last chunk is b""
+            if chunk:
+                chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
+    except ClientDisconnect:  # hung up mid-upload (a client timeout, a cancelled call): no bug here
+        raise _client_gone() from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one piece (usual): no copy
+
+
+def _client_gone() -> GatewayError:
+    """The client hung up before its answer: counted as client_disconnected, never as a crash."""
+    return GatewayError(499, "client_disconnected", "client went away")
 
 
 def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator,
@@ -102,7 +111,8 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             return deadline.bound(await deadline.run(_serve(gateway, request, model, kind)))
         except GatewayError as exc:
             metrics.errors.labels(exc.reason).inc()
-            return error_response(exc.status, exc.message, retry_after=exc.retry_after)
+            return error_response(exc.status, exc.message, retry_after=exc.retry_after,
+                                  no_retry=exc.no_retry)
         except UpstreamStatus as exc:   # its body is JSON whatever the engine sent (failures.py)
             metrics.errors.labels("upstream_status").inc()
             return Response(exc.body, status_code=exc.status, media_type="application/json")
@@ -209,7 +219,7 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     if guard.gone:
         if isinstance(reply, StreamReply):
             await reply.close()
-        raise GatewayError(499, "client_disconnected", "client went away")
+        raise _client_gone()
     if isinstance(reply, Reply):
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
     return RelayResponse(reply)

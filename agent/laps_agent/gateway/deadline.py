@@ -2,7 +2,8 @@
 
 Before the first byte reaches the client, a request over its deadline is cancelled where it is
 (reading the body, waiting for a pod, prefill, the KV hand-off: both upstream calls are closed,
-so the engines see the hang-up and drop the work) and the client gets 504 naming the deadline.
+so the engines see the hang-up and drop the work) and the client gets 504 naming the deadline,
+marked not to be retried (`x-should-retry: false`, which OpenAI's SDKs obey).
 Once a stream has begun its status line is gone: it ends with an SSE error event of type
 `deadline_exceeded` and without `[DONE]`. The engines are not told the deadline: closing the
 upstream calls is what makes them stop, and costs them nothing to learn."""
@@ -43,7 +44,9 @@ class RequestDeadline:
         except TimeoutError:
             if not scope.expired():
                 raise  # not ours
-            raise GatewayError(504, REASON, self.message()) from None
+            # Not to be resent by the client's SDK: a retry would take the whole deadline again
+            # (tripling the time to an answer with OpenAI's SDK defaults) and redo the work.
+            raise GatewayError(504, REASON, self.message(), no_retry=True) from None
 
     def bound(self, response: T) -> T:
         """A streamed answer ends at the deadline; anything else is already complete."""

@@ -22,11 +22,18 @@ log = logging.getLogger(__name__)
 _ENDPOINTS = "POST /v1/chat/completions, /v1/completions, /generate; GET /v1/models"
 
 
+# OpenAI's SDKs (Python, Node and the other generated ones) resend a 408, 409, 429 or any 5xx
+# twice by default unless the answer carries this header (which OpenAI's own API sends).
+NO_RETRY_HEADER = ("x-should-retry", "false")
+
+
 def error_response(status: int, message: str, *, retry_after: int | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   no_retry: bool = False, headers: dict[str, str] | None = None) -> JSONResponse:
     headers = dict(headers or ())
     if retry_after is not None:
         headers["retry-after"] = str(retry_after)
+    if no_retry:
+        headers[NO_RETRY_HEADER[0]] = NO_RETRY_HEADER[1]
     return JSONResponse(error_body(status, message), status_code=status, headers=headers or None)
 
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
+from laps_agent.gateway.failures import GatewayError
+
 # Heuristic weights, fitted by estimate_report (see the module docstring).
 TOKENS_PER_WORD = 1.2
 TOKENS_PER_PUNCTUATION = 0.5
@@ -175,11 +177,23 @@ class TokenEstimator:
         if isinstance(prompt, str):
             return self.text_tokens(prompt)
         if _is_token_ids(prompt):
+            self._check_ids(prompt, field)
             return len(prompt)
         if isinstance(prompt, list) and all(isinstance(p, str) or _is_token_ids(p) for p in prompt):
             return sum(self._prompt(p, field) for p in prompt)
         raise EstimateError(f"`{field}` must be a string, a list of strings, a list of token ids "
                             f"or a list of such lists")
+
+    def _check_ids(self, ids: list[int], field: str) -> None:
+        """A token id outside the vocabulary is the client's error, answered here: SGLang 0.5.23
+        does not check them, and one such id crashed its prefill server's scheduler (an
+        embedding IndexError), taking the pod down, and the gateway's retry then the next
+        pod. Negative ids are always wrong; the upper bound needs the model's tokenizer."""
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        if ids and (min(ids) < 0 or (vocab is not None and max(ids) >= vocab)):
+            bound = f"0..{vocab - 1}" if vocab is not None else "0 or more"
+            raise GatewayError(400, "invalid_request", f"`{field}` holds token id "
+                               f"{min(ids) if min(ids) < 0 else max(ids)}; token ids must be {bound}")
 
     def _chat(self, messages: Any) -> int:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):

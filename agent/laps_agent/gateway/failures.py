@@ -6,7 +6,8 @@ never came from the prefill engine within the engines' --bootstrap-timeout: the 
 is overloaded (its queue outlasted the timeout) or gone. Counting that against the decode pod
 once ejected the only decode pod and turned an overloaded long group into a total outage. So it
 counts against the prefill pod, is not retried (the request already waited a whole timeout, and
-another attempt would add to the overload), and the client gets a 503 naming the group.
+another attempt would add to the overload), and the client gets a 503 naming the group, marked
+so that OpenAI's SDKs do not resend it either (they resend any 5xx twice by default).
 Symmetrically a prefill engine's 504 `bootstrap_error` says no decode engine collected the KV:
 the decode pod's failure. Both the status and the error type are checked, so a 504 from
 anything else (a proxy in between, a test double) keeps meaning "this pod failed".
@@ -32,9 +33,13 @@ QUEUE_FULL_TYPE = "queue_full"   # an engine's queue bound (engine/server.py)
 class GatewayError(Exception):
     """A request the gateway answers itself with `status` and an OpenAI-style error body."""
 
-    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None):
+    def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None,
+                 *, no_retry: bool = False):
         super().__init__(message)
         self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
+        # The same request again would cost as much and end the same way: SDK clients are told
+        # not to resend it on their own (errors.NO_RETRY_HEADER), as they do any 5xx.
+        self.no_retry = no_retry
 
 
 def error_body(status: int, message: str) -> dict:
@@ -81,7 +86,9 @@ def relayed(status: int, body: bytes, who: str) -> tuple[int, bytes]:
 @dataclass(frozen=True, slots=True)
 class Blame:
     role: str           # "prefill" | "decode": the pod whose failure record counts it
-    retry: bool         # nothing reached the client and another pair of pods may succeed
+    # Nothing reached the client and another pair of pods may succeed. False: resending it would
+    # add to an overload, so neither the gateway nor the client's SDK does (x-should-retry: false).
+    retry: bool
     status: int         # what the client gets if it is not retried (or retries run out)
     reason: str         # laps_gateway_errors_total{reason}
     message: str

@@ -104,7 +104,7 @@ class PDProxy:
             429, "overloaded",
             f"the {d.group} prefill group is overloaded: {verdict.pending_tokens} prompt tokens "
             f"pending, its bound is {verdict.bound} ({self._config.max_pending_tokens_per_pod} per "
-            f"pod x {pods} pods); {d.cls} requests are refused until it drains, retry later",
+            f"pod x {pods} pods); work for it is refused until it drains, retry later",
             self._config.retry_after_s)
 
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
@@ -264,8 +264,8 @@ class PDProxy:
             pod, pool = (d.prefill, d.group) if blame.role == "prefill" else (d.decode, "decode")
             if blame.state == "draining":
                 self._tracker.record_draining(pod.name, pool)
-        error = GatewayError(blame.status, blame.reason, blame.message,
-                             self._config.retry_after_s if blame.status == 503 else None)
+        error = GatewayError(blame.status, blame.reason, blame.message, self._config.retry_after_s
+                             if blame.status == 503 else None, no_retry=not blame.retry)
         return _Retryable((pod.name,), error) if blame.retry else error
 
     def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,

@@ -6,9 +6,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _PASS_THROUGH = ConfigDict(extra="allow")
+
+
+def one_sample(n: Any) -> Any:
+    """Several samples per prompt (n > 1) do not work through PD: SGLang 0.5.23's prefill server
+    answers, its decode server never does (the client waited until its own timeout), and the
+    builtin engine refuses them. A 4xx at once beats a hang until the deadline."""
+    if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+        raise ValueError(f"n={n} is not supported with prefill/decode disaggregation (one "
+                         f"sample per request): send the request {n} times instead")
+    return n
 
 
 class _Sampling(BaseModel):
@@ -21,6 +31,11 @@ class _Sampling(BaseModel):
     n: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_sample(cls, n: int | None) -> int | None:
+        return one_sample(n)
 
 
 class CompletionRequest(_Sampling):
@@ -56,6 +71,7 @@ class GenerateRequest(BaseModel):
     def _needs_input(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` or `input_ids`")
+        one_sample((self.sampling_params or {}).get("n"))
         return self
 
 

@@ -32,9 +32,11 @@ def register() -> None:
     try:
         settings = load_settings()
     except (OSError, ValueError) as exc:
-        # A misconfigured plugin must be loud but must not take the server down with it.
-        log.error("LAPS plugin disabled: bad configuration: %s", exc)
-        return
+        # A misconfigured plugin stops the server before it starts, as a bad `laps engine` flag
+        # does: running on as vanilla SGLang (FIFO, no laps_engine_* series) behind a Ready pod
+        # hid the typo. SystemExit, because SGLang's plugin loader logs and swallows Exceptions;
+        # the launcher loads plugins before anything else, so nothing is left running.
+        raise SystemExit(f"LAPS plugin: bad configuration: {exc}") from None
     if not settings.enabled:
         log.info("LAPS plugin installed but off (set LAPS_SCHEDULER=1 or LAPS_CONFIG_FILE)")
         return

@@ -12,10 +12,13 @@ without a fork. They come instead from (later wins):
 
 Without `LAPS_SCHEDULER` or a file saying `scheduler.enabled: true` the plugin stays out of
 SGLang's way entirely (installing it into an image must not change a vanilla server).
-Pure Python: imported and tested without SGLang.
+A bad value, a value of the wrong type in the file, or a `LAPS_*` name one typo away from a
+setting is a ValueError naming it (the server then refuses to start: `register`), never a
+silent default. Pure Python: imported and tested without SGLang.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,12 +52,27 @@ ENV_KNOBS: dict[str, tuple[str, type | object]] = {
     "LAPS_MAX_BATCH_SIZE": ("max_batch_size", int),
     "LAPS_MAX_PREFILL_TOKENS": ("max_prefill_tokens", int),
 }
-# CRD camelCase (spec.laps.scheduler.*) -> SchedulerConfig field
+# The plugin's other variables (hooks.py, metrics.py): together with ENV_KNOBS every LAPS_* name
+# it reads, so a near miss of one of them is reported as the typo it is.
+OTHER_ENV = (CONFIG_FILE_ENV, "LAPS_LABELS_FILE", "LAPS_BATCH_LOG", "LAPS_METRICS_PORT")
+# CRD camelCase (spec.laps.scheduler.*) -> (SchedulerConfig field, the YAML type the CRD gives it)
 _FILE_SCHEDULER_KEYS = {
-    "enabled": "enabled", "waitWindowMs": "wait_window_ms", "waitMaxBatch": "wait_max_batch",
-    "adaptiveWindow": "adaptive_window", "maxLongWaitMs": "max_long_wait_ms",
-    "longInWindow": "long_in_window",
+    "enabled": ("enabled", bool), "waitWindowMs": ("wait_window_ms", float),
+    "waitMaxBatch": ("wait_max_batch", int), "adaptiveWindow": ("adaptive_window", bool),
+    "maxLongWaitMs": ("max_long_wait_ms", float), "longInWindow": ("long_in_window", str),
 }
+
+
+def _typed(where: str, value: object, kind: type) -> object:
+    """`value` from the YAML file if it has the CRD's type (an int is a number; a bool is not)."""
+    ok = (isinstance(value, bool) if kind is bool else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
+          isinstance(value, int) and not isinstance(value, bool) if kind is int else
+          isinstance(value, kind))
+    if not ok:
+        expected = {bool: "true or false", float: "a number", int: "an integer"}.get(kind, "a string")
+        raise ValueError(f"{where} must be {expected}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -76,20 +94,22 @@ def _from_file(path: Path) -> dict:
         raise ValueError(f"{path}: expected a mapping like spec.laps, got {type(data).__name__}")
     # spec.laps's other keys are accepted and not the plugin's: SGLang's own flags
     # (prefixCache: --disable-radix-cache), the gateway's (prefixAffinity), the operator's.
-    unknown = set(data) - {"lengthThreshold", "prefixCache", "prefixAffinity", "scheduler",
-                           "batchPrefillGraphs", "allocation"}
+    unknown = set(data) - {"lengthThreshold", "prefixCache", "prefixAffinity", "prefixWarm",
+                           "scheduler", "batchPrefillGraphs", "allocation"}
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
     values: dict = {}
     if "lengthThreshold" in data:
-        values["length_threshold"] = int(data["lengthThreshold"])
+        values["length_threshold"] = _typed(f"{path}: lengthThreshold", data["lengthThreshold"], int)
     sched = data.get("scheduler") or {}
+    if not isinstance(sched, Mapping):
+        raise ValueError(f"{path}: scheduler must be a mapping, got {sched!r}")
     bad = set(sched) - set(_FILE_SCHEDULER_KEYS)
     if bad:
         raise ValueError(f"{path}: unknown scheduler keys {sorted(bad)}")
-    for key, name in _FILE_SCHEDULER_KEYS.items():
+    for key, (name, kind) in _FILE_SCHEDULER_KEYS.items():
         if key in sched:
-            values[name] = sched[key]
+            values[name] = _typed(f"{path}: scheduler.{key}", sched[key], kind)
     # A file that configures the scheduler means "on" unless it says otherwise (as in the CRD).
     values.setdefault("enabled", True)
     return values
@@ -98,6 +118,14 @@ def _from_file(path: Path) -> dict:
 def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
     """Settings from `environ` (default os.environ); ValueError names the bad variable/key."""
     env = os.environ if environ is None else environ
+    known = (*ENV_KNOBS, *OTHER_ENV)
+    for var in env:
+        near = difflib.get_close_matches(var, known, n=1, cutoff=0.8) if var.startswith("LAPS_") else []
+        if near and var not in known:
+            raise ValueError(f"{var} is not a LAPS plugin setting; did you mean {near[0]}?")
+    port = env.get("LAPS_METRICS_PORT")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"LAPS_METRICS_PORT={port!r}: not a TCP port")
     values: dict = {"enabled": False}
     sources = []
     file = env.get(CONFIG_FILE_ENV)
@@ -113,5 +141,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
             sources.append(var)
     if values.get("long_in_window", "cost") not in LONG_IN_WINDOW_RULES:
         raise ValueError(f"LAPS_LONG_IN_WINDOW must be one of {LONG_IN_WINDOW_RULES}")
-    return PluginSettings(scheduler=SchedulerConfig(**values),
+    try:
+        scheduler = SchedulerConfig(**values)
+    except ValueError as exc:  # an out-of-range value: name where it came from
+        raise ValueError(f"{exc} (from {', '.join(sources) or 'defaults'})") from None
+    return PluginSettings(scheduler=scheduler,
                           labels_file=env.get("LAPS_LABELS_FILE") or None, sources=tuple(sources))

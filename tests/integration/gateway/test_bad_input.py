@@ -38,6 +38,9 @@ def test_malformed_json_is_400(stack):
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}], "stream": "yes please"}, "stream"),
     ("/generate", {"sampling_params": {}}, "text"),
+    # Several samples per request: SGLang's PD servers never answered them.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2 is not supported"),
+    ("/generate", {"text": "x", "sampling_params": {"n": 4}}, "n=4 is not supported"),
 ])
 def test_missing_or_wrong_fields_are_422_naming_the_field(stack, path, body, mentions):
     gateway, engines = stack
@@ -60,6 +63,22 @@ def test_body_over_the_limit_is_413(stack):
                        headers={"content-type": "application/json"})
     _error(reply, 413)
     assert not engines["decode"].requests
+
+
+def test_token_ids_outside_the_vocabulary_are_400(pd_stack, smollm2_tokenizer):
+    """SGLang does not check them, and one such id crashed its prefill server."""
+    from laps_agent.gateway.estimate import TokenEstimator
+
+    gateway, engines = pd_stack(estimator=TokenEstimator(smollm2_tokenizer))
+    vocab = smollm2_tokenizer.vocab_size
+    for path, body, bad in (("/v1/completions", {"prompt": [1, -1]}, -1),
+                            ("/v1/completions", {"prompt": [[1], [vocab]]}, vocab),
+                            ("/generate", {"input_ids": [5, vocab + 7]}, vocab + 7)):
+        message = _error(httpx.post(gateway.url + path, json=body), 400)
+        assert f"token id {bad}" in message and f"0..{vocab - 1}" in message
+    assert not engines["decode"].requests
+    reply = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": [0, vocab - 1], "max_tokens": 2})
+    assert reply.status_code == 200, reply.text
 
 
 def test_unknown_model_is_404(stack):

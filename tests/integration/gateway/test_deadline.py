@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from tests.support.fixtures_gateway import poll
 from tests.support.metrics_text import metric_value
@@ -36,6 +37,25 @@ def test_a_request_over_its_deadline_before_the_first_byte_gets_504(stub_engines
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert metric_value(metrics, "laps_gateway_errors_total", reason="deadline_exceeded") == 2
     assert httpx.get(f"{gateway.url}/laps_status").json()["groups"]["short"]["pending_requests"] == 0
+
+
+def test_openai_clients_do_not_resend_a_request_that_ran_out_its_deadline(stub_engines, gateway_server):
+    """OpenAI's SDKs resend any 5xx twice by default: a 504 deadline resent took three deadlines
+    to reach the caller and made the engines do the work three times."""
+    import openai
+
+    prefill, prefill_engine = stub_engines("prefill", prefill_delay_s=30)
+    decode, decode_engine = stub_engines("decode", first_token_delay_s=30)
+    gateway = gateway_server(_static([prefill.url], [decode.url]), request_deadline_s=0.5)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused")   # default retries
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.completions.create(model="default", prompt="x", max_tokens=4)
+    assert caught.value.status_code == 504
+    assert "within its 0.5s deadline" in caught.value.message
+    assert len(prefill_engine.requests) == 1 and len(decode_engine.requests) == 1   # sent once
+    assert caught.value.response.headers["x-should-retry"] == "false"
+    poll(lambda: prefill_engine.disconnects == 1 and decode_engine.disconnects == 1,
+         message="both engines to see the request dropped")
 
 
 def test_a_stream_over_its_deadline_ends_with_an_error_event(stub_engines, gateway_server):

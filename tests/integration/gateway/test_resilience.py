@@ -10,6 +10,7 @@ import httpx
 from laps_agent.gateway.config import ProxyConfig
 
 from tests.support.fixtures_gateway import RawRequest, poll
+from tests.support.metrics_text import metric_value
 
 
 def _static(short=(), long=(), decode=()):
@@ -151,3 +152,22 @@ def test_client_leaving_a_stream_cancels_the_decode_call(stub_engines, gateway_s
     poll(lambda: decode_engine.disconnects == 1, message="decode engine to see the hang-up")
     poll(lambda: httpx.get(f"{gateway.url}/laps_status").json()["decode"]["pods"][0][
         "pending_requests"] == 0, message="decode pending to drain")
+
+
+def test_client_hanging_up_mid_upload_is_a_disconnect_not_a_crash(stub_engines, gateway_server, caplog):
+    """A client that gives up while still sending its prompt (a timeout, a cancelled call) was
+    logged with a traceback and counted as internal_error: a gateway bug to whoever alerts on it."""
+    prefill, prefill_engine = stub_engines("prefill")
+    decode, decode_engine = stub_engines("decode")
+    gateway = gateway_server(_static(short=[prefill.url], decode=[decode.url]))
+    request = RawRequest(gateway.url, "/v1/completions", {"prompt": "a long prompt " * 100}, sent=100)
+    request.hang_up()
+
+    def errors(reason: str) -> float:
+        page = httpx.get(f"{gateway.url}/metrics").text
+        return metric_value(page, "laps_gateway_errors_total", 0, reason=reason)
+
+    poll(lambda: errors("client_disconnected") == 1, message="the hang-up counted as a disconnect")
+    assert errors("internal_error") == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    assert not prefill_engine.requests and not decode_engine.requests   # nothing half-sent upstream

@@ -68,3 +68,21 @@ def test_a_decode_timeout_waiting_for_kv_blames_the_prefill_group_not_the_decode
     # The gateway gave up on the stuck prefill calls, and the engine dropped them.
     poll(lambda: httpx.get(long_engine.url + "/get_server_info").json()["state"]["live"] == 0,
          timeout=30, message="the stuck engine to drop the abandoned requests")
+
+
+def test_openai_clients_do_not_resend_a_request_its_prefill_group_could_not_serve(stuck_long_group):
+    """OpenAI's SDKs resend any 5xx twice by default: each resend of a prefill_overloaded 503
+    waited another whole KV timeout in the overloaded group and added to its queue."""
+    import openai
+
+    gateway, _ = stuck_long_group
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused")   # default retries
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.completions.create(model="test-model", prompt="many words " * 150, max_tokens=2)
+    assert caught.value.status_code == 503
+    assert caught.value.body["message"].startswith("the long prefill group is overloaded")
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    routed = sum(_metric(metrics, "laps_gateway_requests_total", **{"class": c, "group": g})
+                 for c in ("short", "long") for g in ("short", "long"))
+    assert routed == 1   # sent once (a resend is classed by what the gateway sent where)
+    assert caught.value.response.headers["x-should-retry"] == "false"

@@ -3,6 +3,7 @@ LAPS's queues in step with a `waiting_queue` list (requests are plain stand-ins 
 SGLang runs in tests/sglang)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -89,3 +90,25 @@ def test_waiting_counts_from_arrival_not_from_when_sglang_queued_the_request():
     d.sync([Req("s", 10), Req("L", 500)], now=9.0)
     assert d.tracked["L"].arrival == 0.0
     assert [r.rid for r in d.choose(9.0)] == ["L"] and d.last_decision.reason == "long_starved"
+
+
+def test_a_typo_a_wrong_type_or_an_out_of_range_value_is_named(tmp_path):
+    with pytest.raises(ValueError, match="LAPS_MAX_LONG_WAIT is not a LAPS plugin setting; did you mean LAPS_MAX_LONG_WAIT_MS"):
+        load_settings({"LAPS_SCHEDULER": "1", "LAPS_MAX_LONG_WAIT": "100"})
+    # Other LAPS_* names (another component's) are no typo of the plugin's.
+    assert load_settings({"LAPS_SCHEDULER": "1", "LAPS_LOG_LEVEL": "debug"}).enabled
+    with pytest.raises(ValueError, match=r"wait_window_ms must be >= 0, got -5.0 \(from LAPS_SCHEDULER, LAPS_WAIT_WINDOW_MS\)"):
+        load_settings({"LAPS_SCHEDULER": "1", "LAPS_WAIT_WINDOW_MS": "-5"})
+    with pytest.raises(ValueError, match="LAPS_METRICS_PORT='http': not a TCP port"):
+        load_settings({"LAPS_SCHEDULER": "1", "LAPS_METRICS_PORT": "http"})
+    f = tmp_path / "laps.yaml"
+    for text, message in (("scheduler: {waitWindowMs: fast}", "scheduler.waitWindowMs must be a number, got 'fast'"),
+                          ("scheduler: {adaptiveWindow: 'yes'}", "scheduler.adaptiveWindow must be true or false"),
+                          ("lengthThreshold: 12.5", "lengthThreshold must be an integer, got 12.5"),
+                          ("scheduler: [enabled]", "scheduler must be a mapping")):
+        f.write_text(text + "\n")
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_settings({"LAPS_CONFIG_FILE": str(f)})
+    # The CR's whole spec.laps block is a valid file, prefixWarm included.
+    f.write_text("lengthThreshold: 64\nprefixWarm: false\n")
+    assert load_settings({"LAPS_CONFIG_FILE": str(f)}).scheduler.length_threshold == 64
