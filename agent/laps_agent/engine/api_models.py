@@ -9,6 +9,8 @@ from typing import Any
 from laps_agent.engine.api_error import ApiError
 from laps_agent.engine.chat_messages import clean_messages
 from laps_agent.engine.sampling_params import SamplingError, SamplingParams, is_whole_number
+from laps_agent.engine.unsupported_fields import (OPENAI_BODY, SGLANG_GENERATE, SGLANG_SAMPLING,
+                                                  asks_nothing, refuse_unsupported)
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256
@@ -99,9 +101,14 @@ def parse_generate(body: Any) -> ParsedRequest:
         raise ApiError(400, "give exactly one of `text` or `input_ids`")
     if text is not None and not isinstance(text, str):
         raise ApiError(400, "`text` must be a string (batched lists are not supported)")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        raise ApiError(400, f"batched input_ids ({len(ids)} prompts in one request) are not supported: "
+                            "send one list of token ids per request")
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise ApiError(400, "sampling_params must be an object")
+    refuse_unsupported(body, SGLANG_GENERATE)
+    refuse_unsupported(sp, SGLANG_SAMPLING, "sampling_params.")
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise ApiError(400, "rid must be a string")
@@ -109,51 +116,16 @@ def parse_generate(body: Any) -> ParsedRequest:
                          _bool(body, "stream"), _bootstrap(body), rid=rid)
 
 
-# OpenAI fields this engine does not implement, each with the values that ask for nothing
-# (what clients send by default). Any other value is refused, naming the field: an answer that
-# silently lacks what was asked for is worse (a harness asking for logprobs would score
-# nothing, a penalty would not apply). Stock SGLang behind the same gateway implements them.
-_NOT_IMPLEMENTED: dict[str, tuple] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
-    "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0), "repetition_penalty": (None, 1), "min_tokens": (None, 0),
-    "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none", "auto"),
-    "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
-    # SGLang's (and vLLM's) extensions to the OpenAI body, which clients of those servers send.
-    "min_p": (None, 0), "regex": (None,), "json_schema": (None,), "ebnf": (None,),
-}
-
-
-def _asks_nothing(value: Any, neutral: tuple) -> bool:
-    for n in neutral:
-        if n is None or isinstance(n, bool):
-            if value is n:
-                return True
-        elif isinstance(n, int):   # 0 and 0.0 alike, never False/True
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == n:
-                return True
-        elif value == n:
-            return True
-    return False
-
-
 def _openai_params(body: dict, default_max: int) -> SamplingParams:
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise ApiError(400, "only n=1 is supported")
-    for key, neutral in _NOT_IMPLEMENTED.items():
-        if key in body and not _asks_nothing(body[key], neutral):
-            raise ApiError(400, f"{key}={body[key]!r} is not implemented by this engine; "
-                                f"leave it out, or serve the model with the SGLang backend")
+    if not asks_nothing(body.get("n"), (None, 1)):  # `n: true` too: a bool is no count
+        raise ApiError(400, f"only n=1 is supported, got n={body['n']!r}")
+    refuse_unsupported(body, OPENAI_BODY)
     raw = {
         "max_new_tokens": _max_tokens(body, default_max),
         "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
         "stop": body.get("stop"), "seed": body.get("seed"), "stop_token_ids": body.get("stop_token_ids"),
         "ignore_eos": body.get("ignore_eos", False),
     }
-    stop = raw["stop"]
-    if stop is not None and not isinstance(stop, (str, list)):
-        raise ApiError(400, "stop must be a string or a list of strings")
     return _params(raw)
 
 
@@ -172,10 +144,16 @@ def _max_tokens(body: dict, default: int) -> int:
 
 
 def _stream_options(body: dict) -> bool:
-    opts = body.get("stream_options") or {}
+    """include_usage, checked like `stream`: bool("no") was True, a usage chunk nobody asked for."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
     if not isinstance(opts, dict):
-        raise ApiError(400, "stream_options must be an object")
-    return bool(opts.get("include_usage", False))
+        raise ApiError(400, f"stream_options must be an object, got {opts!r}")
+    value = opts.get("include_usage")
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"stream_options.include_usage must be a boolean, got {value!r}")
+    return bool(value)
 
 
 def parse_completion(body: Any) -> ParsedRequest:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import AsyncGenerator, AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from laps_agent.engine import api_models as api
 
@@ -46,3 +48,27 @@ async def until_disconnect(request: Request, awaitable):
             pass
         raise ClientGone()
     return task.result()
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole request body; ClientGone when the client hangs up mid-upload (its own timeout,
+    a cancelled call: no engine bug, so no traceback)."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise ClientGone() from None
+
+
+async def until_stream_end(events: AsyncGenerator[bytes, None], on_cut: Callable[[], object]) -> AsyncIterator[bytes]:
+    """`events` as they come, calling `on_cut` if the stream is closed before its end (the
+    client left: the server cancels or closes the response's iterator). `events` is closed
+    here at once, not whenever it is collected: closing it aborts the engine's request."""
+    ended = False
+    try:
+        async for chunk in events:
+            yield chunk
+        ended = True
+    finally:
+        if not ended:
+            on_cut()
+        await events.aclose()

@@ -69,6 +69,9 @@ class EngineMetrics:
         # This engine's class (uncached tokens at admission) against the one the gateway chose:
         # off-diagonal series count misclassifications (gateway_class="none": it sent none).
         self.classes = Counter("laps_engine_class_total", "Prefilled requests by gateway and engine class", ["gateway_class", "engine_class"], registry=r)
+        # Clients that hung up before their whole answer (mid-upload, waiting, mid-stream): a
+        # client's own timeout, not an engine error, so counted apart from failures.
+        self.client_disconnects = Counter("laps_engine_client_disconnects_total", "Requests whose client hung up before its whole answer", registry=r)
         self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r)
         for queue in ("short", "long"):
             self.queue_requests.labels(queue)
@@ -102,6 +105,11 @@ class EngineMetrics:
             self.prefix_warm.labels(outcome).inc()
 
     def observe_first_token(self, cls: str | None, seconds: float) -> None:
+        # A decode engine's first token is the prefill engine's, already counted there; its own
+        # "arrival" is the KV's, so a sample here would be a near-zero TTFT that every panel
+        # summing over pods mixes into the prefill engines' (one per request, halving quantiles).
+        if self.role == "decode":
+            return
         self.ttft.labels(cls or "short").observe(seconds)
 
     def render(self, snapshot: dict) -> bytes:

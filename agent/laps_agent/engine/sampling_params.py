@@ -52,15 +52,23 @@ class SamplingParams:
             stop = raw.get("stop") or ()
             if isinstance(stop, str):
                 stop = (stop,)
+            if not isinstance(stop, (list, tuple)):  # tuple() of a dict would stop on its keys
+                raise SamplingError(f"stop must be a string or a list of strings, got {stop!r}")
+            stop_ids = raw.get("stop_token_ids") or ()
+            if not isinstance(stop_ids, (list, tuple)):
+                raise SamplingError(f"stop_token_ids must be a list of integer token ids, got {stop_ids!r}")
+            ignore_eos = raw.get("ignore_eos")
+            if ignore_eos is not None and not isinstance(ignore_eos, bool):  # bool("false") is True
+                raise SamplingError(f"ignore_eos must be a boolean, got {ignore_eos!r}")
             seed = raw.get("seed", raw.get("sampling_seed"))
             return cls(
                 max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new is None else _int(max_new, "max_new_tokens"),
-                temperature=float(1.0 if raw.get("temperature") is None else raw["temperature"]),
-                top_p=float(1.0 if raw.get("top_p") is None else raw["top_p"]),
+                temperature=_float(raw.get("temperature"), 1.0, "temperature"),
+                top_p=_float(raw.get("top_p"), 1.0, "top_p"),
                 top_k=_int(-1 if raw.get("top_k") in (None, 0) else raw["top_k"], "top_k"),
                 stop=tuple(stop),
-                stop_token_ids=frozenset(_int(t, "stop_token_ids") for t in (raw.get("stop_token_ids") or ())),
-                ignore_eos=bool(raw.get("ignore_eos", False)),
+                stop_token_ids=frozenset(_int(t, "stop_token_ids") for t in stop_ids),
+                ignore_eos=bool(ignore_eos),
                 seed=None if seed is None else _int(seed, "seed"),
             )
         except (TypeError, ValueError, OverflowError) as exc:  # float() of a 400-digit integer
@@ -81,6 +89,16 @@ def is_whole_number(value: object) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return isinstance(value, int) or (math.isfinite(value) and int(value) == value)
+
+
+def _float(value: object, default: float, name: str) -> float:
+    """A number (a numeric string still reads as one), never a bool: float(True) made `true` a
+    temperature of 1."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise SamplingError(f"{name} must be a number, got {value!r}")
+    return float(value)  # type: ignore[arg-type]  # anything else: TypeError/ValueError, a 400
 
 
 def _int(value: object, name: str) -> int:

@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from laps_agent.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.engine import api_models as api
-from laps_agent.engine.http_util import ClientGone, error, until_disconnect
+from laps_agent.engine.http_util import ClientGone, error, read_body, until_disconnect, until_stream_end
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MIN_QUEUE_BOUND = 256
+TOKENIZE_INLINE_MAX = 262144  # chars tokenized on the loop; longer: a thread (the hop cost 2 ms at 40 KiB)
 
 
 @dataclass(frozen=True)
@@ -87,23 +87,31 @@ class EngineServer:
         """Nothing to close: each KV fetch opens and closes its own connection (pd_fetch)."""
 
     # ---- request plumbing ------------------------------------------------------------------
-    def tokenize(self, parsed: api.ParsedRequest) -> list[int]:
+    async def tokenize(self, parsed: api.ParsedRequest) -> list[int]:
+        """A long prompt is tokenized on a worker thread, GIL released: on the event loop, a few MB
+        of text froze /health, /get_load and every stream here for seconds."""
+        size = len(parsed.text or "") if parsed.input_ids is None else len(parsed.input_ids)
+        if size > TOKENIZE_INLINE_MAX:
+            return await asyncio.to_thread(self._tokenize, parsed, self.tokenizer.encode_unlocked)
+        return self._tokenize(parsed, self.tokenizer.encode)
+
+    def _tokenize(self, parsed: api.ParsedRequest, encode) -> list[int]:
         if parsed.input_ids is not None:
             ids = parsed.input_ids
         else:
             try:
-                ids = self.tokenizer.encode(parsed.text or "")
+                ids = encode(parsed.text or "")
             except (TypeError, ValueError) as exc:  # text it cannot encode is the client's error
                 raise api.ApiError(400, f"the tokenizer cannot encode the prompt: {exc}") from None
         if not ids:
             raise api.ApiError(400, "the prompt is empty")
-        vocab = self.tokenizer.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise api.ApiError(400, f"input_ids must be in [0, {vocab})")
         limit = self.engine.max_prompt_tokens()
         if len(ids) > limit:
             raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this engine takes at most {limit}",
                                "context_length_exceeded")
+        vocab = self.tokenizer.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise api.ApiError(400, f"input_ids must be in [0, {vocab})")
         return ids
 
     async def outputs(self, work: GenerateWork) -> AsyncIterator[EngineOutput]:
@@ -168,7 +176,7 @@ class EngineServer:
 
     async def prepare(self, parsed: api.ParsedRequest, request: Request) -> tuple[GenerateWork, dict]:
         """Tokenize and, for the decode role, collect the KV from the prefill engine first."""
-        ids = self.tokenize(parsed)
+        ids = await self.tokenize(parsed)
         rid = parsed.rid or new_rid()
         role, boot = self.settings.role, parsed.bootstrap
         gateway_cls = api.gateway_class(request.headers.get(api.LAPS_CLASS_HEADER))
@@ -226,7 +234,11 @@ class EngineServer:
     # ---- endpoints -------------------------------------------------------------------------
     async def serve(self, request: Request, kind: str) -> Response:
         started = time.monotonic()
-        raw = await request.body()
+        try:
+            raw = await read_body(request)
+        except ClientGone:
+            self.metrics.client_disconnects.inc()
+            return Response(status_code=499)
         try:
             body, text = loads_json_text(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -248,7 +260,8 @@ class EngineServer:
             if parsed.stream:
                 first = await self._first_output(work, parsed, request)
                 events = sse_events(work, parsed, first, extra, started, self.settings.served_model_name)
-                return StreamingResponse(events, media_type="text/event-stream")
+                return StreamingResponse(until_stream_end(events, self.metrics.client_disconnects.inc),
+                                         media_type="text/event-stream")
             outs, last = await until_disconnect(request, self.collect(work, parsed.bootstrap))
         except api.ApiError as exc:
             return error(exc)
@@ -258,6 +271,7 @@ class EngineServer:
             # engine: no decode engine collected the KV. docs/contracts.md, engine errors.
             return error(api.ApiError(504, str(exc), "bootstrap_error"))
         except ClientGone:
+            self.metrics.client_disconnects.inc()
             return Response(status_code=499)
         return JSONResponse(final_body(work, parsed, outs, last, extra, started,
                                        self.settings.served_model_name))

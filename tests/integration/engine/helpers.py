@@ -5,6 +5,7 @@ import random
 
 import httpx
 
+from tests.support.metrics_text import metric_value
 from tests.support.waiting import poll
 
 
@@ -21,6 +22,12 @@ def engine_idle(engine) -> bool:
     state = info["state"]
     return (state["live"] == 0 and state["kv_usage"] == 0.0 and info["bootstrap"]["pending_rooms"] == 0
             and info["bootstrap"]["fetching"] == 0)
+
+
+def client_disconnects(engine) -> float:
+    """Requests whose client hung up before its whole answer, as the engine counts them."""
+    page = httpx.get(engine.url + "/metrics", timeout=10).text
+    return metric_value(page, "laps_engine_client_disconnects_total")
 
 
 def room() -> int:

@@ -6,7 +6,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.engine.helpers import engine_idle, engine_state, wait_for
+from tests.integration.engine.helpers import client_disconnects, engine_idle, engine_state, wait_for
 
 BAD = [
     ("/generate", b'{"text": "hi", "sampling_params": {', "malformed JSON"),
@@ -38,6 +38,26 @@ BAD = [
     ("/v1/chat/completions", b'{"messages": []}', "messages"),
     ("/v1/chat/completions", b'{"messages": [{"content": "no role"}]}', "role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 7}]}', "content"),
+    # SGLang's /generate fields the engine does not implement were silently ignored: `n: 2` got
+    # one sample, a regex or penalty did not apply, return_logprob gave no logprobs.
+    ("/generate", b'{"input_ids": [[1, 2], [3]]}', "batched input_ids (2 prompts in one request)"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"n": 2}}', "sampling_params.n=2 is not implemented"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"min_p": 0.2}}', "sampling_params.min_p=0.2"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"regex": "[0-9]+"}}', "sampling_params.regex"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"repetition_penalty": 1.2}}', "repetition_penalty"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"min_new_tokens": 5}}', "min_new_tokens"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"skip_special_tokens": false}}', "skip_special_tokens"),
+    ("/generate", b'{"text": "hi", "return_logprob": true}', "return_logprob=True is not implemented"),
+    ("/generate", b'{"text": "hi", "lora_path": "adapter"}', "lora_path"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '
+                             b'"skip_special_tokens": false}', "skip_special_tokens"),
+    # Wrong types were read as something else: "false" as true, a dict's keys as stop strings.
+    ("/generate", b'{"text": "hi", "sampling_params": {"ignore_eos": "false"}}', "ignore_eos must be a boolean"),
+    ("/v1/completions", b'{"prompt": "hi", "ignore_eos": 1}', "ignore_eos must be a boolean"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"stop": {"a": 1}}}', "stop must be a string or a list"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"stop_token_ids": 5}}', "stop_token_ids must be a list"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"temperature": true}}', "temperature must be a number"),
+    ("/v1/completions", b'{"prompt": "hi", "n": true}', "only n=1 is supported, got n=True"),
 ]
 
 
@@ -59,6 +79,12 @@ def test_fields_that_ask_for_nothing_are_served(tiny_mixed_engine):
             "tool_choice": "none", "tools": [], "response_format": {"type": "text"}, "top_logprobs": 0}
     resp = httpx.post(tiny_mixed_engine.url + "/v1/chat/completions", json=chat, timeout=60)
     assert resp.status_code == 200, resp.text
+    generate = {"text": "hi", "return_logprob": False, "lora_path": None, "image_data": None,
+                "sampling_params": {"max_new_tokens": 2, "n": 1, "min_p": 0.0, "repetition_penalty": 1,
+                                    "skip_special_tokens": True, "no_stop_trim": False, "stop_regex": [],
+                                    "json_schema": None, "stream_interval": 4, "ignore_eos": None}}
+    resp = httpx.post(tiny_mixed_engine.url + "/generate", json=generate, timeout=60)
+    assert resp.status_code == 200, resp.text
 
 
 def test_over_context_prompt_is_rejected_and_engine_keeps_serving(tiny_mixed_engine):
@@ -75,6 +101,7 @@ def test_over_context_prompt_is_rejected_and_engine_keeps_serving(tiny_mixed_eng
 async def test_disconnecting_streaming_client_frees_its_kv(tiny_mixed_engine):
     body = {"text": "tell me a very long story", "stream": True,
             "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+    gone = client_disconnects(tiny_mixed_engine)
     async with httpx.AsyncClient(timeout=60) as client:
         async with client.stream("POST", tiny_mixed_engine.url + "/generate", json=body) as resp:
             assert resp.status_code == 200
@@ -85,10 +112,13 @@ async def test_disconnecting_streaming_client_frees_its_kv(tiny_mixed_engine):
             assert holding["live"] == 1 and holding["kv_usage"] > 0
         # leaving the block closes the connection mid-stream
     await asyncio.to_thread(wait_for, lambda: engine_idle(tiny_mixed_engine), 20.0, "KV freed after disconnect")
+    await asyncio.to_thread(wait_for, lambda: client_disconnects(tiny_mixed_engine) == gone + 1, 20.0,
+                            "the hang-up counted in laps_engine_client_disconnects_total")
 
 
 async def test_disconnecting_non_streaming_client_frees_its_kv(tiny_mixed_engine):
     body = {"text": "another long story", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    gone = client_disconnects(tiny_mixed_engine)
     async with httpx.AsyncClient(timeout=60) as client:
         task = asyncio.create_task(client.post(tiny_mixed_engine.url + "/generate", json=body))
         await asyncio.to_thread(wait_for, lambda: engine_state(tiny_mixed_engine)["state"]["running"] == 1,
@@ -97,3 +127,5 @@ async def test_disconnecting_non_streaming_client_frees_its_kv(tiny_mixed_engine
         with pytest.raises(asyncio.CancelledError):
             await task
     await asyncio.to_thread(wait_for, lambda: engine_idle(tiny_mixed_engine), 20.0, "KV freed after disconnect")
+    await asyncio.to_thread(wait_for, lambda: client_disconnects(tiny_mixed_engine) == gone + 1, 20.0,
+                            "the hang-up counted in laps_engine_client_disconnects_total")

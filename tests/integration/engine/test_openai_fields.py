@@ -147,3 +147,26 @@ def test_an_assistant_message_with_null_content_is_an_empty_turn(tiny_mixed_engi
     reply = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": None}]))
     assert reply.status_code == 400
     assert "messages[0].content must be a string or text parts" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"include_usage": "no"}, "stream_options.include_usage must be a boolean, got 'no'"),
+    ({"include_usage": 0}, "stream_options.include_usage must be a boolean, got 0"),
+    ([], "stream_options must be an object, got []"),
+])
+def test_stream_options_of_the_wrong_type_are_a_400_not_a_guess(tiny_mixed_engine, options, needle):
+    """`"include_usage": "no"` read as true (a usage chunk the client said it did not want), and
+    a list where the object goes passed unnoticed."""
+    body = _chat([{"role": "user", "content": "hi"}], max_tokens=2, stream=True, stream_options=options)
+    reply = _post(tiny_mixed_engine, CHAT, body)
+    assert reply.status_code == 400, reply.text
+    assert needle in reply.json()["error"]["message"]
+
+
+def test_stream_options_left_null_or_false_send_no_usage_chunk(tiny_mixed_engine):
+    for options in (None, {"include_usage": None}, {"include_usage": False}):
+        body = _chat([{"role": "user", "content": "hi"}], max_tokens=2, stream=True, stream_options=options)
+        with httpx.stream("POST", tiny_mixed_engine.url + CHAT, json=body, timeout=60) as reply:
+            assert reply.status_code == 200, reply.read()
+            events = [line for line in reply.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and '"usage"' not in "".join(events), options
