@@ -12,8 +12,11 @@ Rules, in order:
 3. With nothing recorded and nothing labelled (a new cluster) the first half of the ordinals
    (at least one) is short and the rest long, as the reference router splits its instances.
 4. Any other new name (a scale-up) joins the smaller group; ties go to short.
-5. Names at or beyond `replicas` (a scale-down) leave the plan. If that empties a group while
-   the other has two or more, the other's highest ordinal moves over, so each keeps >= 1.
+5. Names at or beyond `replicas` (a scale-down) leave the plan. While a group then has fewer
+   than `min_per_group` pods (1, or laps.allocation.minPerGroup with allocation on) and the
+   other has more, the other's highest ordinal moves over. The allocation loop never takes a
+   group below its minimum, but a scale-down (or a raised minimum) can: without this a group
+   would stay under it until pressure happened to ask for a pod the other way.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ def plan_groups(
     replicas: int,
     pods: Sequence[PodView],
     recorded: Mapping[str, Sequence[str]] | None,
+    min_per_group: int = 1,
 ) -> GroupPlan:
     recorded_group = {
         name: group for group in GROUPS for name in (recorded or {}).get(group, ()) or ()
@@ -80,7 +84,7 @@ def plan_groups(
             sizes = _sizes(assignment)
             assignment[name] = "short" if sizes["short"] <= sizes["long"] else "long"
 
-    moved = _keep_one_per_group(assignment, statefulset)
+    moved = _keep_minimum(assignment, statefulset, min_per_group)
     groups = {g: sorted((n for n, a in assignment.items() if a == g), key=lambda n: pod_ordinal(n, statefulset))
               for g in GROUPS}
     label_changes = {
@@ -98,13 +102,16 @@ def _sizes(assignment: Mapping[str, str]) -> dict[str, int]:
     return sizes
 
 
-def _keep_one_per_group(assignment: dict[str, str], statefulset: str) -> dict[str, tuple[str, str]]:
+def _keep_minimum(assignment: dict[str, str], statefulset: str, minimum: int) -> dict[str, tuple[str, str]]:
     moved: dict[str, tuple[str, str]] = {}
-    sizes = _sizes(assignment)
-    for empty, full in (("short", "long"), ("long", "short")):
-        if sizes[empty] == 0 and sizes[full] >= 2:
-            donor = max((n for n, g in assignment.items() if g == full), key=lambda n: pod_ordinal(n, statefulset))
-            assignment[donor] = empty
-            moved[donor] = (full, empty)
+    minimum = max(1, minimum)
+    for short_of, donor_group in (("short", "long"), ("long", "short")):
+        sizes = _sizes(assignment)
+        # Never below the minimum on the donor's side: with too few pods for both, each keeps what it can.
+        while sizes[short_of] < minimum and sizes[donor_group] > minimum:
+            donor = max((n for n, g in assignment.items() if g == donor_group),
+                        key=lambda n: pod_ordinal(n, statefulset))
+            assignment[donor] = short_of
+            moved[donor] = (donor_group, short_of)
             sizes = _sizes(assignment)
     return moved

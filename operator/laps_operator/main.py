@@ -255,4 +255,4 @@ def _report_groups(cluster_body: Any, plan: GroupPlan | None) -> None:
         kopf.event(cluster_body, type="Normal", reason="GroupAssigned", message=f"pod {pod} -> {group}")
     for pod, (old, new) in sorted(plan.moved.items()):
         kopf.event(cluster_body, type="Normal", reason="GroupRebalanced",
-                   message=f"pod {pod} moved {old} -> {new} so that each group keeps a pod")
+                   message=f"pod {pod} moved {old} -> {new} so that each group keeps its minimum of pods")

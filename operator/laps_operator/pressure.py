@@ -93,10 +93,18 @@ def parse_prometheus(status_code: int, body: Any, now: float, max_age_s: float) 
         return unknown("PrometheusError", f"HTTP {status_code}: {body.get('errorType') or 'error'}: "
                                           f"{body.get('error') or 'no error message'}")
     data = body.get("data") or {}
+    if not isinstance(data, dict):
+        # The URL answers JSON but is not Prometheus' query API (another service, a proxy's page):
+        # say so in the condition instead of failing the loop on every interval.
+        return unknown("PrometheusError", f"HTTP {status_code}: `data` is not a query result: {data!r}"[:500])
     if data.get("resultType") != "vector":
         return unknown("BadQuery", f"the pressure query must return an instant vector, got {data.get('resultType')!r}")
+    result = data.get("result") or []
+    if not isinstance(result, list) or not all(isinstance(s, dict) and isinstance(s.get("metric") or {}, dict)
+                                               for s in result):
+        return unknown("PrometheusError", f"HTTP {status_code}: `data.result` is not a list of samples: {result!r}"[:500])
     totals: dict[str, float] = {}
-    for sample in data.get("result") or ():
+    for sample in result:
         group = (sample.get("metric") or {}).get("group")
         if group not in GROUPS:
             continue

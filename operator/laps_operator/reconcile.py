@@ -13,7 +13,7 @@ from .apply import Applied, apply_all, contains, delete_if_owned
 from .builders import build_children, optional_children
 from .groups import GroupPlan, PodView, plan_groups
 from .kube import Kube, Ref
-from .naming import GROUP_LABEL, ClusterRef, cluster_name_problem, role_selector
+from .naming import GROUP_LABEL, GROUPS, ClusterRef, cluster_name_problem, role_selector
 from .network_policy import network_policy_refs
 from .spec import ClusterSpec, InvalidSpecError, parse_spec
 from .status import groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
@@ -139,7 +139,10 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
     if _gone(live):
         return None
     recorded = ((live.get("status") or {}).get("groups")) or {}
-    plan = plan_groups(ref.prefill, spec.prefill.replicas, prefill_pods(kube, ref), recorded)
+    alloc = spec.laps.allocation
+    # minPerGroup is the allocation loop's floor; without the loop each group keeps one pod.
+    plan = plan_groups(ref.prefill, spec.prefill.replicas, prefill_pods(kube, ref), recorded,
+                       alloc.min_per_group if alloc.enabled else 1)
     wanted = groups_status(plan.groups)
     if not contains(live.get("status") or {}, wanted):
         # Conditional: a membership computed from an older recording must not replace a newer one.
@@ -198,12 +201,28 @@ def sync_groups_of(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any
     """The group sync a pod event asks for, on the live cluster; None if gone or invalid (the
     cluster's own handler reports an invalid spec)."""
     with cluster_lock(namespace, name):
-        found = _live_valid(kube, namespace, name)
-        if found is None:
+        live = kube.get(cr_ref(namespace, name))
+        if _gone(live):
             return None
-        live, spec = found
+        try:
+            spec = parse_cluster(live)
+        except InvalidSpecError:
+            _restore_recorded_groups(kube, cluster_ref(live), (live.get("status") or {}).get("groups") or {})
+            return None
         plan = sync_groups(kube, cluster_ref(live), spec)
         return (live, plan) if plan is not None else None
+
+
+def _restore_recorded_groups(kube: Kube, ref: ClusterRef, recorded: dict[str, Any]) -> None:
+    """An edit made the spec invalid: the children keep running as last reconciled, so a prefill
+    pod recreated meanwhile (an eviction, a node drain) gets back the group recorded for it.
+    Without its label it would sit in neither group's Service, serving nothing until the spec is
+    fixed. Nothing is planned anew: the membership is the last valid spec's."""
+    group_of = {pod: group for group in GROUPS for pod in recorded.get(group) or ()}
+    for pod in prefill_pods(kube, ref):
+        group = group_of.get(pod.name)
+        if group and not pod.terminating and pod.group_label != group:
+            label_pod(kube, ref.namespace, pod.name, group)
 
 
 def delete_children(kube: Kube, ref: ClusterRef) -> list[Applied]:

@@ -38,22 +38,43 @@ def condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Map
 class Readiness:
     ready: bool
     message: str
+    rollout: str = ""    # what is still rolling out ("" when every workload runs its template)
 
 
 def _count(obj: Mapping[str, Any] | None, field: str) -> int:
     return int(((obj or {}).get("status") or {}).get(field) or 0)
 
 
+def _rolling(name: str, obj: Mapping[str, Any], want: int) -> str | None:
+    """Why a workload has not finished rolling out its current template, as `kubectl rollout
+    status` decides it; None when it has. Old pods keep their readiness while new ones start
+    (a Deployment surges), so ready replicas alone call a stuck rollout (a bad image) done."""
+    status = obj.get("status") or {}
+    generation = (obj.get("metadata") or {}).get("generation")
+    observed = status.get("observedGeneration")
+    if generation is not None and observed is not None and observed < generation:
+        return f"{name} update not yet seen by its controller"
+    updated = _count(obj, "updatedReplicas")   # omitted by the API server when 0
+    if updated < want:
+        return f"{name} {updated}/{want} updated"
+    if _count(obj, "replicas") > updated:
+        return f"{name} {_count(obj, 'replicas') - updated} old pods still running"
+    return None
+
+
 def workload_readiness(spec: ClusterSpec, prefill: Mapping | None, decode: Mapping | None,
                        gateway: Mapping | None) -> Readiness:
-    """Ready when every workload has as many ready replicas as the spec asks for."""
+    """Ready when every workload has as many ready replicas as the spec asks for; the rollout
+    is done when, besides, every replica runs the workload's current template."""
     wanted = [("prefill", prefill, spec.prefill.replicas), ("decode", decode, spec.decode.replicas),
               ("gateway", gateway, spec.gateway.replicas)]
     waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}" for name, obj, want in wanted
                if obj is None or _count(obj, "readyReplicas") < want]
+    rolling = [r for name, obj, want in wanted if obj is not None and (r := _rolling(name, obj, want))]
+    rollout = "rolling out: " + ", ".join(rolling) if rolling else ""
     if waiting:
-        return Readiness(False, "waiting for ready replicas: " + ", ".join(waiting))
-    return Readiness(True, "all prefill, decode and gateway replicas are ready")
+        return Readiness(False, "waiting for ready replicas: " + ", ".join(waiting), rollout)
+    return Readiness(True, "all prefill, decode and gateway replicas are ready", rollout)
 
 
 def reconciled_status(old: Mapping[str, Any] | None, *, generation: int | None, readiness: Readiness,
@@ -65,11 +86,13 @@ def reconciled_status(old: Mapping[str, Any] | None, *, generation: int | None, 
     conditions = set_condition(conditions, INVALID_SPEC, False, "Valid", "spec is valid", generation=generation, now=now)
     conditions = set_condition(conditions, READY, readiness.ready, "AllReplicasReady" if readiness.ready else "NotReady",
                                readiness.message, generation=generation, now=now)
-    conditions = set_condition(conditions, PROGRESSING, not readiness.ready,
-                               "RollingOut" if not readiness.ready else "Complete",
-                               readiness.message if not readiness.ready else "children are up to date",
+    # Ready says whether the cluster serves; Progressing (and the phase) whether it serves what
+    # the spec now asks for: after an edit, old pods keep serving while the new ones roll out.
+    done = readiness.ready and not readiness.rollout
+    conditions = set_condition(conditions, PROGRESSING, not done, "Complete" if done else "RollingOut",
+                               "children are up to date" if done else readiness.rollout or readiness.message,
                                generation=generation, now=now)
-    status: dict[str, Any] = {"phase": "Ready" if readiness.ready else "Progressing", "conditions": conditions}
+    status: dict[str, Any] = {"phase": "Ready" if done else "Progressing", "conditions": conditions}
     if generation is not None:  # a readiness-only refresh does not know which spec it reflects
         status["observedGeneration"] = generation
     return status

@@ -87,8 +87,9 @@ class Cluster:
             obj = getattr(self.apps, f"read_namespaced_{kind}")(name, NS)
             n = obj.spec.replicas
             getattr(self.apps, f"patch_namespaced_{kind}_status")(
-                name, NS, {"status": {"replicas": n, "readyReplicas": n, "availableReplicas": n,
-                                      "updatedReplicas": n}}, _content_type=MERGE)
+                name, NS, {"status": {"observedGeneration": obj.metadata.generation, "replicas": n,
+                                      "readyReplicas": n, "availableReplicas": n, "updatedReplicas": n}},
+                _content_type=MERGE)
 
     def services(self) -> dict:
         items = self.core.list_namespaced_service(NS, label_selector=f"laps.io/cluster={self.name}").items

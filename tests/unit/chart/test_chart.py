@@ -99,6 +99,10 @@ def test_dashboards_ship_as_labelled_configmaps_with_valid_json():
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"metrics": {"port": 8081}}, "/metrics/port"),
         ({"unknownKey": 1}, "unknownKey"),
+        # The API server would only warn and drop the misspelt key: the operator would run
+        # without the limit its installer asked for.
+        ({"resources": {"limts": {"memory": "1Gi"}}}, "/resources"),
+        ({"resources": {"limits": {"memory": ["1Gi"]}}}, "/resources/limits/memory"),
     ],
 )
 def test_bad_values_are_rejected_with_the_offending_path(values, fragment):

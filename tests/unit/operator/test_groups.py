@@ -78,6 +78,23 @@ def test_scale_down_drops_departed_pods_and_keeps_one_per_group():
     assert plan.label_changes == {f"{STS}-2": "short"}
 
 
+def test_scale_down_and_a_raised_minimum_keep_min_per_group_in_each_group():
+    # After the allocation loop moved pod 5 to short (long kept its minimum of 2), a scale-down
+    # to 4 leaves long with one pod: the highest short ordinal goes back to long.
+    recorded = {"short": names(0, 1, 2, 5), "long": names(3, 4)}
+    plan = plan_groups(STS, 4, pods((0, "short"), (1, "short"), (2, "short"), (3, "long")), recorded,
+                       min_per_group=2)
+    assert plan.groups == {"short": names(0, 1), "long": names(2, 3)}
+    assert plan.moved == {f"{STS}-2": ("short", "long")} and plan.label_changes == {f"{STS}-2": "long"}
+    # Raising the minimum on a live cluster refills the smaller group the same way.
+    lopsided = {"short": names(0), "long": names(1, 2, 3, 4, 5)}
+    plan = plan_groups(STS, 6, [], lopsided, min_per_group=3)
+    assert plan.groups == {"short": names(0, 4, 5), "long": names(1, 2, 3)}
+    # Too few pods for both minimums: no group goes below it for the other.
+    plan = plan_groups(STS, 3, [], {"short": names(0), "long": names(1, 2)}, min_per_group=2)
+    assert plan.groups == {"short": names(0), "long": names(1, 2)} and plan.moved == {}
+
+
 def test_terminating_pods_and_foreign_pods_are_not_relabelled():
     views = [PodView(f"{STS}-0", None, terminating=True), PodView(f"{STS}-1", None),
              PodView("other-prefill-0", None), PodView(f"{STS}-9", None)]

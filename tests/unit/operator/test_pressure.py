@@ -55,6 +55,12 @@ def test_series_of_one_group_are_summed_and_other_labels_ignored():
     (200, {"status": "success", "data": {"resultType": "matrix", "result": []}}, "BadQuery", "instant vector"),
     (200, vector(({"group": "short"}, float("nan")), ({"group": "long"}, 1)), "NoSeries", "nan"),
     (200, [1, 2], "PrometheusError", "not a JSON object"),
+    # JSON, but not Prometheus' query API (a URL pointing at another service): a reason, not a crash.
+    (200, {"status": "success", "data": [1]}, "PrometheusError", "`data` is not a query result"),
+    (200, {"status": "success", "data": {"resultType": "vector", "result": {"short": 1}}}, "PrometheusError",
+     "not a list of samples"),
+    (200, {"status": "success", "data": {"resultType": "vector", "result": [None, "x"]}}, "PrometheusError",
+     "not a list of samples"),
 ])
 def test_doubtful_answers_are_unknown_with_a_reason(status_code, body, reason, says):
     reading = parse_prometheus(status_code, body, NOW, max_age_s=10)

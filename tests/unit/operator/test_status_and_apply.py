@@ -20,8 +20,13 @@ from tests.unit.operator.fake_kube import FakeKube, cluster
 SPEC = parse_spec({"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 2}})
 
 
-def ready(n):
-    return {"status": {"readyReplicas": n}}
+def ready(n, *, updated=None, replicas=None, generation=1, observed=1):
+    """A workload's status as its controller writes it (every replica on the current template
+    unless `updated` says fewer)."""
+    updated = n if updated is None else updated
+    return {"metadata": {"generation": generation},
+            "status": {"observedGeneration": observed, "replicas": n if replicas is None else replicas,
+                       "readyReplicas": n, "updatedReplicas": updated}}
 
 
 def test_ready_only_when_every_workload_has_its_replicas():
@@ -39,6 +44,32 @@ def test_reconciled_status_sets_phase_and_conditions():
     assert condition(status["conditions"], "Progressing")["status"] == "False"
     assert condition(status["conditions"], "InvalidSpec")["status"] == "False"
     assert "groups" not in status  # written only by the group sync
+
+
+def test_an_edit_rolling_out_behind_ready_old_pods_is_progressing_until_every_pod_is_updated():
+    """After a spec edit (image, model, threshold) the old pods stay ready while the new ones
+    start; a Deployment surges, so readyReplicas never drops. The cluster still serves (Ready),
+    but it does not yet serve what the spec asks for: Progressing names the workload."""
+    stages = [
+        (ready(2, generation=2, observed=1), "prefill update not yet seen by its controller"),
+        (ready(2, updated=1), "prefill 1/2 updated"),
+        (ready(2, replicas=3), "prefill 1 old pods still running"),
+    ]
+    for prefill, says in stages:
+        readiness = workload_readiness(SPEC, prefill, ready(1), ready(1))
+        status = reconciled_status(None, generation=2, readiness=readiness, now="t")
+        assert status["phase"] == "Progressing"
+        assert condition(status["conditions"], "Ready")["status"] == "True"
+        progressing = condition(status["conditions"], "Progressing")
+        assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+        assert says in progressing["message"]
+    # A gateway whose new pod never becomes ready (bad image): its old pod still serves.
+    stuck = workload_readiness(SPEC, ready(2), ready(1), ready(1, updated=0, replicas=2))
+    status = reconciled_status(None, generation=2, readiness=stuck, now="t")
+    assert status["phase"] == "Progressing" and "gateway 0/1 updated" in stuck.rollout
+    done = reconciled_status(status, generation=2, readiness=workload_readiness(SPEC, ready(2), ready(1), ready(1)),
+                             now="t")
+    assert done["phase"] == "Ready" and condition(done["conditions"], "Progressing")["status"] == "False"
 
 
 def test_groups_status_lists_members_and_sizes():
