@@ -30,3 +30,20 @@ def positive_ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def slo_seconds(text: str) -> dict[str, float]:
+    """Per-class TTFT SLOs `short=S,long=S` (and `all=S`, for a class without its own), seconds
+    > 0: what `laps bench run|compare` and `laps sim` take as --slo."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or name.strip() not in ("short", "long", "all"):
+            raise argparse.ArgumentTypeError(f"expected short=S,long=S (seconds), got {text!r}")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+        if not out[name.strip()] > 0:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"SLO must be > 0 seconds: {part!r}")
+    return out

@@ -225,16 +225,20 @@ async def run_workload(url: str, spec: WorkloadSpec, *, seed: int | None = None,
                        threshold: int | None = None, label: str | None = None, timeout: float = 300.0,
                        model: str | None = None, progress: str = "off", target: Target | None = None,
                        stop: asyncio.Event | None = None,
-                       on_record: Callable[[RequestRecord], None] | None = None) -> RunResult:
+                       on_record: Callable[[RequestRecord], None] | None = None,
+                       plan: Plan | None = None) -> RunResult:
     """Run `spec` against `url`; progress is "bar", "lines" (a line every 5 s) or "off".
     Raises TargetError when the target does not answer. Setting `stop` ends the run early:
     requests in flight are cut (error "interrupted") and meta["interrupted"] is true.
-    `on_record` is called with every finished request (live displays, early stops)."""
+    `on_record` is called with every finished request (live displays, early stops). `plan`: one
+    already made of `spec` with these rate_scale, max_requests and tokenizer (`laps bench compare`
+    plans once for all its systems); by default it is made here."""
     target = target or await probe(url, model=model)
     if seed is not None and seed != spec.seed:
         spec = spec.model_copy(update={"seed": seed})
     threshold = threshold or spec.threshold
-    plan = plan_requests(spec, rate_scale=rate_scale, max_requests=max_requests, tokenizer=tokenizer)
+    if plan is None:
+        plan = plan_requests(spec, rate_scale=rate_scale, max_requests=max_requests, tokenizer=tokenizer)
     builder = PromptBuilder(tokenizer, spec.seed)
     run = _Run(target, spec, plan, builder, tokenizer, threshold, timeout)
     run.on_record = on_record

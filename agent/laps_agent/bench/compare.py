@@ -8,6 +8,8 @@ with another seed for --warmup-s seconds (connections, caches, and the allocatio
 then the measured run starts. --load F sets the mean rate to F times the capacity of vanilla-pd
 on this workload's length mix, as `laps sim` measures it with the same profile (exact for
 emulated engines; for real engines an estimate from the fitted profile, which is printed).
+Ctrl-C (or SIGTERM) ends the comparison with what it has: the systems measured so far, the
+current one's partial run included, are saved and compared, and the exit code is 130.
 
     laps bench compare --workload lmsys-steady --engine emulated --profile gpu-h200-qwen2.5-32b \\
         --prefill 8 --decode 2 --load 0.7 --slo short=0.3,long=1.5
@@ -17,21 +19,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import signal
 import sys
 from pathlib import Path
 
+from laps_agent.cli_args import positive, slo_seconds
 from laps_agent.local_process import LocalProcess
 from laps_agent.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.results.turns import summarize_turns, turns_report
 from laps_agent.systems import SYSTEMS, SystemConfig, system
-from laps_agent.workload import WorkloadError, WorkloadSpec, load_workload
+from laps_agent.workload import Plan, WorkloadError, WorkloadSpec, load_workload
 from laps_agent.workload.plan import warmup_spec
-
-
-def _slo(text: str) -> dict[str, float]:
-    from laps_agent.sim import _slo as parse
-
-    return parse(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,17 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="emulated engines' profile (default cpu-smollm2); "
                    "also the profile --load estimates capacity with")
     p.add_argument("--model", default=None, help="model (builtin) or tokenizer (emulated) path")
-    p.add_argument("--prefill", type=int, default=8)
-    p.add_argument("--decode", type=int, default=2)
+    p.add_argument("--prefill", type=positive(int), default=8)
+    p.add_argument("--decode", type=positive(int), default=2)
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--rate-scale", type=float, default=None, help="multiply every phase's rate")
-    load.add_argument("--load", type=float, default=None, help="mean rate as a fraction of vanilla-pd's capacity")
+    load.add_argument("--rate-scale", type=positive(float), default=None, help="multiply every phase's rate")
+    load.add_argument("--load", type=positive(float), default=None, help="mean rate as a fraction of vanilla-pd's capacity")
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
-    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--max-requests", type=positive(int), default=None)
     p.add_argument("--warmup-s", type=float, default=30.0, help="warm-up seconds per system (0: none)")
-    p.add_argument("--slo", type=_slo, default=None, help="per-class TTFT SLOs, e.g. short=0.3,long=2")
-    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
-    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--slo", type=slo_seconds, default=None, help="per-class TTFT SLOs, e.g. short=0.3,long=2")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout, seconds")
+    p.add_argument("--startup-timeout", type=positive(float), default=600.0)
     p.add_argument("--out", type=Path, default=None, help="default bench-results/<time>-compare")
     return p
 
@@ -69,21 +67,42 @@ def local_args(args: argparse.Namespace, sys_config: SystemConfig, engine_args: 
     return out + engine_args
 
 
-async def _measure(url: str, spec: WorkloadSpec, rate_scale: float, args, tokenizer, label: str):
+async def _measure(url: str, spec: WorkloadSpec, plans: tuple[Plan, Plan | None], rate_scale: float, args,
+                   tokenizer, label: str):
+    """Warm-up and measured run of one system; None when Ctrl-C/SIGTERM came during the warm-up,
+    a result with meta["interrupted"] when it came during the measured run (kept, as
+    `laps bench run` keeps a partial run). `plans`: the measured run's and the warm-up's."""
     from laps_agent.bench._runner import run_workload
 
-    if args.warmup_s > 0:
-        print(f"[compare] {label}: warm-up {args.warmup_s:g} s", flush=True)
-        # Conversations' later turns come long after the warm-up phase ends: stop at its end
-        # (what is in flight is cut; the warm-up's results are not kept).
-        stop = asyncio.Event()
-        if spec.phases[0].conversation is not None:
-            asyncio.get_running_loop().call_later(args.warmup_s, stop.set)
-        await run_workload(url, warmup_spec(spec, args.warmup_s), rate_scale=rate_scale,
-                           tokenizer=tokenizer, timeout=args.timeout, label=f"{label}-warm-up", stop=stop)
-    print(f"[compare] {label}: measuring", flush=True)
-    return await run_workload(url, spec, rate_scale=rate_scale, max_requests=args.max_requests,
-                              tokenizer=tokenizer, timeout=args.timeout, label=label, progress="lines")
+    plan, warm_plan = plans
+    interrupted, warm_stop = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(*_) -> None:
+        loop.call_soon_threadsafe(interrupted.set)
+        loop.call_soon_threadsafe(warm_stop.set)
+
+    # signal.signal, not the loop's add_signal_handler: the asyncio runner's own SIGINT handler
+    # would win over the latter. Restored after, so a Ctrl-C between systems is a KeyboardInterrupt.
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if warm_plan is not None:
+            print(f"[compare] {label}: warm-up {args.warmup_s:g} s", flush=True)
+            # Conversations' later turns come long after the warm-up phase ends: stop at its end
+            # (what is in flight is cut; the warm-up's results are not kept).
+            if spec.phases[0].conversation is not None:
+                loop.call_later(args.warmup_s, warm_stop.set)
+            await run_workload(url, warm_plan.spec, rate_scale=rate_scale, tokenizer=tokenizer,
+                               timeout=args.timeout, label=f"{label}-warm-up", stop=warm_stop, plan=warm_plan)
+            if interrupted.is_set():
+                return None
+        print(f"[compare] {label}: measuring", flush=True)
+        return await run_workload(url, spec, rate_scale=rate_scale, max_requests=args.max_requests,
+                                  tokenizer=tokenizer, timeout=args.timeout, label=label, progress="lines",
+                                  stop=interrupted, plan=plan)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,22 +115,32 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ValueError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
         return 2
-    from laps_agent.emulated.profile import load_profile
+    from laps_agent.emulated.profile import ProfileError, load_profile
     from laps_agent.engine.model_files import default_model_path
     from laps_agent.tokenizer import load_tokenizer
     from laps_agent.sim import mean_rate, measure_capacity
+    from laps_agent.workload import plan_requests
 
     rate_scale = args.rate_scale or 1.0
-    if args.load is not None:
-        profile = load_profile(args.profile)
-        capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
-                                    threshold=spec.threshold, engine_args=tuple(engine_args))
-        rate_scale = args.load * capacity / mean_rate(spec)
-        how = "exact for these engines" if args.engine == "emulated" else "an estimate for real engines"
-        print(f"[compare] capacity of vanilla-pd on this mix (simulated with profile {profile.name}, {how}): "
-              f"{capacity:.1f} req/s; running at {args.load:.0%} = {args.load * capacity:.1f} req/s "
-              f"(rate x{rate_scale:.3f})", flush=True)
     tokenizer = load_tokenizer(args.model or default_model_path())
+    try:  # planned once, before any system starts (a bad jsonl line, a phase too large: refused
+        # here), and the same plan serves every system
+        # The profile is read here too, so a bad one is not met in every system's engine logs.
+        profile = load_profile(args.profile) if args.engine == "emulated" or args.load is not None else None
+        if args.load is not None:
+            capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
+                                        threshold=spec.threshold, engine_args=tuple(engine_args))
+            rate_scale = args.load * capacity / mean_rate(spec)
+            how = "exact for these engines" if args.engine == "emulated" else "an estimate for real engines"
+            print(f"[compare] capacity of vanilla-pd on this mix (simulated with profile {profile.name}, {how}): "
+                  f"{capacity:.1f} req/s; running at {args.load:.0%} = {args.load * capacity:.1f} req/s "
+                  f"(rate x{rate_scale:.3f})", flush=True)
+        plans = (plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests, tokenizer=tokenizer),
+                 plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale, tokenizer=tokenizer)
+                 if args.warmup_s > 0 else None)
+    except (WorkloadError, ProfileError) as exc:
+        print(f"laps bench compare: error: {exc}", file=sys.stderr)
+        return 2
     out = args.out or Path("bench-results") / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
     labelled, turns = [], []
     for sys_config in systems:
@@ -119,13 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"[compare] {sys_config.name}: starting laps local", flush=True)
             local.wait_ready(args.startup_timeout)
-            result = asyncio.run(_measure(local.url, spec, rate_scale, args, tokenizer, sys_config.name))
+            result = asyncio.run(_measure(local.url, spec, plans, rate_scale, args, tokenizer, sys_config.name))
         except RuntimeError as exc:
             print(f"laps bench compare: {sys_config.name}: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # while it started: nothing measured on this system
+            result = None
         finally:
             local.stop()
             local.kill()
+        if result is None:
+            print(f"[compare] interrupted before {sys_config.name} was measured", flush=True)
+            return _finish(labelled, turns, out, interrupted=True)
         result.meta.update(slo=args.slo, system=sys_config.name, engine=args.engine, profile=args.profile,
                            cluster={"prefill": args.prefill, "decode": args.decode})
         save(result, out / sys_config.name, slo=args.slo)
@@ -134,13 +168,30 @@ def main(argv: list[str] | None = None) -> int:
         if "prefix" in result.meta:  # a workload with conversations (issue 12)
             turns.append((sys_config.name, summarize_turns(result)))
         print(f"\n## {sys_config.name}\n\n{markdown(summary)}\n", flush=True)
+        if result.meta["interrupted"]:
+            return _finish(labelled, turns, out, interrupted=True)
+    return _finish(labelled, turns, out)
+
+
+def _finish(labelled: list, turns: list, out: Path, interrupted: bool = False) -> int:
+    """compare.md and the table of the systems measured; after Ctrl-C, of those measured so far
+    (the last one partial) and exit code 130."""
+    if not labelled:
+        print("laps bench compare: interrupted: no system was measured", file=sys.stderr)
+        return 130
     table = compare_markdown([(label, summary) for label, summary, _ in labelled])
     per_phase = phases_markdown(labelled)
     if per_phase:
         table += "\n\n## per phase\n\n" + per_phase
     if turns:
         table += "\n\n" + turns_report(turns)
+    if interrupted:
+        table = (f"**Interrupted** after {len(labelled)} system(s); the last one's run is partial "
+                 "(see its results.md).\n\n" + table)
     (out / "compare.md").write_text(table + "\n")
     print(table)
     print(f"\nresults: {out}")
+    if interrupted:
+        print("[compare] interrupted: the systems measured so far are saved", flush=True)
+        return 130
     return 0

@@ -22,24 +22,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laps_agent.cli_args import positive
+from laps_agent.cli_args import positive, slo_seconds
 from laps_agent.bench._client import StreamClient
 from laps_agent.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
 from laps_agent.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
-
-def _slo(text: str) -> dict[str, float]:
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep or name.strip() not in ("short", "long", "all"):
-            raise argparse.ArgumentTypeError(f"expected short=S,long=S (seconds), got {text!r}")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-        if out[name.strip()] <= 0:
-            raise argparse.ArgumentTypeError(f"SLO must be > 0 seconds: {part!r}")
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer sizes the prompts; "
                    "default SmolLM2's; 'none': approximate (one word = one token)")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
-    p.add_argument("--slo", type=_slo, default={}, help="TTFT SLOs in seconds, e.g. short=0.5,long=4")
+    p.add_argument("--slo", type=slo_seconds, default={}, help="TTFT SLOs in seconds, e.g. short=0.5,long=4")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds per request (default 300)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="Bearer key for a gateway with API keys (default: $OPENAI_API_KEY, as the "
@@ -99,10 +85,13 @@ async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
     label = args.label or spec.name
     print(f"[laps bench] {spec.name} -> {args.url} (model {target.model!r}"
           f"{', with /laps_status' if target.has_status else ''})", flush=True)
-    result = await run_workload(args.url, spec, seed=args.seed, rate_scale=args.rate_scale,
-                                max_requests=args.max_requests, tokenizer=tokenizer,
-                                tokenizer_name=tokenizer_name, label=label, timeout=args.timeout,
-                                progress=progress, target=target, stop=stop)
+    try:
+        result = await run_workload(args.url, spec, seed=args.seed, rate_scale=args.rate_scale,
+                                    max_requests=args.max_requests, tokenizer=tokenizer,
+                                    tokenizer_name=tokenizer_name, label=label, timeout=args.timeout,
+                                    progress=progress, target=target, stop=stop)
+    except WorkloadError as exc:  # found while planning (a jsonl file, a phase too large): nothing sent
+        return _error(str(exc))
     result.meta["slo"] = args.slo
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or Path("bench-results") / f"{stamp}-{label}"

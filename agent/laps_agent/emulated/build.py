@@ -38,10 +38,17 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
                           context_len=context)
     name = args.served_model_name or profile.model.name
     metrics = EngineMetrics(args.role, name, args.labels_file)
+    evicted = [0]   # the cache model's evictions already reported
+
+    def on_prefill(rec) -> None:
+        # The cache model counts evictions as a whole; a record carries those since the last one.
+        if model.prefix_cache is not None:
+            rec.evicted_pages, evicted[0] = model.prefix_cache.evictions - evicted[0], model.prefix_cache.evictions
+        metrics.observe_prefill(rec, grid is not None)
+
     model = EngineModel(profile, args.role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                         max_running=max_running, kv_pages=args.kv_pages, context_len=context,
-                        on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
-                        on_warm=metrics.observe_warm)
+                        on_prefill=on_prefill, on_warm=metrics.observe_warm)
     if args.prefix_cache and args.role != "decode":   # decode engines keep no cache (as the builtin)
         model.prefix_cache = PrefixCacheModel(model.num_pages * model.page_size, model.page_size)
     engine = EmulatedEngine(model, tokenizer, config, on_first_token=metrics.observe_first_token)

@@ -212,7 +212,7 @@ class EngineModel:
                                              [r.cached_tokens for r in batch], self.batch_prefill_graphs_mode)
         self.scheduler.observe_prefill(items, seconds)
         if self.on_prefill is not None:
-            self.on_prefill(prefill_record(decision.queue, uncached, bucket, seconds, self.profile.graphs))
+            self.on_prefill(prefill_record(decision.queue, uncached, bucket, seconds, self.profile.graphs, batch))
         self._batch = batch
         self._begin(_PREFILL, t, seconds)
         return True
@@ -293,4 +293,5 @@ class EngineModel:
         return {"running": len(self.running), "queues": self.scheduler.pending(),
                 "prefilling": (len(batch), sum(max(1, r.prompt_tokens - r.cached_tokens) for r in batch)),
                 "kv_usage": 1.0 - self.free_pages / self.num_pages, "waiting_kv": len(self.imports),
+                "prefix_cache_pages": len(self.prefix_cache) if self.prefix_cache is not None else 0,
                 "live": len(self.requests)}

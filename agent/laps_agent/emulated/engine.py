@@ -128,7 +128,7 @@ class EmulatedEngine:
             self._wake.set()
             return
         req = ModelRequest(work.rid, work.kind, len(work.input_ids), work.params.max_new_tokens,
-                           work.arrival)
+                           work.arrival, gateway_cls=work.gateway_cls)
         if work.kind == "decode":
             req.cls = ""  # the model classifies it like the prefill engine did
         elif self.model.prefix_cache is not None:

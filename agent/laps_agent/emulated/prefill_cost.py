@@ -7,10 +7,13 @@ builtin engine's own choice (`bucket_for_batch`); only the seconds are the profi
 """
 from __future__ import annotations
 
-from laps_agent.engine.engine_config import PrefillRecord
+from collections.abc import Sequence
+
+from laps_agent.engine.engine_config import PrefillRecord, PrefillRequest
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
 
 from .profile import Profile
+from .requests import ModelRequest
 
 
 def prefill_batch_cost(profile: Profile, grid: BucketGrid | None, queue: str, uncached: list[int],
@@ -25,9 +28,13 @@ def prefill_batch_cost(profile: Profile, grid: BucketGrid | None, queue: str, un
 
 
 def prefill_record(queue: str, uncached: list[int], bucket: Bucket | None, seconds: float,
-                   graphs: bool) -> PrefillRecord:
-    """The builtin engine's record of the batch (benchmarks and metrics read these)."""
+                   graphs: bool, batch: Sequence[ModelRequest] = ()) -> PrefillRecord:
+    """The builtin engine's record of the batch (benchmarks and metrics read these), with its
+    requests: the prefix-cache and class series (laps_engine_prefix_cache_*, _class_total)
+    count them."""
     path = "eager" if bucket is None else ("graph" if graphs else "bucket")
     return PrefillRecord(cls=queue if queue != "fifo" else None, size=len(uncached),
                          real_tokens=sum(uncached), padded_tokens=bucket.tokens if bucket else sum(uncached),
-                         path=path, bucketed=bucket is not None, seconds=seconds)
+                         path=path, bucketed=bucket is not None, seconds=seconds,
+                         requests=[PrefillRequest(r.prompt_tokens, r.cached_tokens, r.cls, r.gateway_cls)
+                                   for r in batch])

@@ -28,6 +28,7 @@ class ModelRequest:
     outputs: int = 0          # completion tokens this request will produce here in all
     start_step: int = 0       # decode steps done by the engine when it joined the running set
     blocks: Sequence[int] | None = None   # the prompt's KV-page keys, for the prefix cache
+    gateway_cls: str | None = None        # the class the gateway sent (X-LAPS-Class), for metrics
 
 
 @dataclass(slots=True)

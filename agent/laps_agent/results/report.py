@@ -57,7 +57,11 @@ def markdown(summary: Summary) -> str:
     for key in ("workload", "target", "threshold", "seed", "rate_scale"):
         if meta.get(key) is not None:
             facts.append(f"{key} {meta[key]}")
-    lines = [f"## {summary.label}", "", ", ".join(facts), ""] + _table(summary.classes)
+    lines = [f"## {summary.label}", "", ", ".join(facts), ""]
+    if meta.get("interrupted"):  # a partial run must not read as a complete one in results.md
+        lines += [f"**Interrupted**: {meta.get('sent_requests', '?')} of {meta.get('planned_requests', '?')} "
+                  "planned requests were sent; requests in flight were cut (error \"interrupted\").", ""]
+    lines += _table(summary.classes)
     for name, classes in summary.phases.items():
         lines += ["", f"### phase {name}", ""] + _table(classes)
     return "\n".join(lines)

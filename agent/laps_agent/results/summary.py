@@ -123,7 +123,8 @@ def summarize(result: RunResult, slo: dict[str, float] | None = None, by_phase: 
     slo = {k: float(v) for k, v in (slo or {}).items()}
     duration = _duration(result)
     columns = _Columns(t, slo)
-    meta = {k: result.meta.get(k) for k in ("workload", "target", "tool", "seed", "threshold", "rate_scale")
+    meta = {k: result.meta.get(k) for k in ("workload", "target", "tool", "seed", "threshold", "rate_scale",
+                                            "interrupted", "planned_requests", "sent_requests")
             if k in result.meta}
     if isinstance(meta.get("workload"), dict):  # {"name", "spec"} form
         meta["workload"] = meta["workload"].get("name")

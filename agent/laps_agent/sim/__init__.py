@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from laps_agent.cli_args import slo_seconds
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
 from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
                                 phases_markdown, save, summarize)
@@ -150,18 +151,6 @@ def mean_rate(spec: WorkloadSpec) -> float:
     return len(plan) / plan.duration_s if plan.duration_s > 0 else float("inf")
 
 
-def _slo(text: str | None) -> dict[str, float] | None:
-    if not text:
-        return None
-    out = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        if name.strip() not in ("short", "long") or not value:
-            raise argparse.ArgumentTypeError(f"--slo takes short=SECONDS,long=SECONDS, got {text!r}")
-        out[name.strip()] = float(value)
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps sim", description=__doc__.split("\n")[0])
     p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
@@ -180,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=int, default=None, help="default: the workload's (256)")
     p.add_argument("--allocation", choices=("laps", "reference", "none"), default=None,
                    help="override the systems' allocation (as `laps local --allocation`)")
-    p.add_argument("--slo", type=_slo, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")
+    p.add_argument("--slo", type=slo_seconds, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")
     p.add_argument("--out", type=Path, default=None, help="result directory (default sim-results/<time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (large runs)")
     p.add_argument("--hop-ms", type=float, default=HOP_S * 1000,
@@ -224,14 +213,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     threshold = spec.threshold if args.threshold is None else args.threshold
     rate_scale = 1.0 if args.rate_scale is None else args.rate_scale
-    if args.load is not None:
-        capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
-                                    threshold=threshold, engine_args=tuple(engine_args))
-        rate_scale = args.load * capacity / mean_rate(spec)
-        print(f"capacity of vanilla-pd on this mix: {capacity:.1f} req/s; running at {args.load:.0%} "
-              f"= {args.load * capacity:.1f} req/s (rate x{rate_scale:.3f})")
-    plan = plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests)
-    warmup = plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale) if args.warmup_s > 0 else None
+    try:  # planning reads the jsonl files and sizes the phases: their errors, not tracebacks
+        if args.load is not None:
+            capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
+                                        threshold=threshold, engine_args=tuple(engine_args))
+            rate_scale = args.load * capacity / mean_rate(spec)
+            print(f"capacity of vanilla-pd on this mix: {capacity:.1f} req/s; running at {args.load:.0%} "
+                  f"= {args.load * capacity:.1f} req/s (rate x{rate_scale:.3f})")
+        plan = plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests)
+        warmup = plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale) if args.warmup_s > 0 else None
+    except WorkloadError as exc:
+        print(f"laps sim: error: {exc}", file=sys.stderr)
+        return 2
     out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     labelled, turns = [], []
     for sys_config in systems:

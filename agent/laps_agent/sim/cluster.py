@@ -71,6 +71,8 @@ class SimRequest:
 class SimOutcome:
     requests: list[SimRequest]
     timeline: list[TimelineSample] = field(default_factory=list)
+    # Until the last request ended (answered or refused), from time 0 of the arrival times, as
+    # `laps bench run` times a run; the samples, allocation ticks and warms after it do not count.
     duration: float = 0.0
     prefill_busy: list[float] = field(default_factory=list)   # modelled busy seconds per pod
     prefill_warm: list[float] = field(default_factory=list)   # of which prefix warms
@@ -156,7 +158,7 @@ class SimCluster:
         if n and allocating:
             heapq.heappush(heap, (float(at[0]) + self.interval_s, next(self._seq), _REBALANCE, None))
         nxt, now, finished = 0, 0.0, 0
-        self._finished = 0
+        self._finished, self._last_end = 0, 0.0
         while nxt < n or heap:
             if nxt < n and (not heap or at[nxt] <= heap[0][0]):
                 now = reqs[nxt].sent
@@ -184,7 +186,7 @@ class SimCluster:
                 self.groups = self.allocator.rebalance(now, self.groups, self.tracker)
                 if self._finished < n:
                     heapq.heappush(heap, (now + self.interval_s, next(self._seq), _REBALANCE, None))
-        return SimOutcome(reqs, timeline, now - (float(at[0]) if n else 0.0),
+        return SimOutcome(reqs, timeline, self._last_end,
                           prefill_busy=[e.busy_seconds for e in self.prefill],
                           decode_busy=[e.busy_seconds for e in self.decode],
                           prefill_warm=[e.warm_seconds for e in self.prefill])
@@ -268,6 +270,7 @@ class SimCluster:
                     r.first = ev.time + 2 * self.hop_s  # decode engine -> gateway -> client
                 if ev.finished:
                     r.done, r.status = ev.time + 2 * self.hop_s, 200
+                    self._last_end = max(self._last_end, r.done)
                     self.tracker.end_decode(self.decode_eps[r.decode].name)
                     self._finished += 1
                     if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
@@ -275,6 +278,7 @@ class SimCluster:
 
     def _fail(self, r: SimRequest, now: float, status: int, message: str | None) -> None:
         r.status, r.error, r.done = status, message, now
+        self._last_end = max(self._last_end, now)
         if r.ticket is not None:
             r.ticket.done()
         if r.decode >= 0:

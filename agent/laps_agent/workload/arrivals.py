@@ -8,7 +8,9 @@
   rescaling: unit-rate Poisson points mapped through the inverse of the cumulative intensity.
 
 `count(process, n)` gives the first n arrivals; `until(process, horizon)` all arrivals before
-`horizon` seconds (the count is random, as in the real process).
+`horizon` seconds (the count is random, as in the real process), or only the first `limit` of
+them, drawn without drawing the rest (a `--max-requests` run of a huge phase) and identical to
+the first `limit` of the unlimited draw.
 """
 from __future__ import annotations
 
@@ -31,23 +33,27 @@ def count(process, n: int, rng: np.random.Generator) -> np.ndarray:
     return _map_unit(process, unit)
 
 
-def until(process, horizon: float, rng: np.random.Generator) -> np.ndarray:
+def until(process, horizon: float, rng: np.random.Generator, limit: int | None = None) -> np.ndarray:
     if isinstance(process, Constant):
         n = int(np.floor(horizon * process.rate + 1e-9))
+        n = n if limit is None else min(n, limit)
         times = np.arange(1, n + 1, dtype=np.float64) / process.rate
         return times[times < horizon]
     # Unit-rate points up to the cumulative intensity at the horizon, drawn in blocks.
     target = _intensity(process, horizon)
-    chunks, total = [], 0.0
+    chunks, total, drawn = [], 0.0, 0
     while True:
         block = max(64, int(target - total + 6 * np.sqrt(max(target - total, 1.0))) + 16)
-        unit = total + np.cumsum(rng.exponential(1.0, size=block))
+        if limit is not None:
+            block = min(block, max(64, limit - drawn))
+        # The running total leads the cumulative sum, so blocks add up exactly as one draw would.
+        unit = np.cumsum(np.concatenate(([total], rng.exponential(1.0, size=block))))[1:]
         chunks.append(unit)
-        total = float(unit[-1])
-        if total >= target:
+        total, drawn = float(unit[-1]), drawn + block
+        if total >= target or (limit is not None and drawn >= limit):
             break
     unit = np.concatenate(chunks)
-    unit = unit[unit < target]
+    unit = unit[unit < target][:limit]
     return _map_unit(process, unit)
 
 

@@ -59,8 +59,9 @@ def _parse_line(raw: str, number: int, name: str) -> JsonlLine:
     if unknown:
         raise WorkloadError(f"{name}:{number}: unknown key(s) {', '.join(sorted(unknown))}")
     prompt, messages, out = obj.get("prompt"), obj.get("messages"), obj.get("output_tokens")
-    if prompt is not None and not isinstance(prompt, str):
-        raise WorkloadError(f"{name}:{number}: prompt: must be a string")
+    if prompt is not None and not (isinstance(prompt, str) and prompt):
+        # An empty prompt is refused by every server: every request of that line would fail.
+        raise WorkloadError(f"{name}:{number}: prompt: must be a non-empty string")
     if messages is not None and not (isinstance(messages, list) and messages
                                      and all(isinstance(m, dict) and "role" in m for m in messages)):
         raise WorkloadError(f"{name}:{number}: messages: must be a non-empty list of objects with a 'role'")

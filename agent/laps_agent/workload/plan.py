@@ -26,7 +26,7 @@ from . import arrivals
 from .conversations import expand
 from .jsonl import JsonlLine, JsonlSource, load_jsonl, pick
 from .lengths import sample_lengths
-from .spec import Jsonl, WorkloadSpec
+from .spec import Jsonl, WorkloadError, WorkloadSpec
 
 _ARRIVALS, _PROMPTS, _OUTPUTS, _LINES, _TURNS, _NEW, _THINK = range(7)
 
@@ -118,6 +118,18 @@ class Plan:
         return self.phases[int(self.phase[i])].name
 
 
+# More requests than one plan holds in memory (about 100 bytes each here, and much more in a
+# simulation): refused with the phase named instead of a MemoryError or the OOM killer.
+MAX_PLANNED_REQUESTS = 20_000_000
+
+
+def _check_size(spec: WorkloadSpec, p: int, expected: float, budget: int | None) -> None:
+    if budget is None and expected > MAX_PLANNED_REQUESTS:
+        raise WorkloadError(f"{spec.origin}: phases[{p}]: plans about {expected:.3g} requests, more than "
+                            f"{MAX_PLANNED_REQUESTS:,} (lower its rate, duration_s or requests, or give "
+                            "--max-requests)")
+
+
 def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: int | None = None,
                   tokenizer: Any | None = None) -> Plan:
     """The requests of `spec`, in send order. `tokenizer` only matters for jsonl phases (their
@@ -139,11 +151,16 @@ def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: 
             break
         process = arrivals.scaled(phase.arrival, rate_scale)
         rng = _rng(spec.seed, p, _ARRIVALS)
+        # Only the arrivals the budget keeps are drawn; not for conversations, whose first
+        # `budget` requests in time may include turns of conversations that start later.
+        limit = budget if phase.conversation is None else None
         if phase.duration_s is not None:
-            times = arrivals.until(process, phase.duration_s, rng)
+            _check_size(spec, p, process.mean_rate * phase.duration_s, limit)
+            times = arrivals.until(process, phase.duration_s, rng, limit=limit)
             end = start + phase.duration_s
         else:
-            times = arrivals.count(process, phase.requests, rng)
+            _check_size(spec, p, phase.requests, limit)
+            times = arrivals.count(process, phase.requests if limit is None else min(phase.requests, limit), rng)
             end = start + (float(times[-1]) if times.size else 0.0)
         if budget is not None and times.size > budget:
             times = times[:budget]

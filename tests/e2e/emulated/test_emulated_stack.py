@@ -91,3 +91,29 @@ def test_a_batch_takes_the_time_its_profile_gives(emulated_stack):
         # ...and the client waited at least that long, plus the KV hand-off, for its first token.
         assert first.choices[0].text and ttft >= expected + profile.transfer_seconds(tokens)
     client.close()
+
+
+def test_prefix_cache_and_class_series_count_emulated_prefills(emulated_stack):
+    """The dashboard's prefix-cache hit rate and class-agreement panels read the same series on
+    emulated engines as on builtin ones (they were never fed: a hit rate of 0/0, always empty)."""
+    stack, _ = emulated_stack
+    status = httpx.get(stack.base + "/laps_status").json()
+    prefill = [p["url"] for g in ("short", "long") for p in status["groups"][g]["pods"]]
+    [decode] = [p["url"] for p in status["decode"]["pods"]]
+    client = openai.OpenAI(base_url=stack.url, api_key="unused", timeout=60, max_retries=0)
+    prompt = list(range(2000, 2100))   # 100 tokens: short; the second time its pages are cached
+    for _ in range(2):
+        assert client.completions.create(model="emulated-test", prompt=prompt, max_tokens=2).choices[0].text
+    client.close()
+
+    pages = [httpx.get(url + "/metrics").text for url in prefill]
+    def total(name: str, **labels: str) -> float:   # a histogram child shows once observed
+        return sum(_metric(page, name, 0, **labels) for page in pages)
+    assert total("laps_engine_prefix_cache_lookup_tokens_total") == 2 * len(prompt)
+    assert total("laps_engine_prefix_cache_hit_tokens_total") >= 96   # 6 whole 16-token pages
+    assert total("laps_engine_prefix_cache_pages") >= 6
+    assert total("laps_engine_class_total", gateway_class="short", engine_class="short") == 2
+    # The first token is the prefill engine's: counted there, once, and not again at decode.
+    assert total("laps_engine_ttft_seconds_count", **{"class": "short"}) == 2
+    assert _metric(httpx.get(decode + "/metrics").text, "laps_engine_ttft_seconds_count", 0,
+                   **{"class": "short"}) == 0

@@ -78,3 +78,53 @@ def test_every_dashboard_query_names_only_exported_series():
             if missing:
                 unknown[expr] = sorted(missing)
     assert unknown == {}, f"dashboard queries name series no component exports: {unknown}"
+
+
+RATIO_UNITS = {"percentunit"}
+_TOP_LEVEL_DIVISION = re.compile(r"\)\s*/\s*(ignoring\([^)]*\)\s*group_left\s*)?\(?\s*sum")
+
+
+def series_units(path: pathlib.Path) -> list[tuple[str, str, str]]:
+    """(panel title, expr, unit Grafana shows that target's series in) for every target: the
+    panel's default unit unless an override matched by the target's refId sets another."""
+    shown = []
+    for panel in json.loads(path.read_text())["panels"]:
+        field_config = panel.get("fieldConfig", {})
+        default = field_config.get("defaults", {}).get("unit", "")
+        by_ref = {}
+        for override in field_config.get("overrides", []):
+            if override.get("matcher", {}).get("id") == "byFrameRefID":
+                for prop in override.get("properties", []):
+                    if prop.get("id") == "unit":
+                        by_ref[override["matcher"]["options"]] = prop["value"]
+        for target in panel.get("targets", []):
+            shown.append((panel["title"], target["expr"], by_ref.get(target.get("refId"), default)))
+    return shown
+
+
+def test_each_series_is_shown_in_its_own_unit():
+    """A share of two counters' rates (hit/lookup, disagreements/checks) reads as a percentage, a
+    plain rate never does: a panel whose one unit covered both showed 3 evicted pages/s as
+    "300%", or a 95% hit ratio as "0.95" on the axis of thousands of padding tokens/s."""
+    wrong = []
+    for path in DASHBOARDS:
+        for title, expr, unit in series_units(path):
+            # A mean (`_sum` over `_count`) is a quantity in its own unit, not a share.
+            ratio = bool(_TOP_LEVEL_DIVISION.search(expr)) and "_sum" not in expr
+            if ratio != (unit in RATIO_UNITS):
+                wrong.append((title, unit, expr))
+    assert wrong == []
+
+
+def test_every_refusal_the_gateway_counts_is_on_a_dashboard():
+    """A client getting 429s from the rate limit or 401s for its key saw nothing on the
+    dashboard: those refusals never reach laps_gateway_errors_total, only their own counters."""
+    from laps_agent.gateway.metrics import GatewayMetrics
+
+    refusals = {name for family in families(GatewayMetrics().registry)
+                if family.type == "counter" and "refused" in family.documentation
+                for name in exposed_names(family)}
+    assert {"laps_gateway_rate_limited_total", "laps_gateway_auth_failures_total"} <= refusals
+    shown = {name for path in DASHBOARDS for expr in dashboard_queries(path)
+             for name in SERIES.findall(expr)}
+    assert refusals - shown == set()

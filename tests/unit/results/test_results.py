@@ -111,6 +111,17 @@ def test_markdown_tables(result):
     assert "### phase one" in text and "### phase two" in text
 
 
+def test_a_partial_run_says_so_in_its_results_md(result, tmp_path):
+    """An interrupted `laps bench run` keeps its results; results.md, read later, must not pass
+    for a complete run (it used to show only the sent requests' table)."""
+    cut = RunResult({**result.meta, "interrupted": True, "planned_requests": 133, "sent_requests": 10},
+                    result.records)
+    save(cut, tmp_path / "cut", plots=False)
+    assert "**Interrupted**: 10 of 133 planned requests were sent" in (tmp_path / "cut" / "results.md").read_text()
+    assert "**Interrupted**: 10 of 133" in markdown(summarize(load_result(tmp_path / "cut")))  # loaded back
+    assert "Interrupted" not in markdown(summarize(result))  # a complete run
+
+
 def test_compare_markdown_shows_ratios_to_the_first_configuration(result):
     faster = RunResult({**result.meta, "label": "fast"},
                        [ok(r.index, r.cls, r.ttft_s * 0.42) if r.ok else r for r in result.records])

@@ -93,6 +93,30 @@ def test_max_requests_cuts_the_plan():
     np.testing.assert_array_equal(plan.at, plan_requests(s).at[:45])
 
 
+@pytest.mark.parametrize("arrival", [
+    {"process": "poisson", "rate": 50},
+    {"process": "constant", "rate": 50},
+    {"process": "bursty", "rate": 20, "burst_factor": 4, "burst_s": 2, "period_s": 10},
+])
+def test_max_requests_of_a_timed_phase_is_the_start_of_the_whole_plan(arrival):
+    s = spec(phase("a", duration_s=200, arrival=arrival), phase("b", requests=30))
+    whole = plan_requests(s)
+    for n in (1, 70, 9_000, len(whole) + 5):
+        cut = plan_requests(s, max_requests=n)
+        np.testing.assert_array_equal(cut.at, whole.at[:n])
+        np.testing.assert_array_equal(cut.prompt_tokens, whole.prompt_tokens[:n])
+
+
+def test_a_phase_too_large_to_plan_is_refused_unless_cut():
+    flood = spec(phase("ok", requests=5), phase("flood", duration_s=3600, arrival={"process": "poisson", "rate": 1e9}))
+    with pytest.raises(WorkloadError, match=r"phases\[1\]: plans about 3.6e\+12 requests.*--max-requests"):
+        plan_requests(flood)
+    with pytest.raises(WorkloadError, match=r"phases\[0\]: plans about 1e\+12 requests"):
+        plan_requests(spec(phase(requests=10**12)))
+    assert len(plan_requests(flood, max_requests=50)) == 50  # only what is kept is drawn
+    assert len(plan_requests(spec(phase(requests=10**12)), max_requests=7)) == 7
+
+
 @pytest.mark.parametrize("dist", [
     {"distribution": "fixed", "value": 33},
     {"distribution": "uniform", "min": 5, "max": 9},
