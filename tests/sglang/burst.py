@@ -76,7 +76,7 @@ def sglang_batches(log_text: str) -> list[tuple[int, int]]:
 # long request L2 and, GAP_S later, four short ones arrive. The gap is the scenario's arrival
 # order (L2 reaches the server's queue first), not a synchronisation: every assertion is on
 # the order the server chose, read from its batch logs.
-L1_WORDS, L2_WORDS, SHORT_WORDS, GAP_S = 600, 520, (15, 19, 23, 27), 0.3
+L1_WORDS, L2_WORDS, SHORT_WORDS, GAP_S = 300, 520, (15, 19, 23, 27), 0.3
 
 
 def send_short_first_burst(sender: Sender) -> None:
