@@ -52,7 +52,7 @@ class StubEngine:
                  prefill_group: str | None = None, prefill_delay_s: float = 0.0,
                  token_delay_s: float = 0.0, first_token_delay_s: float = 0.0,
                  max_tokens_cap: int = 16, handoff: KVHandoff | None = None,
-                 prefill_gate: threading.Event | None = None) -> None:
+                 prefill_gate: threading.Event | None = None, split_events: bool = False) -> None:
         self.role, self.model, self.bootstrap_port = role, model, bootstrap_port
         self.prefill_group, self.prefill_delay_s = prefill_group, prefill_delay_s
         self.token_delay_s, self.max_tokens_cap = token_delay_s, max_tokens_cap
@@ -60,6 +60,9 @@ class StubEngine:
         self.first_token_delay_s = first_token_delay_s
         self.handoff = handoff
         self.prefill_gate = prefill_gate  # when given, prefill finishes only once it is set
+        # When set, every streamed event goes out in two writes with token_delay_s between them
+        # (an event spanning two TCP reads), so a stream is mid-event nearly all the time.
+        self.split_events = split_events
         self.requests: collections.deque[dict] = collections.deque(maxlen=10_000)
         self.disconnects = 0  # generations the client (the gateway) abandoned midway
         # When set, every generation is refused with 503 and this error type, as a real engine
@@ -151,10 +154,16 @@ class StubEngine:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         for i in range(n):
+            event = b"data: " + _chunk(path, self.model, "ok", last=i == n - 1) + b"\n\n"
+            if self.split_events:
+                half = len(event) // 2
+                await send({"type": "http.response.body", "body": event[:half], "more_body": True})
+                await asyncio.sleep(self.token_delay_s)
+                await send({"type": "http.response.body", "body": event[half:], "more_body": True})
+                continue
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
-            chunk = _chunk(path, self.model, "ok", last=i == n - 1)
-            await send({"type": "http.response.body", "body": b"data: " + chunk + b"\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": _DONE, "more_body": False})
 
 

@@ -26,7 +26,8 @@ from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.payload import PDPayload, parse_body
 from laps_agent.gateway.prefix import prefix_chain
-from laps_agent.gateway.proxy import PDProxy, ProxyCall, Reply, StreamReply
+from laps_agent.gateway.proxy import PDProxy, ProxyCall
+from laps_agent.gateway.replies import Reply, StreamReply
 from laps_agent.gateway.relay import HangupGuard, RelayResponse
 from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
 from laps_agent.gateway.status import laps_status, readiness

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from laps_agent.gateway.failures import GatewayError
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.proxy import StreamReply, sse_error
+from laps_agent.gateway.replies import StreamReply, sse_error
 from laps_agent.gateway.relay import RelayResponse
 
 T = TypeVar("T")

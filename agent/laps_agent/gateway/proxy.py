@@ -31,11 +31,12 @@ from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.payload import PDPayload
 from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
-from laps_agent.gateway.replies import Reply, StreamReply, sse_error  # noqa: F401 (their home was here)
+from laps_agent.gateway.replies import EventAligner, Reply, StreamReply, sse_error
 from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
                                         choose_route)
 from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                                          UpstreamResponse, UpstreamTimeout, address)
+
 
 class _Retryable(Exception):
     def __init__(self, endpoints: tuple[str, ...], error: GatewayError):
@@ -283,11 +284,17 @@ class PDProxy:
             await chunks.aclose()  # releases (or closes, if unfinished) the connection
 
         async def relay() -> AsyncIterator[bytes]:
+            # Whole events only, so an error event of ours (below, or the deadline's) never
+            # lands in the middle of one.
+            events = EventAligner()
             try:
-                if first:
-                    yield first
+                if first and (whole := events.feed(first)):
+                    yield whole
                 async for chunk in chunks:
-                    yield chunk
+                    if whole := events.feed(chunk):
+                        yield whole
+                if rest := events.rest():
+                    yield rest
             except UpstreamError as exc:
                 # Bytes already reached the client: no retry possible, so end with a clear event.
                 self._record_failure(d, "decode")

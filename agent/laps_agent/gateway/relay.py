@@ -10,7 +10,7 @@ import asyncio
 
 from starlette.responses import Response
 
-from laps_agent.gateway.proxy import StreamReply
+from laps_agent.gateway.replies import StreamReply
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]

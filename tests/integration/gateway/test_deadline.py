@@ -77,6 +77,22 @@ def test_a_stream_over_its_deadline_ends_with_an_error_event(stub_engines, gatew
     assert metric_value(metrics, "laps_gateway_errors_total", reason="deadline_exceeded") == 1
 
 
+def test_the_deadline_error_event_parses_even_when_it_strikes_mid_event(stub_engines, gateway_server):
+    """An engine's event can span two reads. The deadline's event used to be glued to the half
+    already relayed, and OpenAI's SDK then raised a JSON parse error instead of the reason."""
+    import openai
+
+    prefill, _ = stub_engines("prefill")
+    decode, _ = stub_engines("decode", token_delay_s=0.2, split_events=True)  # mid-event ~always
+    gateway = gateway_server(_static([prefill.url], [decode.url]), request_deadline_s=1.0)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    texts = []
+    with pytest.raises(openai.APIError, match="within its 1s deadline"):
+        for chunk in client.completions.create(model="default", prompt="x", max_tokens=16, stream=True):
+            texts.append(chunk.choices[0].text)
+    assert texts and {t.strip() for t in texts} == {"ok"}  # the whole events that came in time
+
+
 def test_requests_within_the_deadline_are_untouched(stub_engines, gateway_server):
     prefill, _ = stub_engines("prefill")
     decode, _ = stub_engines("decode", token_delay_s=0.01)
