@@ -24,6 +24,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
+{{/* The selector labels win over the user's podLabels: the Deployment's selector must keep
+     matching, and the gateways' NetworkPolicy admits the operator by two of them. */}}
+{{- define "laps.podLabels" -}}
+{{- toYaml (merge (include "laps.selectorLabels" . | fromYaml) (.Values.podLabels | default dict)) -}}
+{{- end -}}
+
 {{- define "laps.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "laps.fullname" .) .Values.serviceAccount.name -}}

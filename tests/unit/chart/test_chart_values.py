@@ -1,0 +1,110 @@
+"""Chart values a platform engineer commonly sets, beyond the defaults: pod metadata, bringing
+their own ServiceAccount and RBAC, and the operator's log level."""
+from __future__ import annotations
+
+import helm_python
+import kubernetes_validate
+import pytest
+
+from tests.unit.chart.test_chart import KUBE_VERSION, by_kind, render
+
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+def _pod(docs: list[dict]) -> dict:
+    (deploy,) = by_kind(docs, "Deployment")
+    return deploy["spec"]["template"]
+
+
+def test_pod_annotations_and_labels_reach_the_operator_pod_without_breaking_its_selector():
+    from laps_operator.naming import OPERATOR_POD_LABELS
+
+    values = {
+        "podAnnotations": {"sidecar.istio.io/inject": "false", "prometheus.io/scrape": "true"},
+        # A user label may not take over the labels the Deployment selects on and the gateways'
+        # NetworkPolicy admits: those stay the chart's.
+        "podLabels": {"team": "ml-platform", "app.kubernetes.io/component": "mine",
+                      "app.kubernetes.io/name": "other"},
+    }
+    docs = render(values, namespace="ops")
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    (deploy,) = by_kind(docs, "Deployment")
+    meta = deploy["spec"]["template"]["metadata"]
+    assert meta["annotations"] == values["podAnnotations"]
+    assert meta["labels"]["team"] == "ml-platform"
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= meta["labels"].items()
+    assert OPERATOR_POD_LABELS.items() <= meta["labels"].items()
+    assert "annotations" not in _pod(render())["metadata"]
+
+
+def test_pod_annotation_values_must_be_strings():
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render({"podAnnotations": {"prometheus.io/port": 8080}})
+    assert "/podAnnotations/" in str(err.value)
+
+
+@pytest.mark.parametrize("watch", [[], ["team-a", "team-b"]], ids=["cluster-wide", "namespaced"])
+def test_rbac_create_false_renders_no_rbac_and_runs_as_the_named_service_account(watch):
+    values = {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "laps-operator"},
+              "watchNamespaces": watch}
+    docs = render(values, namespace="ops")
+    assert not [d["kind"] for d in docs if d["kind"] in RBAC_KINDS]
+    assert not by_kind(docs, "ServiceAccount")
+    assert _pod(docs)["spec"]["serviceAccountName"] == "laps-operator"
+
+
+def test_rbac_create_false_with_a_chart_made_service_account_still_makes_the_account():
+    docs = render({"rbac": {"create": False}})
+    assert not [d for d in docs if d["kind"] in RBAC_KINDS]
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert _pod(docs)["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_an_existing_service_account_must_be_named():
+    # Without a name the chart used to bind the operator's rights (patch pods, create workloads
+    # and Roles in every watched namespace) to the namespace's `default` ServiceAccount, which
+    # every pod there runs as unless told otherwise.
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render({"serviceAccount": {"create": False}})
+    assert "/serviceAccount" in str(err.value) and "name" in str(err.value)
+    docs = render({"serviceAccount": {"create": False, "name": "default"}})   # said explicitly: fine
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "default"
+
+
+def test_every_log_level_the_operator_accepts_is_a_value():
+    from laps_operator.cli import build_parser
+
+    (action,) = [a for a in build_parser()._actions if a.dest == "log_level"]
+    for level in action.choices:
+        (ctr,) = _pod(render({"logLevel": level}))["spec"]["containers"]
+        assert f"--log-level={level}" in ctr["args"]
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        # Misspelt, the API server drops the key with a warning: the operator pod would lack the
+        # toleration or affinity its installer asked for and stay Pending (or land elsewhere).
+        ({"tolerations": [{"key": "dedicated", "operater": "Exists", "effect": "NoSchedule"}]}, "/tolerations/0"),
+        ({"tolerations": [{"key": "dedicated", "operator": "Exist"}]}, "/tolerations/0/operator"),
+        ({"tolerations": [{"key": "d", "operator": "Exists", "effect": "NoSchedul"}]}, "/tolerations/0/effect"),
+        ({"affinity": {"nodeAfinity": {}}}, "/affinity"),
+    ],
+)
+def test_misspelt_placement_is_refused_naming_it(values, fragment):
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render(values)
+    assert fragment in str(err.value)
+
+
+def test_kubernetes_tolerations_and_affinity_pass():
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"},
+                   {"operator": "Exists"},
+                   {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                    "tolerationSeconds": 30}]
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
+    spec = _pod(render({"tolerations": tolerations, "affinity": affinity}))["spec"]
+    assert (spec["tolerations"], spec["affinity"]) == (tolerations, affinity)
