@@ -211,11 +211,11 @@ class EngineCore(PDSteps):
         # Never exceed the reserved pages (prompt + max_new capped by the context).
         full = len(live.work.input_ids) + len(live.stop.output_ids) >= self.kv.tokens(rid) + 1
         if live.stop.finished or full:
-            out.finished = True
-            out.finish_reason = live.stop.finish_reason or "length"
-            out.matched_stop = live.stop.matched_stop
             if not live.stop.finished:
-                out.text += live.stop.text[live.stop.emitted:]
+                out.text += live.stop.end("length", None)
+            out.finished = True
+            out.finish_reason = live.stop.finish_reason
+            out.matched_stop = live.stop.matched_stop
             # Cache the answer too (every position but the last token's, whose KV was never
             # computed): a chat's next turn re-sends it. Where the re-sent text tokenizes
             # differently from what was generated, the match simply ends there.

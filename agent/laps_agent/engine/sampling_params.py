@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 DEFAULT_MAX_NEW_TOKENS = 128
+# A character is at most 4 UTF-8 bytes, so at most 4 tokens: output pending for longer holds
+# bytes that never form one (StopState._commit_whole_characters).
+PENDING_TOKENS_MAX = 4
 
 
 class SamplingError(ValueError):
@@ -133,29 +136,50 @@ class StopState:
         """Record one generated token; returns the newly releasable text."""
         self.output_ids.append(token)
         if token in self.params.stop_token_ids:
-            return self._finish("stop", token)
+            return self.end("stop", token)
         if token in self.eos_token_ids and not self.params.ignore_eos:
-            return self._finish("stop", token)
+            return self.end("stop", token)
         self.text_ids.append(token)
         self._detokenize()
-        if self.params.stop:
-            start = max(0, self.emitted - max(map(len, self.params.stop)))
-            hits = [(self.text.find(s, start), s) for s in self.params.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                index, stop = min(hits)
-                self.text = self.text[:index]
-                return self._finish("stop", stop)
+        stop = self._cut_at_stop()
+        if stop is not None:
+            return self._finish("stop", stop)
         if len(self.output_ids) >= self.params.max_new_tokens:
-            return self._finish("length", None)
+            return self.end("length", None)
         releasable = len(self.text) - self._holdback()
         delta = self.text[self.emitted:releasable] if releasable > self.emitted else ""
         self.emitted += len(delta)
         return delta
 
+    def end(self, reason: str, matched: str | int | None) -> str:
+        """Finish now (EOS, a stop token, max_new_tokens, or the engine's context is full) and
+        return the rest of the text. Bytes still waiting for the rest of their character are
+        released as they decode (U+FFFD), as SGLang does and as a decode of the output ids
+        reads: dropped, the text lacked what the counted tokens said. A stop string in them
+        still stops the text there."""
+        if self.read < len(self.text_ids):
+            before = self.decode(self.text_ids[self.prefix:self.read])
+            self.text += self.decode(self.text_ids[self.prefix:])[len(before):]
+            self.read = len(self.text_ids)
+        stop = self._cut_at_stop()
+        return self._finish("stop", stop) if stop is not None else self._finish(reason, matched)
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def _cut_at_stop(self) -> str | None:
+        """The earliest stop string in the text, which is cut there; None if there is none."""
+        if not self.params.stop:
+            return None
+        start = max(0, self.emitted - max(map(len, self.params.stop)))
+        hits = [(self.text.find(s, start), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return None
+        index, stop = min(hits)
+        self.text = self.text[:index]
+        return stop
 
     def _finish(self, reason: str, matched: str | int | None) -> str:
         self.finish_reason, self.matched_stop = reason, matched
@@ -168,8 +192,28 @@ class StopState:
         after = self.decode(self.text_ids[self.prefix:])
         # An unfinished UTF-8 sequence decodes to U+FFFD: wait for the token that completes it.
         if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.text += after[len(before):]
-            self.prefix, self.read = self.read, len(self.text_ids)
+            self._commit(before, after, len(self.text_ids))
+        elif len(self.text_ids) - self.read > PENDING_TOKENS_MAX:
+            self._commit_whole_characters(before, after)
+
+    def _commit(self, before: str, upto_text: str, upto: int) -> None:
+        """text_ids[:upto] (decoded from `prefix` as `upto_text`) become text."""
+        self.text += upto_text[len(before):]
+        self.prefix, self.read = self.read, upto
+
+    def _commit_whole_characters(self, before: str, after: str) -> None:
+        """Pending longer than any character takes: bytes that never form one (a degenerate
+        model's stray lead bytes). Waiting on, every step decoded the whole run again (O(n^2)
+        on the engine thread) and nothing of it reached a stream. Release the pending tokens up
+        to the last cut that splits no character (both sides decoded apart read as the whole:
+        a character's bytes on both sides would decode to U+FFFD on each); the last
+        character's bytes, within the last tokens, go on waiting."""
+        n = len(self.text_ids)
+        for cut in range(n - 1, max(self.read, n - PENDING_TOKENS_MAX), -1):
+            head = self.decode(self.text_ids[self.prefix:cut])
+            if head + self.decode(self.text_ids[cut:]) == after:
+                self._commit(before, head, cut)
+                return
 
     def _holdback(self) -> int:
         hold = 0

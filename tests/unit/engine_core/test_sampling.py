@@ -108,3 +108,65 @@ def test_seeded_sampling_works_on_cuda_logits():
     first = sample_tokens(logits, params, [0, 0, 0])
     assert first == sample_tokens(logits, params, [0, 0, 0])  # seeded: reproducible
     assert first[1] == int(logits[1].argmax())
+
+
+# Byte-level tokens, decoded as a byte-level BPE tokenizer does (an unfinished or invalid UTF-8
+# sequence becomes U+FFFD): 1 "a", 2 " " + the lead byte of 本, 3 the rest of 本, 4 a lead byte
+# (0xC4) that no continuation byte follows here.
+BYTE_TOKENS = {1: b"a", 2: b" \xe6", 3: b"\x9c\xac", 4: b"\xc4"}
+
+
+def byte_decode(ids: list[int]) -> str:
+    return b"".join(BYTE_TOKENS[i] for i in ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("ids,eos", [([1, 2], False), ([1, 2], True), ([1, 4, 4], False), ([1, 4, 4], True)])
+def test_text_pending_a_utf8_continuation_is_not_lost_at_the_end(ids, eos):
+    """An answer that ends (length or EOS) inside a character, or on bytes that never form one,
+    keeps them as decoded (U+FFFD), as SGLang answers and decode(output_ids) reads: they were
+    dropped, so the text silently lacked what the counted tokens said."""
+    state = StopState(SamplingParams(max_new_tokens=len(ids) + (1 if eos else 0)), frozenset({9}), byte_decode)
+    released = "".join(state.add(t) for t in ids + ([9] if eos else []))
+    assert state.finished and state.finish_reason == ("stop" if eos else "length")
+    assert released == state.text == byte_decode(ids)
+
+
+def test_a_character_completed_later_is_released_whole():
+    state = StopState(SamplingParams(max_new_tokens=3), frozenset(), byte_decode)
+    assert [state.add(t) for t in (1, 2, 3)] == ["a", "", " 本"]
+
+
+def test_a_stop_string_in_the_text_released_at_the_end_still_stops():
+    """The pending bytes may carry whole characters (" " + a lead byte): released at the end,
+    they are searched for stop strings like any other text."""
+    state = StopState(SamplingParams(stop=(" ",)), frozenset({9}), byte_decode)
+    released = "".join(state.add(t) for t in (1, 2, 9))
+    assert released == state.text == "a" and state.finish_reason == "stop" and state.matched_stop == " "
+
+
+def test_a_run_of_bytes_that_never_form_a_character_keeps_the_window_small():
+    """A model stuck on bytes that never complete (a degenerate or badly sampled one) kept every
+    one of them pending: each step decoded the whole run again, O(n^2) on the engine thread
+    (1.6 s for 4095 tokens of the tiny model), and all of it was dropped at the end."""
+    widths = []
+
+    def decode(ids: list[int]) -> str:
+        widths.append(len(ids))
+        return byte_decode(ids)
+
+    n = 2000
+    state = StopState(SamplingParams(max_new_tokens=n), frozenset(), decode)
+    released = "".join(state.add(4) for _ in range(n))
+    assert released == "\ufffd" * n and state.finish_reason == "length"
+    assert max(widths) <= 16
+
+
+def test_a_character_split_over_many_tokens_is_not_broken_by_the_window_bound():
+    """Bytes that do complete a character are never released before it completes, however many
+    tokens they take (here one byte per token, after a long run of stray lead bytes)."""
+    tokens = {**BYTE_TOKENS, 5: b"\xf0", 6: b"\x9f", 7: b"\x99", 8: b"\x82"}  # 🙂 in four tokens
+    decode = lambda ids: b"".join(tokens[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+    ids = [4] * 10 + [5, 6, 7, 8, 1]
+    state = StopState(SamplingParams(max_new_tokens=len(ids)), frozenset(), decode)
+    released = [state.add(t) for t in ids]
+    assert "".join(released) == decode(ids) == "\ufffd" * 10 + "🙂a"
