@@ -35,6 +35,7 @@ PRESSURE_UNAVAILABLE = "PressureUnavailable"
 HISTORY = 10
 OFF_RECHECK_S = 10.0     # how often a loop that is off looks again (a spec change wakes it sooner)
 SAMPLE_S = 1.0           # fallback mode: one gateway sample per second, averaged per interval
+OFF_DECISION = "allocation is off"
 
 
 def config_of(spec: ClusterSpec) -> AllocationConfig:
@@ -138,7 +139,7 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     except InvalidSpecError:
         return StepOutcome(live, reason="invalid spec")
     if not active(spec):
-        return StepOutcome(live, reason="allocation is off")
+        return StepOutcome(live, reason=OFF_DECISION)
     ref = cluster_ref(live)
     plan = sync_groups(kube, ref, spec)   # membership and labels consistent before deciding
     if plan is None:
@@ -163,17 +164,41 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
                        recovered=reading.known and was_unavailable)
 
 
-def stand_down(kube: Kube, namespace: str, name: str) -> None:
-    """The loop was turned off: an unavailable pressure no longer matters to anyone."""
+def off_status(old: Mapping[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """What status says once the loop is turned off (pure); None when it never ran. The last
+    pressure (shown by `kubectl get laps -o wide`) and decision would read as current, and a
+    half-confirmed move would complete on the first interval after the loop is back on, however
+    long after: confirmIntervals counts consecutive intervals. The cooldowns and the direction
+    of the last move stay: they are about moves that really happened."""
+    old = old or {}
+    unavailable = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
+    if not old.get("allocation") and not old.get("pressure") and unavailable is None:
+        return None
+    status: dict[str, Any] = {"pressure": None,
+                              "allocation": {"lastDecision": OFF_DECISION, "policy": {"wanted": None, "streak": 0}}}
+    if unavailable is not None:
+        status["conditions"] = set_condition(old.get("conditions"), PRESSURE_UNAVAILABLE, False, "AllocationOff",
+                                             "the allocation loop is off", generation=None, now=rfc3339(now))
+    return status
+
+
+def stood_down(status: Mapping[str, Any] | None, now: float) -> bool:
+    """Whether status already says what off_status says (nothing to write)."""
+    wanted = off_status(status, now)
+    return wanted is None or contains(status or {}, _without_times(wanted))
+
+
+def stand_down(kube: Kube, namespace: str, name: str, now: float) -> None:
+    """The loop was turned off: nothing it last read or wanted holds any more (off_status)."""
     with cluster_lock(namespace, name):
-        live = kube.get(cr_ref(namespace, name))
-        if live is None:
-            return
-        conditions = set_condition((live.get("status") or {}).get("conditions"), PRESSURE_UNAVAILABLE, False,
-                                   "AllocationOff", "the allocation loop is off", generation=None,
-                                   now=rfc3339(time.time()))
-        patch_status(kube, namespace, name, {"conditions": conditions}, live["metadata"].get("resourceVersion"))
-    metrics.record_pressure(namespace, name, None)
+        def write() -> None:
+            live = kube.get(cr_ref(namespace, name))
+            if live is None:
+                return
+            if not stood_down(live.get("status"), now):
+                patch_status(kube, namespace, name, off_status(live.get("status"), now),
+                             live["metadata"].get("resourceVersion"))
+        retry_on_conflict(write)
 
 
 def _record_metrics(namespace: str, name: str, reading: pressure.Reading, decision: Decision,
@@ -207,9 +232,9 @@ class AllocationLoop:
             return OFF_RECHECK_S, None
         if not active(spec):
             self.window, self.last_decision = pressure.GatewayWindow(), None
-            unavailable = condition((live.get("status") or {}).get("conditions"), PRESSURE_UNAVAILABLE)
-            if unavailable and unavailable.get("status") == "True":
-                stand_down(self.kube, self.namespace, self.name)
+            metrics.record_pressure(self.namespace, self.name, None)
+            if not stood_down(live.get("status"), self.wall()):
+                stand_down(self.kube, self.namespace, self.name, self.wall())
             return OFF_RECHECK_S, None
         interval = spec.laps.allocation.interval_seconds
         url = spec.monitoring.prometheus_url

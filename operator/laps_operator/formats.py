@@ -7,6 +7,7 @@ CRD carries the same patterns (tests/unit/operator/test_crd.py compares them).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 from decimal import Decimal
 from urllib.parse import urlsplit
@@ -83,10 +84,30 @@ def url_problem(url: str) -> str | None:
     if not url:
         return None
     try:
-        urlsplit(url).port  # noqa: B018  (raises ValueError on a bad host or port)
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError on a bad host or port)
     except ValueError as exc:
         return f"{url!r} is not a URL: {exc}"
     if not re.match(PROMETHEUS_URL_PATTERN, url):
         return (f"{url!r}: must be empty or an http:// or https:// base URL, e.g. "
                 "http://prometheus-operated.monitoring:9090 (no query or fragment)")
+    return host_problem(url, parts.hostname or "")
+
+
+def host_problem(url: str, host: str) -> str | None:
+    """Why the allocation loop could never connect to `host`, or None. The pattern above lets
+    through what a template with an empty value renders (`http://:9090`,
+    `http://prometheus..svc:9090`); the HTTP client refuses those only when it connects, every
+    interval, with an error that does not name the field."""
+    if not host:
+        return f"{url!r} is not a URL: it names no host"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        host.encode("idna")  # what the resolver is asked for: labels of 1 to 63 characters
+    except UnicodeError:
+        return f"{url!r} is not a URL: each dot-separated part of the host {host!r} needs 1 to 63 characters"
     return None

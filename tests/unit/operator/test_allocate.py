@@ -13,6 +13,7 @@ from laps_operator.allocate import (
     state_to_status,
     step,
 )
+from laps_operator import metrics
 from laps_operator.allocation import Decision, Move, PolicyState
 from laps_operator.kube import KubeError
 from laps_operator.pressure import Reading, unknown
@@ -166,3 +167,40 @@ def test_the_loop_follows_an_interval_change_at_its_next_tick():
     assert (cond["status"], cond["reason"]) == ("False", "AllocationOff")
     del kube.objects[("LAPSCluster", "ns", "c")]
     assert loop.tick() == (None, None)            # gone: the loop ends
+
+
+def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
+    """Off after it ran with pressure known: `kubectl get laps -o wide` had gone on showing the
+    last pressure, lastDecision the last decision, the gauge the last value, and a move wanted
+    once (1/2) was made on the first interval after the loop came back on, hours later."""
+    kube = make_kube(allocation={"confirmIntervals": 2})
+    step(kube, "ns", "c", LONG_HEAVY, NOW)   # wanted 1/2: no move yet
+    assert live_status(kube)["allocation"]["policy"]["streak"] == 1
+    assert metrics.PRESSURE.labels(cluster="ns/c", group="long")._value.get() == 4000.0
+    spec = kube.objects[("LAPSCluster", "ns", "c")]["spec"]
+    spec["laps"]["allocation"]["enabled"] = False
+    loop = AllocationLoop(kube, "ns", "c", wall=lambda: NOW + 5)
+    assert loop.tick() == (OFF_RECHECK_S, None)
+
+    status = live_status(kube)
+    assert "pressure" not in status
+    assert status["allocation"]["lastDecision"] == "allocation is off"
+    assert status["allocation"]["policy"]["streak"] == 0 and "wanted" not in status["allocation"]["policy"]
+    cond = condition(status["conditions"], PRESSURE_UNAVAILABLE)
+    assert (cond["status"], cond["reason"]) == ("False", "AllocationOff")
+    assert ("ns/c", "long") not in {(s.labels["cluster"], s.labels["group"])
+                                    for m in metrics.PRESSURE.collect() for s in m.samples}
+    writes = len(kube.writes)
+    assert loop.tick() == (OFF_RECHECK_S, None)
+    assert len(kube.writes) == writes   # said once
+
+    # Back on: the move needs its two intervals in a row again.
+    spec["laps"]["allocation"]["enabled"] = True
+    assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3600).move is None
+    assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3601).move is not None
+
+
+def test_a_loop_that_never_ran_writes_nothing_when_off():
+    kube = make_kube(allocation={"enabled": False})
+    assert AllocationLoop(kube, "ns", "c").tick() == (OFF_RECHECK_S, None)
+    assert kube.writes == []

@@ -22,6 +22,7 @@ from laps_operator.pressure import (
     unknown,
     window_seconds,
 )
+from laps_operator.spec import InvalidSpecError, parse_spec
 
 from tests.unit.operator.fake_kube import FakeKube
 
@@ -185,8 +186,28 @@ def test_scrape_sums_the_running_gateway_pods_and_an_unreachable_one_makes_it_un
     assert down.reason == "GatewayUnreachable" and "c-gateway-1-d" in down.message
 
 
-@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:1", "prometheus:9090"])
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:1", "prometheus:9090", "http://prometheus..svc:9090"])
 def test_a_prometheus_that_cannot_be_asked_is_unknown_pressure_not_an_exception(url):
     # The spec refuses such URLs; one from an older operator's spec must still not crash the loop.
     reading = query_prometheus(url, "up", 0.0, 10.0, timeout_s=1.0)
     assert not reading.known and reading.reason == "PrometheusUnreachable" and url in reading.message
+
+
+# What a template with an empty value renders: the CRD's pattern lets them through, and the HTTP
+# client refused them only when connecting (`..`: a UnicodeError escaped the loop, which logged a
+# traceback every 5 s while the cluster said nothing).
+@pytest.mark.parametrize(("url", "says"), [
+    ("http://:9090", "names no host"),
+    ("http://user@:9090", "names no host"),
+    ("http://prometheus..monitoring:9090", "host 'prometheus..monitoring' needs 1 to 63"),
+    ("http://" + "p" * 64 + ".monitoring:9090", "needs 1 to 63 characters"),
+])
+def test_a_prometheus_url_without_a_usable_host_is_an_invalid_spec(url, says):
+    with pytest.raises(InvalidSpecError, match=r"^spec\.monitoring\.prometheusURL: .*" + re.escape(says)):
+        parse_spec({"model": {"name": "m", "path": "/m"}, "monitoring": {"prometheusURL": url}})
+
+
+@pytest.mark.parametrize("url", ["http://[::1]:9090", "http://user:pw@prom:9090", "http://prom.monitoring.svc.:9090",
+                                 "https://prom.example.com/prometheus/"])
+def test_usable_prometheus_urls_pass(url):
+    assert parse_spec({"model": {"name": "m", "path": "/m"}, "monitoring": {"prometheusURL": url}})
