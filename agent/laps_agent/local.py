@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
                         "beyond which a class gets 429 (0: no bound; default: laps gateway's)")
+    p.add_argument("--max-decode-share", type=float, default=None,
+                   help="the gateway's admission control: the share of the decode slots one class "
+                        "may hold, beyond which it gets 429 (0: no bound; default: laps gateway's, "
+                        "none with --single-pool)")
     # Off by default: laps local serves on loopback for one user. Same meaning as laps gateway's.
     p.add_argument("--api-keys-file", help="the gateway's API keys, one a line: requests then "
                    "need 'Authorization: Bearer <key>' (default: no authentication)")
@@ -152,6 +156,10 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
         "max_pending_tokens_per_pod": max(args.max_pending_tokens_per_pod, 0)}
     if args.request_deadline_s is not None:
         overrides["request_deadline_s"] = max(args.request_deadline_s, 0.0)
+    if args.max_decode_share is not None or args.single_pool:
+        # One pool serves one class: there is no other class to keep decode slots free for.
+        share = 0.0 if args.max_decode_share is None else args.max_decode_share
+        overrides["max_decode_share"] = min(max(share, 0.0), 1.0)
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),

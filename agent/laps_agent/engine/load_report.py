@@ -9,6 +9,8 @@ rather than each by the requests it dispatched itself.
   running_requests    requests decoding
   transfer_requests   decode role: requests waiting for their KV (being fetched from a prefill
                       engine, or arrived and waiting for KV pages)
+  max_running_requests  requests it decodes at once (its slots): the gateway bounds each
+                      class's share of the decode pool by it (gateway/admission.py)
 
 The figures come from the engine loop's snapshot (refreshed every iteration, and before a
 prefill batch starts, so a long batch counts while it runs) plus the server's KV fetches."""
@@ -17,11 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_report(role: str, snapshot: dict[str, Any], fetching: int) -> dict[str, Any]:
+def load_report(role: str, snapshot: dict[str, Any], fetching: int,
+                max_running: int | None = None) -> dict[str, Any]:
     queues = snapshot.get("queues") or {}
     prefilling_requests, prefilling_tokens = snapshot.get("prefilling") or (0, 0)
-    return {"role": role,
-            "waiting_requests": sum(r for r, _ in queues.values()) + prefilling_requests,
-            "pending_tokens": sum(t for _, t in queues.values()) + prefilling_tokens,
-            "running_requests": snapshot.get("running", 0),
-            "transfer_requests": snapshot.get("waiting_kv", 0) + fetching}
+    report = {"role": role,
+              "waiting_requests": sum(r for r, _ in queues.values()) + prefilling_requests,
+              "pending_tokens": sum(t for _, t in queues.values()) + prefilling_tokens,
+              "running_requests": snapshot.get("running", 0),
+              "transfer_requests": snapshot.get("waiting_kv", 0) + fetching}
+    if max_running is not None:
+        report["max_running_requests"] = max_running
+    return report

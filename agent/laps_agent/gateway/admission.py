@@ -13,17 +13,31 @@ The bound is a watermark, not a budget: a request is admitted whenever the group
 whatever its own size, so a prompt larger than the bound still runs when its group has room, and
 the queue overshoots the bound by at most one request. Choose the bound so that a pod prefills
 that much well within the engines' --bootstrap-timeout (30 s): SmolLM2 on a CPU prefills about
-1,000 tokens/s, a 32B model on an H200 about 10,000/s."""
+1,000 tokens/s, a 32B model on an H200 about 10,000/s.
+
+The decode pool is shared by both classes, so a bound on prefill alone does not isolate them: a
+flood of long requests with long answers prefills quickly, then piles up in the decode engines
+(their running slots, then their FIFO queue of arrived KV, then their queue bound's 503s), and
+every short request waits behind it (measured on emulated engines: short TTFT from 0.02 s to
+14 s p50, then 503s for both classes). So each class also has a **decode share**: it may hold
+at most `max_decode_share` of the decode pool's slots (the routable decode pods' max running
+requests, as their load reports say), counting its requests from dispatch until their answer
+ends; beyond, that class gets 429 while the other always finds slots free. Unknown slots (no
+reports: polling off, an engine without the figure) mean no decode share. The count is this
+gateway's own requests: with several replicas each holds its class to the share on its own."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from laps_agent.gateway.routing import Endpoint, EndpointLoad
+from laps_agent.gateway.routing import Endpoint, EndpointLoad, RouteDecision
 
 # 16k tokens per pod: ~16 s of queued prefill for SmolLM2 on CPU (half the default bootstrap
 # timeout), ~1.5 s for a 32B model on an H200 (a full 16k-token prefill batch).
 DEFAULT_MAX_PENDING_TOKENS_PER_POD = 16384
+# A class alone still gets three quarters of the decode slots; the other class always finds a
+# quarter free, so a modest stream of it never waits behind the flood.
+DEFAULT_MAX_DECODE_SHARE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +72,35 @@ def group_load(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],
 
 
 _IDLE = EndpointLoad()
+
+
+def decode_slots(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],
+                 reported: Callable[[str], int | None]) -> int:
+    """The decode pool's slots: the reported max running requests of its routable pods (0 when
+    none reported it)."""
+    return sum(reported(e.name) or 0 for e in members if loads.get(e.name, _IDLE).healthy)
+
+
+def decode_share_bound(share: float, slots: int) -> int | None:
+    """The most requests one class may hold on a decode pool of `slots` (None: no bound); at
+    least one, so a pool of few slots still serves both classes."""
+    return max(1, int(share * slots)) if share > 0 and slots > 0 else None
+
+
+def refusal(d: RouteDecision, group: tuple[int, int], held: int, slots: int,
+            max_pending_tokens_per_pod: int, max_decode_share: float) -> str | None:
+    """Why a request routed as `d` is refused (None: admitted). `group`: (routable pods,
+    pending tokens) of its prefill group; `held`: its class's requests on the decode pool of
+    `slots` slots."""
+    pods, pending = group
+    verdict = admit(pending, pods, max_pending_tokens_per_pod)
+    if not verdict.admitted:
+        why = (f"the {d.group} prefill group is overloaded: {pending} prompt tokens pending, its "
+               f"bound is {verdict.bound} ({max_pending_tokens_per_pod} per pod x {pods} pods)")
+    else:
+        bound = decode_share_bound(max_decode_share, slots)
+        if bound is None or held < bound:
+            return None
+        why = (f"the {d.cls} class is overloaded in the decode pool: it holds {held} requests, "
+               f"its share is {bound} ({max_decode_share:g} of {slots} decode slots)")
+    return why + "; work for it is refused until it drains, retry later"

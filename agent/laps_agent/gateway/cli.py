@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="admission control: a prefill group takes new requests while its "
                              "pending prompt tokens are below this many per routable pod; beyond, "
                              "its class gets 429 + Retry-After (0: no bound)")
+    limits.add_argument("--max-decode-share", type=_share, default=GatewayConfig.max_decode_share,
+                        help="admission control: each class may hold at most this share of the "
+                             "decode pool's slots (its pods' max running requests, from their "
+                             "load reports); beyond, that class gets 429 + Retry-After, so a flood "
+                             "of one class never leaves the other without decode slots (0: no bound)")
     limits.add_argument("--request-deadline-s", type=float, default=GatewayConfig.request_deadline_s,
                         help="total time a request may take, arrival to last byte: beyond, 504 "
                              "(or, once a stream has begun, an SSE error event ends it); 0: none")
@@ -90,11 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text}: a share of the decode slots, 0..1 (0: no bound)")
+    return value
+
+
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         served_model_name=args.served_model_name, length_threshold=args.length_threshold,
         max_body_bytes=args.max_body_bytes,
         max_pending_tokens_per_pod=max(args.max_pending_tokens_per_pod, 0),
+        max_decode_share=args.max_decode_share,
         request_deadline_s=max(args.request_deadline_s, 0.0), drain_grace_s=max(args.drain_grace_s, 0.0),
         engine_load_poll=args.engine_load_poll,
         engine_load_interval_s=max(args.engine_load_interval, 0.01),

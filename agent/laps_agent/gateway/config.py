@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from laps_agent.drain import DEFAULT_GRACE_S
-from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD
+from laps_agent.gateway.admission import DEFAULT_MAX_DECODE_SHARE, DEFAULT_MAX_PENDING_TOKENS_PER_POD
 from laps_agent.gateway.outlier import DEFAULT_MAX_EJECTION_PERCENT
 from laps_agent.gateway.prefix import DEFAULT_RECORD_BLOCKS_PER_POD
 from laps_agent.gateway.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
@@ -42,6 +42,9 @@ class GatewayConfig:
     # Admission control (gateway/admission.py): a prefill group takes new requests while its
     # pending prompt tokens are below this many per routable pod; beyond, 429. 0: no bound.
     max_pending_tokens_per_pod: int = DEFAULT_MAX_PENDING_TOKENS_PER_POD
+    # ...and each class may hold at most this share of the decode pool's slots (its decode
+    # pods' reported max running requests); beyond, 429. 0: no bound.
+    max_decode_share: float = DEFAULT_MAX_DECODE_SHARE
     # Arrival to the last byte of the answer (gateway/deadline.py): beyond, 504 before the
     # first byte, or an SSE error event ending a stream. 0: no deadline.
     request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S

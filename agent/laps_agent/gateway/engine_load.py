@@ -40,6 +40,7 @@ class _Pod:
     reported: tuple[int, int] | None = None   # (requests, tokens) of the engine's last answer
     own_then: tuple[int, int] = (0, 0)        # this gateway's own pending work when it asked
     asked_at: float = float("-inf")           # when that poll was sent
+    slots: int | None = None                  # requests it decodes at once, as last reported
 
 
 class EngineLoads:
@@ -58,11 +59,20 @@ class EngineLoads:
             self._pods[name] = _Pod()
         return own.pending_requests, own.pending_tokens, self._clock()
 
-    def answered(self, name: str, mark: tuple[int, int, float], requests: int, tokens: int) -> None:
+    def answered(self, name: str, mark: tuple[int, int, float], requests: int, tokens: int,
+                 slots: int | None = None) -> None:
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
             return  # the pod left, or a later poll already answered
         pod.reported, pod.own_then, pod.asked_at = (requests, tokens), (mark[0], mark[1]), mark[2]
+        if slots:
+            pod.slots = slots
+
+    def slots(self, name: str) -> int | None:
+        """The pod's decode slots (max running requests) as it last reported them, however
+        long ago: a setting of the engine, not a load, so an old answer still holds."""
+        pod = self._pods.get(name)
+        return pod.slots if pod is not None else None
 
     def keep_only(self, names: Iterable[str]) -> None:
         """Forget pods that left the membership."""
@@ -110,19 +120,20 @@ LOAD_PATH = "/get_load"
 SGLANG_LOAD_PATH = "/v1/loads?include=core"
 
 
-def parse_report(body: bytes) -> tuple[int, int]:
-    """(requests, tokens) of a /get_load answer, or of SGLang's /v1/loads (summed over its
-    ranks: requests waiting, in a KV transfer or running; uncached prompt tokens waiting);
-    ValueError when it is neither."""
+def parse_report(body: bytes) -> tuple[int, int, int | None]:
+    """(requests, tokens, slots) of a /get_load answer, or of SGLang's /v1/loads (summed over
+    its ranks: requests waiting, in a KV transfer or running; uncached prompt tokens waiting;
+    max running requests, None when not reported); ValueError when it is neither."""
     try:
         doc = json.loads(body)
         if "loads" in doc:
             ranks = doc["loads"]
             return (sum(int(r["num_waiting_reqs"]) + int(r["num_running_reqs"]) for r in ranks),
-                    sum(int(r.get("num_waiting_uncached_tokens", 0)) for r in ranks))
+                    sum(int(r.get("num_waiting_uncached_tokens", 0)) for r in ranks),
+                    sum(int(r.get("max_running_requests", 0)) for r in ranks) or None)
         requests = (int(doc["waiting_requests"]) + int(doc.get("running_requests", 0))
                     + int(doc.get("transfer_requests", 0)))
-        return requests, int(doc["pending_tokens"])
+        return requests, int(doc["pending_tokens"]), int(doc.get("max_running_requests", 0)) or None
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a load report: {exc!r}") from None
 
@@ -177,8 +188,8 @@ class EngineLoadPoller:
                 return
             if response.status != 200:
                 return  # an engine with neither route: its own work alone counts
-            requests, tokens = parse_report(body)
+            requests, tokens, slots = parse_report(body)
         except (UpstreamError, TimeoutError, ValueError) as exc:
             log.debug("no load report from %s: %s", endpoint.name, exc)
             return
-        self.loads.answered(endpoint.name, mark, requests, tokens)
+        self.loads.answered(endpoint.name, mark, requests, tokens, slots)

@@ -4,7 +4,8 @@ Pending work of a *prefill* pod (and its group) is counted from dispatch until t
 prefill phase completes, which the gateway observes as the first of: the prefill engine's
 response ending (SGLang's prefill server answers once the KV is handed off), the first byte of
 the decode engine's answer, or the attempt failing or being cancelled. A *decode* pod's pending
-requests count until the whole answer has been relayed.
+requests count until the whole answer has been relayed; so do the requests each class holds on
+the decode pool as a whole (its decode share, admission.py).
 
 Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
 unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
@@ -66,6 +67,7 @@ class LoadTracker:
         for group, pending in self._groups.items():
             metrics.pending_requests_of[group].set_function(lambda p=pending: p.requests)
             metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
+        self._decode_held: dict[str, int] = {}   # class -> its requests on the decode pool
         self._failures: dict[str, int] = {}
         self._ejected_until: dict[str, float] = {}
 
@@ -106,11 +108,19 @@ class LoadTracker:
         pending.requests -= 1
         pending.tokens -= ticket.tokens
 
-    def begin_decode(self, endpoint: str) -> None:
+    def begin_decode(self, endpoint: str, cls: str | None = None) -> None:
         self._load(endpoint).pending_requests += 1
+        if cls is not None:
+            self._decode_held[cls] = self._decode_held.get(cls, 0) + 1
 
-    def end_decode(self, endpoint: str) -> None:
+    def end_decode(self, endpoint: str, cls: str | None = None) -> None:
         self._load(endpoint).pending_requests -= 1
+        if cls is not None:
+            self._decode_held[cls] -= 1
+
+    def decode_held(self, cls: str) -> int:
+        """Requests of class `cls` this gateway holds on the decode pool (dispatch to last byte)."""
+        return self._decode_held.get(cls, 0)
 
     def record_success(self, endpoint: str) -> None:
         if self._failures.get(endpoint):

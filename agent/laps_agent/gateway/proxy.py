@@ -8,10 +8,11 @@ on other pods. A failing prefill call cancels the decode call (which would other
 KV hand-off that never comes) and vice versa. Pods are chosen by routing.py on this gateway's
 own pending work merged with the engines' reported load (engine_load.py).
 
-Overload: before the first attempt the request's prefill group must admit it (admission.py), or
-it gets 429 without reaching an engine. An engine's error answer is judged by failures.py, which
-also decides whose failure it is (a decode engine that waited in vain for its KV blames the
-prefill pod); health records count it against that pod's pool, whose ejection is capped."""
+Overload: before the first attempt the request's prefill group must admit it, and its class be
+within its share of the decode pool (admission.py), or it gets 429 without reaching an engine.
+An engine's error answer is judged by failures.py, which also decides whose failure it is (a
+decode engine that waited in vain for its KV blames the prefill pod); health records count it
+against that pod's pool, whose ejection is capped."""
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-from laps_agent.gateway.admission import admit, group_load
+from laps_agent.gateway.admission import decode_slots, group_load, refusal
 from laps_agent.gateway.affinity import CacheAffinity
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery, Membership
@@ -93,20 +94,18 @@ class PDProxy:
                             tiebreak=next(self._tiebreak), held=held, bound=self._config.affinity_bound)
 
     def admit(self, d: RouteDecision, membership: Membership, loads: Mapping[str, EndpointLoad]) -> None:
-        """Admission control of the group that would serve the request (its class's own, or
-        the other one on fallback, which must not be swamped either): 429 when it is full."""
-        pods, pending = group_load(membership.groups.get(d.group, ()), loads,
-                                   self._tracker.group_pending(d.group)[1])
-        verdict = admit(pending, pods, self._config.max_pending_tokens_per_pod)
-        if verdict.admitted:
-            return
-        self._metrics.rejected_of[d.cls].inc()
-        raise GatewayError(
-            429, "overloaded",
-            f"the {d.group} prefill group is overloaded: {verdict.pending_tokens} prompt tokens "
-            f"pending, its bound is {verdict.bound} ({self._config.max_pending_tokens_per_pod} per "
-            f"pod x {pods} pods); work for it is refused until it drains, retry later",
-            self._config.retry_after_s)
+        """Admission control (admission.refusal) of the group that would serve the request (its
+        class's own, or the other one on fallback, which must not be swamped either) and of the
+        class's share of the decode pool: 429 when either is full."""
+        cfg = self._config
+        message = refusal(d, group_load(membership.groups.get(d.group, ()), loads,
+                                        self._tracker.group_pending(d.group)[1]),
+                          self._tracker.decode_held(d.cls),
+                          decode_slots(membership.decode, loads, self.engine_loads.slots),
+                          cfg.max_pending_tokens_per_pod, cfg.max_decode_share)
+        if message is not None:
+            self._metrics.rejected_of[d.cls].inc()
+            raise GatewayError(429, "overloaded", message, cfg.retry_after_s)
 
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
@@ -145,7 +144,7 @@ class PDProxy:
         # The pod's work is what it is expected not to hold (routing's expected uncached length).
         ticket = self._tracker.begin_prefill(d.group, d.prefill.name, max(1, call.tokens - d.cached))
         self.affinity.sent(d, call.prefix)
-        self._tracker.begin_decode(d.decode.name)
+        self._tracker.begin_decode(d.decode.name, d.cls)
         prefill = asyncio.create_task(self._prefill(d, call, payload, ticket))
         decode = asyncio.create_task(self._decode(d, call, payload))
         handed_over = False
@@ -159,7 +158,7 @@ class PDProxy:
                 if not call.engine_checked:
                     call.engine_checked = self.affinity.engine_answer(d, result.body)
                 self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
-                self._tracker.end_decode(d.decode.name)
+                self._tracker.end_decode(d.decode.name, d.cls)
                 handed_over = True
                 self._let_finish(prefill)
                 return result
@@ -171,7 +170,7 @@ class PDProxy:
                 prefill.cancel()
                 decode.cancel()
                 ticket.done()
-                self._tracker.end_decode(d.decode.name)
+                self._tracker.end_decode(d.decode.name, d.cls)
                 # Retrieve outcomes so a task failing after its sibling is never "unretrieved".
                 await asyncio.gather(prefill, decode, return_exceptions=True)
 
@@ -278,7 +277,7 @@ class PDProxy:
             if closed:
                 return
             closed = True
-            self._tracker.end_decode(d.decode.name)
+            self._tracker.end_decode(d.decode.name, d.cls)
             self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
             self._let_finish(prefill)
             await chunks.aclose()  # releases (or closes, if unfinished) the connection

@@ -1,13 +1,15 @@
 """The `/laps_status` document (threshold, groups with their pods, pending work and admission
-bound per group) and readiness (can this gateway route at all)."""
+bound per group; the decode pool's pods, slots and each class's share of them) and readiness
+(can this gateway route at all)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from laps_agent.gateway.admission import group_bound
+from laps_agent.gateway.admission import decode_share_bound, decode_slots, group_bound
 from laps_agent.gateway.discovery import GROUP_NAMES, Membership
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
+from laps_agent.scheduling.classes import CLASSES
 
 if TYPE_CHECKING:
     from laps_agent.gateway.app import Gateway
@@ -41,6 +43,16 @@ def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tupl
     return (not missing), "; ".join(missing)
 
 
+def _decode(gateway: Gateway, membership: Membership, loads: Mapping[str, EndpointLoad]) -> dict:
+    """`slots`: the routable pods' reported max running requests; `max_held_per_class`: the
+    decode share's bound (None: none); `held`: this gateway's requests there, per class."""
+    engine_loads = gateway.proxy.engine_loads
+    slots = decode_slots(membership.decode, loads, engine_loads.slots)
+    return {"pods": [_pod(e, loads.get(e.name), engine_loads.report(e.name)) for e in membership.decode],
+            "slots": slots, "max_held_per_class": decode_share_bound(gateway.config.max_decode_share, slots),
+            "held": {cls: gateway.tracker.decode_held(cls) for cls in CLASSES}}
+
+
 def laps_status(gateway: Gateway) -> dict:
     membership = gateway.discovery.membership()
     loads = gateway.tracker.loads()
@@ -56,5 +68,5 @@ def laps_status(gateway: Gateway) -> dict:
     allocation = gateway.allocator.status() if gateway.allocator is not None else {"enabled": False}
     return {"enabled": True, "served_model_name": gateway.config.served_model_name,
             "threshold": gateway.config.length_threshold, "groups": groups,
-            "decode": {"pods": [_pod(e, loads.get(e.name), reports(e.name)) for e in membership.decode]},
+            "decode": _decode(gateway, membership, loads),
             "allocation": allocation}

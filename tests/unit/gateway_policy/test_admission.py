@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from laps_agent.gateway.admission import admit, group_bound
+from laps_agent.gateway.admission import admit, decode_share_bound, decode_slots, group_bound, refusal
+from laps_agent.gateway.routing import Endpoint, EndpointLoad, RouteDecision
 
 
 def test_a_group_below_its_bound_admits_and_at_it_refuses():
@@ -42,3 +43,36 @@ def test_admitted_exactly_while_below_the_bound(pending, pods, per_pod):
         assert verdict.admitted
     else:
         assert verdict.admitted == (pending < per_pod * max(pods, 1))
+
+
+# ---- the decode share: a class may hold at most a share of the decode pool's slots ----------
+
+def _routed(cls: str) -> RouteDecision:
+    ep = Endpoint("p", "http://p", "p", 1)
+    return RouteDecision(cls, cls, ep, Endpoint("d", "http://d", "d", None), False)
+
+
+def test_the_decode_share_is_a_share_of_the_routable_decode_pods_reported_slots():
+    pods = [Endpoint(n, f"http://{n}", n, None) for n in ("a", "b", "c")]
+    loads = {"c": EndpointLoad(healthy=False)}
+    reported = {"a": 8, "c": 8}.get                       # b has not reported yet; c is ejected
+    assert decode_slots(pods, loads, reported) == 8
+    assert decode_share_bound(0.75, 8) == 6
+    assert decode_share_bound(0.75, 1) == 1               # a tiny pool still serves each class
+    assert decode_share_bound(0.0, 8) is None and decode_share_bound(0.75, 0) is None
+
+
+def test_a_class_at_its_decode_share_is_refused_while_the_other_is_admitted():
+    group = (1, 0)                                        # an idle prefill group
+    refused = refusal(_routed("long"), group, held=6, slots=8, max_pending_tokens_per_pod=1000,
+                      max_decode_share=0.75)
+    assert refused.startswith("the long class is overloaded in the decode pool: it holds 6 "
+                              "requests, its share is 6 (0.75 of 8 decode slots)"), refused
+    assert refusal(_routed("short"), group, held=0, slots=8, max_pending_tokens_per_pod=1000,
+                   max_decode_share=0.75) is None
+    # Slots unknown (no reports) or the share off: no decode bound.
+    assert refusal(_routed("long"), group, 60, 0, 1000, 0.75) is None
+    assert refusal(_routed("long"), group, 60, 8, 1000, 0.0) is None
+    # The prefill group's bound is checked too, and named.
+    assert refusal(_routed("long"), (1, 1000), 0, 8, 1000, 0.75).startswith(
+        "the long prefill group is overloaded: 1000 prompt tokens pending")

@@ -101,7 +101,9 @@ def test_admission_counts_the_groups_reported_load_or_its_own_if_more():
 def test_a_report_is_read_from_get_load_json():
     body = (b'{"role": "decode", "waiting_requests": 1, "pending_tokens": 20, '
             b'"running_requests": 3, "transfer_requests": 2}')
-    assert parse_report(body) == (6, 20)
+    assert parse_report(body) == (6, 20, None)
+    # A decode engine also says how many requests it decodes at once (the decode share's base).
+    assert parse_report(body[:-1] + b', "max_running_requests": 48}') == (6, 20, 48)
     for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}'):
         with pytest.raises(ValueError):
             parse_report(bad)
@@ -117,6 +119,6 @@ def test_a_report_is_read_from_sglangs_v1_loads_summed_over_its_ranks():
     body = ('{"timestamp": "2026-11-23T10:00:00+00:00", "version": "0.5.23", "accelerator": null, '
             '"num_accelerators": 1, "loads": [' + rank.format(r=0, run=2, wait=3, tok=700) + ", "
             + rank.format(r=1, run=1, wait=0, tok=0) + "]}").encode()
-    assert parse_report(body) == (6, 700)
+    assert parse_report(body) == (6, 700, 64)
     with pytest.raises(ValueError):
         parse_report(b'{"loads": [{"dp_rank": 0}]}')
