@@ -129,6 +129,10 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
         "--prefix-affinity" if spec.laps.affinity else "--no-prefix-affinity",
         "--prefix-warm" if spec.warm else "--no-prefix-warm",
     ]
+    if spec.gateway.max_pending_tokens_per_pod is not None:
+        args += ["--max-pending-tokens-per-pod", str(spec.gateway.max_pending_tokens_per_pod)]
+    if spec.gateway.max_decode_share is not None:
+        args += ["--max-decode-share", _fmt(spec.gateway.max_decode_share)]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]
     args += [

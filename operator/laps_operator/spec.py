@@ -114,6 +114,10 @@ class GatewaySpec(PlacementSpec):  # placed like the engine pools (nodeSelector,
     # API keys (laps_agent/gateway/auth.py); None: no authentication.
     api_keys_secret: ApiKeysSecretSpec | None = None
     rate_limit_per_key: float = Field(default=0.0, ge=0)  # requests/s per key; 0: none
+    # Admission control (laps_agent/gateway/admission.py); None: the gateway's own default,
+    # which lives there only.
+    max_pending_tokens_per_pod: int | None = Field(default=None, ge=0)
+    max_decode_share: float | None = Field(default=None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _rate_needs_keys(self) -> GatewaySpec:

@@ -306,6 +306,23 @@ def test_rendered_gateway_args_are_what_laps_gateway_accepts():
     assert args.prefix_affinity is True  # laps.prefixAffinity's default
 
 
+def test_the_gateways_admission_bounds_come_from_the_cr_or_its_own_defaults():
+    from laps_agent.gateway.cli import build_parser as gateway_parser
+    from laps_agent.gateway.config import GatewayConfig
+
+    def parsed(**gateway):
+        return gateway_parser().parse_args(
+            container(build_gateway_deployment(CLUSTER, spec_of(gateway=gateway)))["args"][1:])
+
+    unset = parsed()
+    assert unset.max_pending_tokens_per_pod == GatewayConfig.max_pending_tokens_per_pod
+    assert unset.max_decode_share == GatewayConfig.max_decode_share
+    given = parsed(maxPendingTokensPerPod=4096, maxDecodeShare=0.5)
+    assert given.max_pending_tokens_per_pod == 4096 and given.max_decode_share == 0.5
+    off = parsed(maxPendingTokensPerPod=0, maxDecodeShare=0)
+    assert off.max_pending_tokens_per_pod == 0 and off.max_decode_share == 0.0
+
+
 def test_gateway_is_ready_on_health_and_alive_on_live():
     c = container(build_gateway_deployment(CLUSTER, spec_of()))
     # /health: 200 once it can route, 503 before (out of the Service, not restarted);

@@ -132,6 +132,10 @@ INVALID = [
     (with_spec(**{"prefill.tolerations": [{"kee": "gpu"}]}), "spec.prefill.tolerations.0", "'kee' was unexpected"),
     (with_spec(**{"gateway.affinity": {"nodeAfinity": {}}}), "spec.gateway.affinity", "'nodeAfinity' was unexpected"),
     (with_spec(imagePullSecrets=[{"secret": "r"}]), "spec.imagePullSecrets.0", "'name' is a required property"),
+    # Admission control: a share is of the decode slots, a bound is a count.
+    (with_spec(**{"gateway.maxDecodeShare": 1.5}), "spec.gateway.maxDecodeShare", "is greater than the maximum of 1"),
+    (with_spec(**{"gateway.maxPendingTokensPerPod": -1}), "spec.gateway.maxPendingTokensPerPod",
+     "is less than the minimum of 0"),
 ]
 
 
