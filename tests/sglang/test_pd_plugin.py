@@ -157,6 +157,10 @@ def test_the_gateway_routes_by_what_sglang_reports_it_holds(gateway, laps_prefil
 
     idle = poll(all_idle, timeout=60, message="an idle load report from each SGLang server")
     assert set(idle) == {laps_prefill.url, decode_server.url}
+    # SGLang's report also gives the decode server's slots (max running requests), so the
+    # decode share (each class's bound there) holds in front of SGLang too.
+    decode = httpx.get(f"{gateway}/laps_status", timeout=10).json()["decode"]
+    assert decode["slots"] > 0 and 1 <= decode["max_held_per_class"] < decode["slots"], decode
     # A long answer (300 decode steps, seconds here): the decode server reports it held. (Not a
     # long prefill: SGLang's scheduler answers /v1/loads between forward passes, and one CPU
     # prefill pass of thousands of tokens outlasts the poll's timeout; GPU passes take ms.)
