@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from laps_agent.gateway.cli import decode_share
 from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all, write_labels
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.systems import SINGLE_POOL_THRESHOLD
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
                         "beyond which a class gets 429 (0: no bound; default: laps gateway's)")
-    p.add_argument("--max-decode-share", type=float, default=None,
+    p.add_argument("--max-decode-share", type=decode_share, default=None,
                    help="the gateway's admission control: the share of the decode slots one class "
                         "may hold, beyond which it gets 429 (0: no bound; default: laps gateway's, "
                         "none with --single-pool)")
@@ -158,8 +159,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
         overrides["request_deadline_s"] = max(args.request_deadline_s, 0.0)
     if args.max_decode_share is not None or args.single_pool:
         # One pool serves one class: there is no other class to keep decode slots free for.
-        share = 0.0 if args.max_decode_share is None else args.max_decode_share
-        overrides["max_decode_share"] = min(max(share, 0.0), 1.0)
+        overrides["max_decode_share"] = 0.0 if args.max_decode_share is None else args.max_decode_share
     config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="admission control: a prefill group takes new requests while its "
                              "pending prompt tokens are below this many per routable pod; beyond, "
                              "its class gets 429 + Retry-After (0: no bound)")
-    limits.add_argument("--max-decode-share", type=_share, default=GatewayConfig.max_decode_share,
+    limits.add_argument("--max-decode-share", type=decode_share, default=GatewayConfig.max_decode_share,
                         help="admission control: each class may hold at most this share of the "
                              "decode pool's slots (its pods' max running requests, from their "
                              "load reports); beyond, that class gets 429 + Retry-After, so a flood "
@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _share(text: str) -> float:
+def decode_share(text: str) -> float:
+    """--max-decode-share's type (laps gateway and laps local): a share in 0..1."""
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text}: a share of the decode slots, 0..1 (0: no bound)")
