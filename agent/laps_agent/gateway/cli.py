@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     limits = p.add_argument_group("limits and resilience")
     limits.add_argument("--max-body-bytes", type=int, default=GatewayConfig.max_body_bytes)
     limits.add_argument("--connect-timeout", type=float, default=ProxyConfig.connect_timeout_s)
-    limits.add_argument("--read-timeout", type=float, default=ProxyConfig.read_timeout_s)
+    limits.add_argument("--read-timeout", type=positive_seconds, default=None,
+                        help="seconds an engine may stay silent on an open request (a non-streamed "
+                             "answer is silent until complete) before 504; default: the request "
+                             "deadline, or 300 without one")
     limits.add_argument("--max-retries", type=int, default=ProxyConfig.max_retries)
     limits.add_argument("--eject-after-failures", type=int,
                         default=ProxyConfig.eject_after_failures)
@@ -100,6 +103,14 @@ def decode_share(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text}: a share of the decode slots, 0..1 (0: no bound)")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """--read-timeout's type: a time > 0 (0 would time every request out at once)."""
+    value = float(text)
+    if not value > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text}: seconds, more than 0")
     return value
 
 

@@ -14,8 +14,9 @@ from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 @dataclass(frozen=True)
 class ProxyConfig:
     connect_timeout_s: float = 5.0
-    # Generation of a long answer on CPU can take minutes; this bounds silence, not total time.
-    read_timeout_s: float = 300.0
+    # The longest an engine may stay silent on an open request (time to the response head
+    # included); None: see GatewayConfig.upstream_silence_s.
+    read_timeout_s: float | None = None
     # Retries on another pair of pods after a connection-level failure (nothing sent yet).
     max_retries: int = 2
     # A pod failing this many times in a row is ejected from routing for eject_seconds...
@@ -29,6 +30,8 @@ class ProxyConfig:
 
 # Ten minutes: a long generation on a CPU takes a few; a request older than that is stuck.
 DEFAULT_REQUEST_DEADLINE_S = 600.0
+# The silence bound when neither --read-timeout nor a request deadline gives one.
+DEFAULT_SILENCE_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -75,3 +78,14 @@ class GatewayConfig:
     # --prefix-warm, engine/prefix_warm.py): a chat's previous answer counts as held there.
     prefix_warm: bool = False
     proxy: ProxyConfig = ProxyConfig()
+
+    @property
+    def upstream_silence_s(self) -> float:
+        """How long an engine may stay silent on an open request before the gateway gives up on
+        it (504, and a failure counted against the pod): --read-timeout when given, else the
+        request deadline, else DEFAULT_SILENCE_S. Not shorter than the deadline by default: a
+        non-streamed answer sends nothing until it is complete, so a fixed 300 s cut answers
+        that the deadline (600 s by default) allows, and blamed a healthy pod for them."""
+        if self.proxy.read_timeout_s is not None:
+            return self.proxy.read_timeout_s
+        return self.request_deadline_s if self.request_deadline_s > 0 else DEFAULT_SILENCE_S

@@ -75,7 +75,7 @@ class PDProxy:
     async def start(self) -> None:
         cfg = self._config.proxy
         self._pool = UpstreamPool(connect_timeout=cfg.connect_timeout_s,
-                                  read_timeout=cfg.read_timeout_s,
+                                  read_timeout=self._config.upstream_silence_s,
                                   max_idle_per_host=cfg.max_idle_connections_per_pod)
         await self._poller.start()
 

@@ -64,6 +64,24 @@ def test_gateway_flags_set_admission_control_and_the_ejection_cap():
     assert (config.max_pending_tokens_per_pod, config.proxy.max_ejection_percent) == (0, 30)
 
 
+def test_an_engine_may_stay_silent_as_long_as_the_request_deadline_allows(capsys):
+    """A non-streamed answer sends nothing until it is complete. The silence bound was a fixed
+    300 s under a 600 s deadline: a long answer the deadline allows got 504 at 300 s, and its
+    healthy decode pod was counted as failing (three of those ejected it)."""
+    from laps_agent.gateway.cli import build_parser, config_from_args
+
+    def silence(*argv: str) -> float:
+        return config_from_args(build_parser().parse_args(list(argv))).upstream_silence_s
+
+    assert silence() == 600.0                                  # the default deadline
+    assert silence("--request-deadline-s", "1800") == 1800.0
+    assert silence("--request-deadline-s", "0") == 300.0        # no deadline: still bounded
+    assert silence("--request-deadline-s", "1800", "--read-timeout", "45") == 45.0  # as asked
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--read-timeout", "0"])
+    assert "--read-timeout: 0: seconds, more than 0" in capsys.readouterr().err
+
+
 def test_gateway_flags_set_engine_load_polling():
     from laps_agent.gateway.cli import build_parser, config_from_args
 
