@@ -34,8 +34,10 @@ class GatewayMetrics:
             "laps_gateway_retries", "Attempts repeated on other pods after a connection failure",
             registry=r)
         self.rejected = Counter(
-            "laps_gateway_rejected", "Requests refused by admission control (429) because the "
-            "prefill group of their class was over its pending-token bound", ["class"], registry=r)
+            "laps_gateway_rejected", "Requests refused by admission control (429): the prefill "
+            "group that would serve them was over its pending-token bound "
+            "(--max-pending-tokens-per-pod), or their class held its share of the decode slots "
+            "(--max-decode-share)", ["class"], registry=r)
         self.ejections = Counter(
             "laps_gateway_ejections", "Pods taken out of routing by passive health checks "
             "(outcome=ejected), or kept in because the ejection cap of their pool forbade it "

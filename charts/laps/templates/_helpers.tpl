@@ -93,3 +93,11 @@ app.kubernetes.io/component: operator
   resources: [endpointslices]
   verbs: [list, watch]
 {{- end -}}
+
+{{/* What the built-in `view` role gets on LAPSClusters (templates/rbac-aggregate.yaml); `edit`
+     and `admin` get it too, so a user of theirs needs no `view` binding besides. */}}
+{{- define "laps.viewRules" -}}
+- apiGroups: [laps.io]
+  resources: [lapsclusters, lapsclusters/status]
+  verbs: [get, list, watch]
+{{- end -}}

@@ -69,16 +69,19 @@ def scope_args(mode: str) -> tuple[str, ...]:
 
 
 def chart_operator_rules(mode: str) -> list[dict]:
-    """The rules the chart grants the operator's ServiceAccount in this mode (rendered offline)."""
+    """The rules the chart grants the operator's ServiceAccount in this mode (rendered offline):
+    those of the roles its bindings name (not the ClusterRoles it aggregates into `view`/`edit`)."""
     rendered = helm_python.Chart.load(str(CHART)).render(MODES[mode], name=RELEASE, namespace=RELEASE_NS,
                                                          is_install=True)
+    docs = [doc for path, text in rendered.items() if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+    operator = {"kind": "ServiceAccount", "name": RELEASE, "namespace": RELEASE_NS}
+    bound = {(d["roleRef"]["kind"], d["roleRef"]["name"]) for d in docs
+             if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and operator in d["subjects"]}
     rules: list[dict] = []
-    for path, text in rendered.items():
-        if not path.endswith(".yaml"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc and doc.get("kind") in ("ClusterRole", "Role"):
-                rules += doc["rules"]
+    for doc in docs:
+        if (doc["kind"], doc["metadata"]["name"]) in bound:
+            rules += doc["rules"]
     return rules
 
 

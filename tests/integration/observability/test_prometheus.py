@@ -4,8 +4,9 @@ Real `laps engine` processes (tiny model, one prefill and one decode) and a real
 loopback; Prometheus (the binary, started by the test) scrapes all three every second, with
 `namespace`/`pod` labels added the way the chart's ServiceMonitor relabelling would. After a few
 real requests (short and long class, streamed and not) every dashboard panel query must be
-valid PromQL, and each gateway/engine panel must show data. No operator runs here, so the
-operator panels are only checked for validity. tests/unit/chart/test_dashboard_metrics.py
+valid PromQL, and each gateway/engine panel must show data. The operator panels are checked
+against the operator's own metrics code serving three LAPSClusters' series: picking namespaces
+in the dashboard's selector shows exactly their clusters. tests/unit/chart/test_dashboard_metrics.py
 checks the names statically; this checks what a user of the dashboard would actually see."""
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ import httpx
 import pytest
 
 from tests.support.fixtures_prometheus import PrometheusQueryError, PrometheusServer, ScrapeTarget
+from tests.support.waiting import poll
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "charts" / "laps" / "dashboards" / "laps-overview.json"
 NAMESPACE = "local"
-# What Grafana substitutes; `.*` is the dashboard's "All" value of $namespace.
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "${namespace}": ".*", "$namespace": ".*"}
+# What Grafana substitutes for $namespace: `.*` is the dashboard's "All" value, several
+# selected namespaces are one regex group.
+ALL_NAMESPACES = ".*"
 THRESHOLD = 32          # gateway length threshold, in (heuristic) tokens
 SHORT_PROMPT = "Once upon a time"
 # ~540 characters: well over the threshold by any tokenizer or heuristic.
@@ -30,8 +33,11 @@ SHORT_PROMPT = "Once upon a time"
 LONG_PROMPTS = [f"Request {n}. " + "The quick brown fox jumps over the lazy dog. " * 12 for n in range(3)]
 
 
-def panel_queries(path: Path = DASHBOARD) -> list[tuple[str, str]]:
-    """(panel title, PromQL with Grafana variables substituted) for every panel, rows included."""
+def panel_queries(path: Path = DASHBOARD, namespace: str = ALL_NAMESPACES) -> list[tuple[str, str]]:
+    """(panel title, PromQL with Grafana variables substituted, `namespace` for $namespace) for
+    every panel, rows included."""
+    variables = {"$__rate_interval": "1m", "${namespace}": namespace, "$namespace": namespace}
+
     def walk(panels):
         for panel in panels:
             yield panel
@@ -41,7 +47,7 @@ def panel_queries(path: Path = DASHBOARD) -> list[tuple[str, str]]:
     for panel in walk(json.loads(path.read_text())["panels"]):
         for target in panel.get("targets", []):
             expr = target["expr"]
-            for variable, value in GRAFANA_VARIABLES.items():
+            for variable, value in variables.items():
                 expr = expr.replace(variable, value)
             assert "$" not in expr, f"unsubstituted Grafana variable in {panel['title']}: {expr}"
             queries.append((panel["title"], expr))
@@ -142,7 +148,7 @@ def test_dashboard_queries_show_a_real_pd_stack(scraped_stack):
     for title, expr in panel_queries():
         prom.query(expr)  # raises PrometheusQueryError (with Prometheus's message) if invalid
         if "laps_operator_" in expr:
-            checked_valid_only.append(title)  # no operator runs in this test
+            checked_valid_only.append(title)  # no operator here: see the next test
             continue
         result = prom.wait_for(expr, bool, timeout=20)
         assert all(len(s["value"]) == 2 for s in result), (title, result)
@@ -165,3 +171,63 @@ def test_invalid_promql_is_reported_with_prometheus_message(prometheus_server):
     with pytest.raises(PrometheusQueryError, match="bad_data"):
         prom.query("sum by (class (laps_gateway_requests_total)")
     assert prom.query("vector(1)")[0]["value"][1] == "1"
+
+
+# LAPSClusters the operator reports on, as `cluster` = "<namespace>/<name>"; `team-ab` would
+# also match an unanchored or slash-less `team-a` filter.
+OPERATOR_CLUSTERS = ("team-a/chat", "team-ab/chat", "team-b/code")
+OPERATOR_NAMESPACE = "laps-system"
+
+
+@pytest.fixture
+def operator_metrics_url():
+    """The operator's own metrics code (laps_operator.metrics) recording OPERATOR_CLUSTERS, served
+    from this process's default registry as `laps operator` serves it; forgotten at teardown."""
+    from prometheus_client import REGISTRY, start_http_server
+
+    from laps_operator import metrics
+
+    clusters = [tuple(key.split("/")) for key in OPERATOR_CLUSTERS]
+    for namespace, name in clusters:
+        metrics.start_cluster(namespace, name)
+        metrics.record_groups(namespace, name, {"short": 2, "long": 2})
+        metrics.record_pressure(namespace, name, {"short": 300.0, "long": 40.0})
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        for namespace, name in clusters:
+            metrics.forget_cluster(namespace, name)
+
+
+def test_operator_panels_show_only_the_selected_namespaces_clusters(operator_metrics_url, prometheus_server):
+    """Picking a namespace in the dashboard left the operator panels showing every namespace's
+    LAPSClusters: the operator's series carry its own pod's namespace, not the clusters'. Here
+    Prometheus labels them `namespace="laps-system"`, as scraping the operator pod would."""
+    prom = prometheus_server([ScrapeTarget(operator_metrics_url, pod="laps-operator-0")],
+                             namespace=OPERATOR_NAMESPACE)
+    prom.wait_targets_up(timeout=20)
+
+    def clusters_shown(namespace: str) -> list[tuple[str, set[str]]]:
+        """(panel title, clusters its series name) for each operator query, with `namespace`
+        substituted for $namespace."""
+        return [(title, {s["metric"]["cluster"] for s in prom.query(expr)})
+                for title, expr in panel_queries(namespace=namespace) if "laps_operator_" in expr]
+
+    def all_shown() -> list[tuple[str, set[str]]] | None:
+        shown = clusters_shown(ALL_NAMESPACES)
+        return shown if all(clusters == set(OPERATOR_CLUSTERS) for _, clusters in shown) else None
+
+    # increase() needs two scrapes of the rebalance counters before that query has a series.
+    everything = poll(all_shown, timeout=20, interval=0.25,
+                      message="every operator query to show the three clusters")
+    titles = [title for title, _ in everything]
+    # One namespace picked (Grafana sends a single value as is, or as a one-value group) and two.
+    for selection, expected in (("team-a", {"team-a/chat"}), ("(team-a)", {"team-a/chat"}),
+                                ("(team-a|team-b)", {"team-a/chat", "team-b/code"})):
+        assert clusters_shown(selection) == [(title, expected) for title in titles], selection
+    # The operator's own namespace is not the clusters' one: picking it shows none of them.
+    assert clusters_shown(OPERATOR_NAMESPACE) == [(title, set()) for title in titles]

@@ -61,13 +61,13 @@ def test_default_install_watches_all_namespaces_with_cluster_rbac():
     (deploy,) = by_kind(docs, "Deployment")
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "operator" and "--all-namespaces" in args
-    (role,) = by_kind(docs, "ClusterRole")
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    (role,) = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == binding["roleRef"]["name"]]
     # Which rules, and why each: the least-privilege e2e test derives them from what the
     # operator does (tests/e2e/operator/test_least_privilege_e2e.py). Both modes grant the same
     # rules: the operator needs nothing cluster-scoped (kopf's namespace/CRD scanning is off).
     (namespaced,) = by_kind(render({"watchNamespaces": ["team-a"]}), "Role")
     assert role["rules"] == namespaced["rules"]
-    (binding,) = by_kind(docs, "ClusterRoleBinding")
     (sa,) = by_kind(docs, "ServiceAccount")
     assert binding["subjects"][0]["name"] == sa["metadata"]["name"]
     assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
@@ -75,7 +75,11 @@ def test_default_install_watches_all_namespaces_with_cluster_rbac():
 
 def test_watch_namespaces_gives_namespaced_roles_only():
     docs = render({"watchNamespaces": ["team-a", "team-b"]})
-    assert not by_kind(docs, "ClusterRole")
+    # The only ClusterRoles are the ones aggregated into the built-in view/edit/admin roles
+    # (test_chart_values.py); the operator is bound to none.
+    assert not by_kind(docs, "ClusterRoleBinding")
+    assert all(any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in r["metadata"]["labels"])
+               for r in by_kind(docs, "ClusterRole"))
     assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["team-a", "team-b"]
     args = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--all-namespaces" not in args
@@ -178,4 +182,5 @@ def test_non_default_values_reach_the_operator_pod_and_its_bindings():
     assert pod["serviceAccountName"] == "laps-operator-sa"
     for binding in by_kind(docs, "RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "laps-operator-sa", "namespace": "ops"}]
-    assert all(d["metadata"].get("namespace") == "ops" for d in docs if d["kind"] not in ("Role", "RoleBinding"))
+    assert all(d["metadata"].get("namespace") == "ops" for d in docs
+               if d["kind"] not in ("Role", "RoleBinding", "ClusterRole"))

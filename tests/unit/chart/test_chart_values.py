@@ -108,3 +108,61 @@ def test_kubernetes_tolerations_and_affinity_pass():
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}}
     spec = _pod(render({"tolerations": tolerations, "affinity": affinity}))["spec"]
     assert (spec["tolerations"], spec["affinity"]) == (tolerations, affinity)
+
+
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+READ = {("laps.io", r, v) for r in ("lapsclusters", "lapsclusters/status") for v in ("get", "list", "watch")}
+MANAGE = READ | {("laps.io", "lapsclusters", v) for v in ("create", "update", "patch", "delete")}
+
+
+def _aggregated(docs: list[dict]) -> dict[str, set]:
+    """The built-in role each aggregated ClusterRole feeds ("view", "edit", "admin") -> the
+    (group, resource, verb) it adds there."""
+    from tests.support.kube_emulator_rbac import expand_rules
+
+    into: dict[str, set] = {}
+    for role in by_kind(docs, "ClusterRole"):
+        for label, value in role["metadata"]["labels"].items():
+            if label.startswith(AGGREGATE) and value == "true":
+                into.setdefault(label[len(AGGREGATE):], set()).update(
+                    (a.group, a.full_resource, a.verb) for a in expand_rules(role["rules"], ""))
+    return into
+
+
+@pytest.mark.parametrize("watch", [[], ["team-a"]], ids=["cluster-wide", "namespaced"])
+def test_built_in_roles_get_lapscluster_rights_through_aggregation(watch):
+    """A namespace user bound to `view` could not `kubectl get laps`, nor one bound to `edit` or
+    `admin` apply a LAPSCluster: a CRD's objects belong to no built-in role until a ClusterRole
+    labelled to aggregate into it grants them. Status stays the operator's to write."""
+    docs = render({"watchNamespaces": watch})
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    assert _aggregated(docs) == {"view": READ, "edit": MANAGE, "admin": MANAGE}
+    # Granted to no one by the chart itself: only the aggregation controller reads them.
+    aggregated = {r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")
+                  if any(k.startswith(AGGREGATE) for k in r["metadata"]["labels"])}
+    bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding")}
+    assert aggregated and not aggregated & bound
+
+
+def test_releases_of_one_name_in_two_namespaces_do_not_claim_the_same_cluster_roles():
+    # One operator per set of watched namespaces: each release ships its own copy, and Helm
+    # refuses to install an object another release owns.
+    names = [{r["metadata"]["name"] for r in by_kind(render({"watchNamespaces": [team]}, namespace=f"{team}-ops"),
+                                                     "ClusterRole")} for team in ("team-a", "team-b")]
+    assert names[0] and not names[0] & names[1]
+
+
+@pytest.mark.parametrize("rbac", [{"aggregateToDefaultRoles": False}, {"create": False}],
+                         ids=["aggregation-off", "rbac-create-false"])
+def test_no_aggregated_roles_when_turned_off_or_without_rbac(rbac):
+    docs = render({"rbac": rbac})
+    assert _aggregated(docs) == {}
+    # Turning aggregation off leaves the operator's own rights as they were.
+    assert bool(by_kind(docs, "ClusterRoleBinding")) == rbac.get("create", True)
+
+
+def test_aggregation_value_must_be_a_boolean():
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render({"rbac": {"aggregateToDefaultRoles": "yes"}})
+    assert "/rbac/aggregateToDefaultRoles" in str(err.value)

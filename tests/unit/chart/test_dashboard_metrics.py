@@ -128,3 +128,46 @@ def test_every_refusal_the_gateway_counts_is_on_a_dashboard():
     shown = {name for path in DASHBOARDS for expr in dashboard_queries(path)
              for name in SERIES.findall(expr)}
     assert refusals - shown == set()
+
+
+# What a panel's series must be filtered by so the dashboard's Namespace selector applies to it.
+# Gateway and engine series carry the scraped pod's `namespace`; the operator's carry the
+# cluster it speaks of as `cluster="<namespace>/<name>"` (laps_operator.metrics.cluster_key),
+# while their own `namespace` label is the operator's. `($namespace)` also holds Grafana's
+# multi-value `(a|b)` and its All value `.*`.
+NAMESPACE_FILTER = 'namespace=~"$namespace"'
+CLUSTER_FILTER = 'cluster=~"($namespace)/.+"'
+_SELECTED_SERIES = re.compile(r"\b(laps_[a-z0-9_]+)\s*(\{[^}]*\})?")
+
+
+def panel_exprs(path: pathlib.Path) -> list[tuple[str, str]]:
+    """(panel title, expr) of every panel target, panels inside rows included."""
+    def walk(panels: list[dict]):
+        for panel in panels:
+            yield panel
+            yield from walk(panel.get("panels", []))
+
+    return [(panel["title"], target["expr"]) for panel in walk(json.loads(path.read_text())["panels"])
+            for target in panel.get("targets", [])]
+
+
+def test_every_panel_query_follows_the_namespace_selector():
+    """Picking a namespace showed every namespace's LAPSClusters on the operator panels: their
+    queries had no filter at all. Every series a panel reads must be filtered, each by the label
+    that names the namespace of what it measures."""
+    unfiltered = []
+    for path in DASHBOARDS:
+        for title, expr in panel_exprs(path):
+            for name, selector in _SELECTED_SERIES.findall(expr):
+                wanted = CLUSTER_FILTER if name.startswith("laps_operator_") else NAMESPACE_FILTER
+                if wanted not in selector:
+                    unfiltered.append((title, name, wanted))
+    assert unfiltered == []
+
+
+def test_passive_health_ejections_are_on_a_dashboard():
+    """Pods the gateway takes out of routing (and the ejections its cap refuses) were on no
+    panel: a pool running on half its pods looked healthy."""
+    shown = {name for path in DASHBOARDS for expr in dashboard_queries(path)
+             for name in SERIES.findall(expr)}
+    assert "laps_gateway_ejections_total" in shown
