@@ -11,16 +11,28 @@ rather than each by the requests it dispatched itself.
                       engine, or arrived and waiting for KV pages)
   max_running_requests  requests it decodes at once (its slots): the gateway bounds each
                       class's share of the decode pool by it (gateway/admission.py)
+  held_by_class       {"short": n, "long": m}: work requests it holds, from their arrival to
+                      the last byte of their answer, by the class the gateway sent with them
+                      (X-LAPS-Class; a request without it counts in neither). On a decode
+                      engine every gateway replica's requests together: what the decode share
+                      counts over all replicas
 
 The figures come from the engine loop's snapshot (refreshed every iteration, and before a
-prefill batch starts, so a long batch counts while it runs) plus the server's KV fetches."""
+prefill batch starts, so a long batch counts while it runs) plus the server's KV fetches, and
+HeldByClass for the classes."""
 from __future__ import annotations
 
 from typing import Any
 
+from laps_agent.drain import WORK_PATHS
+from laps_agent.engine.api_models import LAPS_CLASS_HEADER
+
+_HEADER = LAPS_CLASS_HEADER.lower().encode()
+
 
 def load_report(role: str, snapshot: dict[str, Any], fetching: int,
-                max_running: int | None = None) -> dict[str, Any]:
+                max_running: int | None = None,
+                held_by_class: dict[str, int] | None = None) -> dict[str, Any]:
     queues = snapshot.get("queues") or {}
     prefilling_requests, prefilling_tokens = snapshot.get("prefilling") or (0, 0)
     report = {"role": role,
@@ -30,4 +42,28 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
               "transfer_requests": snapshot.get("waiting_kv", 0) + fetching}
     if max_running is not None:
         report["max_running_requests"] = max_running
+    if held_by_class is not None:
+        report["held_by_class"] = dict(held_by_class)
     return report
+
+
+class HeldByClass:
+    """ASGI middleware: counts the work requests in flight per X-LAPS-Class in `held` (a dict
+    with a count per class, scheduling/classes.py), from their arrival until the app has sent their last byte (streams included)
+    or given up on them. An ASGI wrapper, not the route: it sees every ending (an error answer,
+    a client gone mid-stream) without each path having to remember it."""
+
+    def __init__(self, app, held: dict[str, int]) -> None:
+        self.app, self.held = app, held
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] not in WORK_PATHS:
+            return await self.app(scope, receive, send)
+        cls = next((v.decode("latin-1") for k, v in scope["headers"] if k == _HEADER), None)
+        if cls not in self.held:  # none, or a value the route answers 400
+            return await self.app(scope, receive, send)
+        self.held[cls] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.held[cls] -= 1

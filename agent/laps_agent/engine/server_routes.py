@@ -11,10 +11,11 @@ from fastapi.responses import JSONResponse, Response
 from laps_agent.drain import DrainGuard, refusal_body
 from laps_agent.engine import api_models as api
 from laps_agent.engine.http_util import error
-from laps_agent.engine.load_report import load_report
+from laps_agent.engine.load_report import HeldByClass, load_report
 from laps_agent.engine.metrics import read_group
 from laps_agent.engine.requests import GenerateWork, new_rid
 from laps_agent.engine.sampling_params import SamplingParams
+from laps_agent.scheduling.classes import CLASSES
 
 if TYPE_CHECKING:
     from laps_agent.engine.server import EngineServer
@@ -27,6 +28,9 @@ def build_app(server: EngineServer) -> FastAPI:
         await server.aclose()
 
     app = FastAPI(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
+    held = dict.fromkeys(CLASSES, 0)   # work requests held per gateway class (/get_load)
+    # Inside DrainGuard: a draining engine's refusals hold nothing.
+    app.add_middleware(HeldByClass, held=held)
     app.add_middleware(DrainGuard, drain=server.drain, who="engine")
     s, engine = server.settings, server.engine
 
@@ -92,7 +96,7 @@ def build_app(server: EngineServer) -> FastAPI:
         """What this engine holds now (engine/load_report.py); every gateway polls it, so it
         is answered as plain bytes (no response validation)."""
         return Response(json.dumps(load_report(s.role, engine.snapshot, server.fetching,
-                                                      engine.config.max_running_requests)),
+                                               engine.config.max_running_requests, held)),
                         media_type="application/json")
 
     @app.get("/metrics")

@@ -23,8 +23,16 @@ every short request waits behind it (measured on emulated engines: short TTFT fr
 at most `max_decode_share` of the decode pool's slots (the routable decode pods' max running
 requests, as their load reports say), counting its requests from dispatch until their answer
 ends; beyond, that class gets 429 while the other always finds slots free. Unknown slots (no
-reports: polling off, an engine without the figure) mean no decode share. The count is this
-gateway's own requests: with several replicas each holds its class to the share on its own."""
+reports: polling off, an engine without the figure) mean no decode share.
+
+With several gateway replicas the share holds over all of them: a class's count is this
+gateway's own requests plus what the other replicas hold on the routable decode pods, from the
+engines' `held_by_class` (engine_load.py merges it as it does pending tokens). Each replica sees
+the others' requests as of its last poll (`--engine-load-interval`), so a burst reaching every
+replica within one interval may overshoot the share by what the others admitted meanwhile;
+from the next poll on they refuse it. Stock SGLang reports no classes (its /v1/loads): over
+it, and with polling off, each replica counts its own requests alone, so N replicas let a class
+hold up to N times its share."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -79,6 +87,14 @@ def decode_slots(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],
     """The decode pool's slots: the reported max running requests of its routable pods (0 when
     none reported it)."""
     return sum(reported(e.name) or 0 for e in members if loads.get(e.name, _IDLE).healthy)
+
+
+def decode_held(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad], cls: str, own: int,
+                others: Callable[[str, str], int]) -> int:
+    """Requests of class `cls` on the decode pool: this gateway's (`own`) plus those other
+    replicas hold on its routable pods (`others(pod, cls)`, 0 where a pod reports no classes);
+    a pod out of the pool adds none, as it adds no slots."""
+    return own + sum(others(e.name, cls) for e in members if loads.get(e.name, _IDLE).healthy)
 
 
 def decode_share_bound(share: float, slots: int) -> int | None:

@@ -17,7 +17,15 @@ this gateway's own work drains, not one poll later). The other replicas' work is
 interval old. A pod without a usable answer (an engine without the route, a pod that is down,
 an answer older than `stale_after_s`) counts its own work alone, as without polling. Polling
 never touches health: passive health checks (load.py) judge the pods by the requests they
-serve."""
+serve.
+
+The requests each class holds on a decode pod (the decode share, admission.py) merge the same
+way, from the engine's `held_by_class` (this project's engines; SGLang reports no classes, so
+there each gateway counts its own alone). Their own part is taken out more carefully, as
+held when the poll was sent plus sent since, up to the answer: a request dispatched meanwhile
+may already be in the answer, and counted as another replica's it would refuse a request of
+a lone gateway at its bound (a short spurious 429). Counting it as possibly ours instead can
+only miss another replica's request for one interval."""
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +33,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from laps_agent.gateway.discovery import Discovery
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
@@ -33,6 +42,17 @@ from laps_agent.gateway.upstream import UpstreamError, UpstreamPool, address
 
 log = logging.getLogger(__name__)
 _IDLE = EndpointLoad()
+# Per class: (requests this gateway holds on a pod, requests it ever sent there); LoadTracker.held_on.
+OwnHeld = Mapping[str, tuple[int, int]]
+_NONE_HELD: OwnHeld = {}
+
+
+class LoadReport(NamedTuple):
+    """What a pod's /get_load (or SGLang's /v1/loads) said; see parse_report."""
+    requests: int
+    tokens: int
+    slots: int | None = None                 # max running requests; None: not reported
+    held: Mapping[str, int] | None = None    # requests held per class; None: not reported
 
 
 @dataclass(slots=True)
@@ -41,6 +61,8 @@ class _Pod:
     own_then: tuple[int, int] = (0, 0)        # this gateway's own pending work when it asked
     asked_at: float = float("-inf")           # when that poll was sent
     slots: int | None = None                  # requests it decodes at once, as last reported
+    held: Mapping[str, int] | None = None     # its held_by_class in that answer, if it had one
+    held_then: dict[str, int] = field(default_factory=dict)  # of which this gateway's, at most
 
 
 class EngineLoads:
@@ -52,27 +74,37 @@ class EngineLoads:
         self._clock = clock
         self._pods: dict[str, _Pod] = {}
 
-    def asking(self, name: str, own: EndpointLoad) -> tuple[int, int, float]:
+    def asking(self, name: str, own: EndpointLoad, own_held: OwnHeld = _NONE_HELD) -> tuple:
         """Mark the moment a poll of `name` is sent, with this gateway's own pending work on it
         then; give the mark to `answered`."""
         if name not in self._pods:
             self._pods[name] = _Pod()
-        return own.pending_requests, own.pending_tokens, self._clock()
+        return own.pending_requests, own.pending_tokens, self._clock(), dict(own_held)
 
-    def answered(self, name: str, mark: tuple[int, int, float], requests: int, tokens: int,
-                 slots: int | None = None) -> None:
+    def answered(self, name: str, mark: tuple, requests: int, tokens: int, slots: int | None = None,
+                 held: Mapping[str, int] | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
+        """The answer to the poll `mark`: the pod's figures, and `own_held` as of now."""
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
             return  # the pod left, or a later poll already answered
         pod.reported, pod.own_then, pod.asked_at = (requests, tokens), (mark[0], mark[1]), mark[2]
         if slots:
             pod.slots = slots
+        pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
     def slots(self, name: str) -> int | None:
         """The pod's decode slots (max running requests) as it last reported them, however
         long ago: a setting of the engine, not a load, so an old answer still holds."""
         pod = self._pods.get(name)
         return pod.slots if pod is not None else None
+
+    def others_held(self, name: str, cls: str) -> int:
+        """Requests of class `cls` that other gateway replicas hold on pod `name`, as of its
+        last fresh answer (0 without one, or when it reports no classes)."""
+        pod = self._pods.get(name)
+        if pod is None or pod.held is None or not self._fresh(pod, self._clock()):
+            return 0
+        return max(0, pod.held.get(cls, 0) - pod.held_then.get(cls, 0))
 
     def keep_only(self, names: Iterable[str]) -> None:
         """Forget pods that left the membership."""
@@ -109,8 +141,21 @@ class EngineLoads:
         now = self._clock()
         if pod is None or not self._fresh(pod, now):
             return None
-        return {"requests": pod.reported[0], "tokens": pod.reported[1],
-                "age_s": round(now - pod.asked_at, 3)}
+        report = {"requests": pod.reported[0], "tokens": pod.reported[1],
+                  "age_s": round(now - pod.asked_at, 3)}
+        if pod.held is not None:
+            report["held_by_class"] = dict(pod.held)
+        return report
+
+
+def _own_part(then: OwnHeld, now: OwnHeld) -> dict[str, int]:
+    """Per class, the most of this gateway's requests an answer can hold: those held when the
+    poll was sent (`then`) plus those sent since (up to `now`, when the answer came)."""
+    own = {}
+    for cls in then.keys() | now.keys():
+        held, sent = then.get(cls, (0, 0))      # a class never sent there had sent nothing
+        own[cls] = held + now.get(cls, (held, sent))[1] - sent
+    return own
 
 
 # Where an engine reports its load: this project's engines answer LOAD_PATH; stock SGLang
@@ -120,20 +165,23 @@ LOAD_PATH = "/get_load"
 SGLANG_LOAD_PATH = "/v1/loads?include=core"
 
 
-def parse_report(body: bytes) -> tuple[int, int, int | None]:
-    """(requests, tokens, slots) of a /get_load answer, or of SGLang's /v1/loads (summed over
-    its ranks: requests waiting, in a KV transfer or running; uncached prompt tokens waiting;
-    max running requests, None when not reported); ValueError when it is neither."""
+def parse_report(body: bytes) -> LoadReport:
+    """A /get_load answer, or SGLang's /v1/loads (summed over its ranks: requests waiting, in a
+    KV transfer or running; uncached prompt tokens waiting; max running requests; it has no
+    classes); ValueError when it is neither. Fields an older engine lacks are None."""
     try:
         doc = json.loads(body)
         if "loads" in doc:
             ranks = doc["loads"]
-            return (sum(int(r["num_waiting_reqs"]) + int(r["num_running_reqs"]) for r in ranks),
-                    sum(int(r.get("num_waiting_uncached_tokens", 0)) for r in ranks),
-                    sum(int(r.get("max_running_requests", 0)) for r in ranks) or None)
+            return LoadReport(sum(int(r["num_waiting_reqs"]) + int(r["num_running_reqs"]) for r in ranks),
+                              sum(int(r.get("num_waiting_uncached_tokens", 0)) for r in ranks),
+                              sum(int(r.get("max_running_requests", 0)) for r in ranks) or None)
         requests = (int(doc["waiting_requests"]) + int(doc.get("running_requests", 0))
                     + int(doc.get("transfer_requests", 0)))
-        return requests, int(doc["pending_tokens"]), int(doc.get("max_running_requests", 0)) or None
+        held = doc.get("held_by_class")   # absent from older engines' reports
+        return LoadReport(requests, int(doc["pending_tokens"]),
+                          int(doc.get("max_running_requests", 0)) or None,
+                          None if held is None else {str(cls): int(n) for cls, n in held.items()})
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a load report: {exc!r}") from None
 
@@ -143,8 +191,10 @@ class EngineLoadPoller:
     of its own (short timeouts, never queued behind a generation)."""
 
     def __init__(self, loads: EngineLoads, discovery: Discovery,
-                 own: Callable[[], Mapping[str, EndpointLoad]], *, enabled: bool = True) -> None:
+                 own: Callable[[], Mapping[str, EndpointLoad]], *, enabled: bool = True,
+                 own_held: Callable[[str], OwnHeld] = lambda name: _NONE_HELD) -> None:
         self.loads, self._discovery, self._own, self._enabled = loads, discovery, own, enabled
+        self._own_held = own_held
         # An answer later than the next poll is of no use.
         self._timeout_s = max(loads.interval_s, 0.05)
         self._pool = UpstreamPool(connect_timeout=self._timeout_s, read_timeout=self._timeout_s,
@@ -177,7 +227,8 @@ class EngineLoadPoller:
             await asyncio.sleep(next_at - loop.time())
 
     async def _poll(self, endpoint: Endpoint) -> None:
-        mark = self.loads.asking(endpoint.name, self._own().get(endpoint.name, _IDLE))
+        mark = self.loads.asking(endpoint.name, self._own().get(endpoint.name, _IDLE),
+                                 self._own_held(endpoint.name))
         path = self._paths.get(endpoint.name, LOAD_PATH)
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -188,8 +239,8 @@ class EngineLoadPoller:
                 return
             if response.status != 200:
                 return  # an engine with neither route: its own work alone counts
-            requests, tokens, slots = parse_report(body)
+            report = parse_report(body)
         except (UpstreamError, TimeoutError, ValueError) as exc:
             log.debug("no load report from %s: %s", endpoint.name, exc)
             return
-        self.loads.answered(endpoint.name, mark, requests, tokens, slots)
+        self.loads.answered(endpoint.name, mark, *report, own_held=self._own_held(endpoint.name))

@@ -5,7 +5,8 @@ prefill phase completes, which the gateway observes as the first of: the prefill
 response ending (SGLang's prefill server answers once the KV is handed off), the first byte of
 the decode engine's answer, or the attempt failing or being cancelled. A *decode* pod's pending
 requests count until the whole answer has been relayed; so do the requests each class holds on
-the decode pool as a whole (its decode share, admission.py).
+the decode pool as a whole (its decode share, admission.py) and on each decode pod (with those
+ever sent there: what engine_load.py takes out of the pod's own per-class report).
 
 Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
 unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
@@ -68,6 +69,9 @@ class LoadTracker:
             metrics.pending_requests_of[group].set_function(lambda p=pending: p.requests)
             metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
         self._decode_held: dict[str, int] = {}   # class -> its requests on the decode pool
+        # pod -> class -> [requests held there now, requests ever sent there]: what this
+        # gateway's share of a decode engine's held_by_class can be (engine_load.py)
+        self._held_on: dict[str, dict[str, list[int]]] = {}
         self._failures: dict[str, int] = {}
         self._ejected_until: dict[str, float] = {}
 
@@ -112,15 +116,23 @@ class LoadTracker:
         self._load(endpoint).pending_requests += 1
         if cls is not None:
             self._decode_held[cls] = self._decode_held.get(cls, 0) + 1
+            counts = self._held_on.setdefault(endpoint, {}).setdefault(cls, [0, 0])
+            counts[0] += 1
+            counts[1] += 1
 
     def end_decode(self, endpoint: str, cls: str | None = None) -> None:
         self._load(endpoint).pending_requests -= 1
         if cls is not None:
             self._decode_held[cls] -= 1
+            self._held_on[endpoint][cls][0] -= 1
 
     def decode_held(self, cls: str) -> int:
         """Requests of class `cls` this gateway holds on the decode pool (dispatch to last byte)."""
         return self._decode_held.get(cls, 0)
+
+    def held_on(self, endpoint: str) -> dict[str, tuple[int, int]]:
+        """Per class, (requests held on `endpoint` now, requests ever sent there)."""
+        return {cls: (c[0], c[1]) for cls, c in self._held_on.get(endpoint, {}).items()}
 
     def record_success(self, endpoint: str) -> None:
         if self._failures.get(endpoint):

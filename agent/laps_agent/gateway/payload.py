@@ -49,6 +49,14 @@ class PDPayload:
             self._comma, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
 
 
+def class_header(cls: str) -> bytes:
+    """The header line telling both engines the class the gateway chose (X-LAPS-Class,
+    engine/api_models.py). A prefill engine counts where the gateway's expected uncached length
+    and its own split disagree (laps_engine_class_total); every engine reports the requests it
+    holds per class in /get_load, so that other gateway replicas see them (the decode share)."""
+    return b"x-laps-class: %s\r\n" % cls.encode()
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object; GatewayError 400 when it is not one (see the module
     docstring)."""

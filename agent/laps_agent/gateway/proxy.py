@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-from laps_agent.gateway.admission import decode_slots, group_load, refusal
+from laps_agent.gateway.admission import decode_held, decode_slots, group_load, refusal
 from laps_agent.gateway.affinity import CacheAffinity
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery, Membership
@@ -30,7 +30,7 @@ from laps_agent.gateway.engine_load import EngineLoadPoller, EngineLoads
 from laps_agent.gateway.failures import GatewayError, UpstreamStatus, judge_status
 from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.payload import PDPayload
+from laps_agent.gateway.payload import PDPayload, class_header
 from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
 from laps_agent.gateway.replies import EventAligner, Reply, StreamReply, sse_error
 from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
@@ -67,7 +67,7 @@ class PDProxy:
         self._background: set[asyncio.Task] = set()
         self.engine_loads = EngineLoads(config.engine_load_interval_s)
         self._poller = EngineLoadPoller(self.engine_loads, discovery, tracker.loads,
-                                        enabled=config.engine_load_poll)
+                                        enabled=config.engine_load_poll, own_held=tracker.held_on)
         record = (PrefixRecord(config.prefix_record_blocks_per_pod, answers_warmed=config.prefix_warm)
                   if config.prefix_affinity else None)
         self.affinity = CacheAffinity(record, config.length_threshold, metrics)
@@ -100,7 +100,8 @@ class PDProxy:
         cfg = self._config
         message = refusal(d, group_load(membership.groups.get(d.group, ()), loads,
                                         self._tracker.group_pending(d.group)[1]),
-                          self._tracker.decode_held(d.cls),
+                          decode_held(membership.decode, loads, d.cls, self._tracker.decode_held(d.cls),
+                                      self.engine_loads.others_held),
                           decode_slots(membership.decode, loads, self.engine_loads.slots),
                           cfg.max_pending_tokens_per_pod, cfg.max_decode_share)
         if message is not None:
@@ -196,10 +197,7 @@ class PDProxy:
                        ticket: PrefillTicket) -> None:
         pod = d.prefill
         try:
-            # The class chosen here goes along, so the engine can count where the gateway's
-            # expected uncached length and its own split disagree (laps_engine_class_total).
-            response = await self._pool.post(*address(pod.url), call.path, payload,
-                                             b"x-laps-class: %s\r\n" % d.cls.encode())
+            response = await self._pool.post(*address(pod.url), call.path, payload, class_header(d.cls))
             body = await response.read()
         except UpstreamError as exc:
             raise self._transport_failure(d, "prefill", exc) from None
@@ -214,7 +212,7 @@ class PDProxy:
         pod = d.decode
         response: UpstreamResponse | None = None
         try:
-            response = await self._pool.post(*address(pod.url), call.path, payload)
+            response = await self._pool.post(*address(pod.url), call.path, payload, class_header(d.cls))
             if response.status != 200 or not call.stream:
                 body = await response.read()
                 if response.status >= 300:

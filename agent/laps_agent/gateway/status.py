@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from laps_agent.gateway.admission import decode_share_bound, decode_slots, group_bound
+from laps_agent.gateway.admission import decode_held, decode_share_bound, decode_slots, group_bound
 from laps_agent.gateway.discovery import GROUP_NAMES, Membership
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
 from laps_agent.scheduling.classes import CLASSES
@@ -45,12 +45,16 @@ def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tupl
 
 def _decode(gateway: Gateway, membership: Membership, loads: Mapping[str, EndpointLoad]) -> dict:
     """`slots`: the routable pods' reported max running requests; `max_held_per_class`: the
-    decode share's bound (None: none); `held`: this gateway's requests there, per class."""
-    engine_loads = gateway.proxy.engine_loads
+    decode share's bound (None: none); `held`: the requests there per class, as admission counts
+    them (every gateway replica's, where the engines report classes); `held_here`: this
+    gateway's own."""
+    engine_loads, tracker = gateway.proxy.engine_loads, gateway.tracker
     slots = decode_slots(membership.decode, loads, engine_loads.slots)
     return {"pods": [_pod(e, loads.get(e.name), engine_loads.report(e.name)) for e in membership.decode],
             "slots": slots, "max_held_per_class": decode_share_bound(gateway.config.max_decode_share, slots),
-            "held": {cls: gateway.tracker.decode_held(cls) for cls in CLASSES}}
+            "held": {cls: decode_held(membership.decode, loads, cls, tracker.decode_held(cls),
+                                      engine_loads.others_held) for cls in CLASSES},
+            "held_here": {cls: tracker.decode_held(cls) for cls in CLASSES}}
 
 
 def laps_status(gateway: Gateway) -> dict:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.gateway.admission import group_load
-from laps_agent.gateway.engine_load import EngineLoads, parse_report
+from laps_agent.gateway.admission import decode_held, group_load
+from laps_agent.gateway.engine_load import EngineLoads, LoadReport, parse_report
 from laps_agent.gateway.routing import Endpoint, EndpointLoad, choose_route
 
 
@@ -101,10 +101,14 @@ def test_admission_counts_the_groups_reported_load_or_its_own_if_more():
 def test_a_report_is_read_from_get_load_json():
     body = (b'{"role": "decode", "waiting_requests": 1, "pending_tokens": 20, '
             b'"running_requests": 3, "transfer_requests": 2}')
-    assert parse_report(body) == (6, 20, None)
-    # A decode engine also says how many requests it decodes at once (the decode share's base).
-    assert parse_report(body[:-1] + b', "max_running_requests": 48}') == (6, 20, 48)
-    for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}'):
+    assert parse_report(body) == LoadReport(6, 20, None, None)   # an older engine's: still valid
+    # A decode engine also says how many requests it decodes at once (the decode share's base)
+    # and how many each class holds there (every gateway replica's).
+    assert parse_report(body[:-1] + b', "max_running_requests": 48}') == LoadReport(6, 20, 48, None)
+    assert parse_report(body[:-1] + b', "held_by_class": {"short": 1, "long": 5}}') == LoadReport(
+        6, 20, None, {"short": 1, "long": 5})
+    for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}',
+                body[:-1] + b', "held_by_class": [1, 2]}', body[:-1] + b', "held_by_class": {"long": "x"}}'):
         with pytest.raises(ValueError):
             parse_report(bad)
 
@@ -119,6 +123,52 @@ def test_a_report_is_read_from_sglangs_v1_loads_summed_over_its_ranks():
     body = ('{"timestamp": "2026-11-23T10:00:00+00:00", "version": "0.5.23", "accelerator": null, '
             '"num_accelerators": 1, "loads": [' + rank.format(r=0, run=2, wait=3, tok=700) + ", "
             + rank.format(r=1, run=1, wait=0, tok=0) + "]}").encode()
-    assert parse_report(body) == (6, 700, 64)
+    assert parse_report(body) == LoadReport(6, 700, 64, None)   # no classes: each gateway counts its own
     with pytest.raises(ValueError):
         parse_report(b'{"loads": [{"dp_rank": 0}]}')
+
+
+# ---- the decode share over several gateway replicas: per class, own + the others' held --------
+
+DECODE = [ep("d1"), ep("d2")]
+
+
+def test_a_class_counts_the_requests_other_replicas_hold_on_the_decode_pods(clock):
+    loads = EngineLoads(0.1, clock)
+    # d1 holds 2 long requests of this gateway's and 3 of another replica's; d2 one of its.
+    mark = loads.asking("d1", IDLE, {"long": (2, 7)})
+    loads.answered("d1", mark, 5, 0, 8, {"short": 0, "long": 5}, own_held={"long": (2, 7)})
+    loads.answered("d2", loads.asking("d2", IDLE), 1, 0, 8, {"short": 0, "long": 1})
+    assert (loads.others_held("d1", "long"), loads.others_held("d2", "long")) == (3, 1)
+    assert decode_held(DECODE, {}, "long", 2, loads.others_held) == 6
+    assert decode_held(DECODE, {}, "short", 0, loads.others_held) == 0
+    # This gateway's own count is as of now: its requests that ended stop counting at once.
+    assert decode_held(DECODE, {}, "long", 0, loads.others_held) == 4
+    # A pod out of the pool (ejected here) adds neither slots nor held requests.
+    assert decode_held(DECODE, {"d2": EndpointLoad(healthy=False)}, "long", 2, loads.others_held) == 5
+
+
+def test_requests_sent_while_a_poll_is_answered_are_not_taken_for_another_replicas(clock):
+    """A request dispatched between the poll and its answer may already be in the answer: were
+    it counted as another replica's, a lone gateway at its share would refuse the next request."""
+    loads = EngineLoads(0.1, clock)
+    mark = loads.asking("d1", IDLE, {"long": (1, 1)})
+    # two more long requests sent meanwhile (one of them already ended), both in the answer
+    loads.answered("d1", mark, 3, 0, 4, {"short": 0, "long": 3}, own_held={"long": (2, 3)})
+    assert loads.others_held("d1", "long") == 0
+    # A class this gateway had never sent there before the poll counts the same way.
+    mark = loads.asking("d1", IDLE, {"long": (2, 3)})
+    loads.answered("d1", mark, 4, 0, 4, {"short": 1, "long": 2}, own_held={"long": (2, 3), "short": (1, 1)})
+    assert (loads.others_held("d1", "short"), loads.others_held("d1", "long")) == (0, 0)
+
+
+def test_without_classes_in_the_reports_a_class_counts_this_gateways_own_alone(clock):
+    """SGLang's /v1/loads (and older engines) report no classes; a stale answer counts none."""
+    loads = EngineLoads(0.1, clock)
+    loads.answered("d1", loads.asking("d1", IDLE), *parse_report(
+        b'{"waiting_requests": 0, "pending_tokens": 0, "running_requests": 9, "max_running_requests": 8}'))
+    loads.answered("d2", loads.asking("d2", IDLE), 4, 0, 8, {"long": 4})
+    assert decode_held(DECODE, {}, "long", 1, loads.others_held) == 5
+    assert loads.report("d2")["held_by_class"] == {"long": 4} and "held_by_class" not in loads.report("d1")
+    clock.now += loads.stale_after_s + 0.01
+    assert decode_held(DECODE, {}, "long", 1, loads.others_held) == 1
