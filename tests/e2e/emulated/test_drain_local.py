@@ -18,20 +18,15 @@ import openai
 import pytest
 import yaml
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.waiting import poll_async
 
 TOKENS = 16
 GRACE_S = 20.0
 WORKERS = 6
-PROFILE = {  # a prefill takes ~0.25 s, an answer ~1 s: every engine holds requests under load
-    "name": "drain-test", "description": "for tests", "provenance": "synthetic",
-    "model": {"name": "emulated-drain", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
-               "max_running_requests": 64},
-    "prefill": {"overhead_s": 0.25, "per_token_s": 0.0},
-    "decode": {"overhead_s": 0.05},
-    "transfer": {"bytes_per_s": 1.0e9},
-}
+# a prefill takes ~0.25 s, an answer ~1 s: every engine holds requests under load
+PROFILE = synthetic_profile("drain-test", served="emulated-drain", prefill={"overhead_s": 0.25}, decode={"overhead_s": 0.05},
+                            transfer={"bytes_per_s": 1.0e9})
 
 
 def _engine(stack, name: str) -> tuple[str, int]:

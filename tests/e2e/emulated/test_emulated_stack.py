@@ -11,19 +11,14 @@ import yaml
 
 from laps_agent.emulated.profile import load_profile
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.metrics_text import metric_value as _metric
 
 # Round numbers, so the expected batch time is plain arithmetic; graphs on, as on a GPU.
-PROFILE = {
-    "name": "test-gpu", "description": "for tests", "provenance": "synthetic",
-    "model": {"name": "emulated-test", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
-               "max_running_requests": 64},
-    "prefill": {"overhead_s": 0.040, "per_token_s": 0.0002,
-                "graph": {"overhead_s": 0.020, "per_token_s": 0.0001}},
-    "decode": {"overhead_s": 0.010, "per_request_s": 0.0001},
-    "transfer": {"latency_s": 0.002, "bytes_per_s": 1.0e9},
-}
+PROFILE = synthetic_profile(
+    "test-gpu", served="emulated-test",
+    prefill={"overhead_s": 0.040, "per_token_s": 0.0002, "graph": {"overhead_s": 0.020, "per_token_s": 0.0001}},
+    decode={"overhead_s": 0.010, "per_request_s": 0.0001}, transfer={"latency_s": 0.002, "bytes_per_s": 1.0e9})
 
 
 

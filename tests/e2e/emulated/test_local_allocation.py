@@ -9,19 +9,15 @@ import threading
 import httpx
 import yaml
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
-PROFILE = {
-    "name": "test-slow-long", "description": "for tests", "provenance": "synthetic",
-    "model": {"name": "emulated-test", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 262144, "page_size": 16, "context_length": 16384,
-               "max_running_requests": 64},
-    # long prompts take ~0.2 s each: a handful a second saturate one pod
-    "prefill": {"overhead_s": 0.010, "per_token_s": 0.0001},
-    "decode": {"overhead_s": 0.005},
-    "transfer": {"bytes_per_s": 1.0e9},
-}
+PROFILE = synthetic_profile("test-slow-long", served="emulated-test",
+                            engine={"kv_capacity_tokens": 262144, "context_length": 16384},
+                            # long prompts take ~0.2 s each: a handful a second saturate one pod
+                            prefill={"overhead_s": 0.010, "per_token_s": 0.0001}, decode={"overhead_s": 0.005},
+                            transfer={"bytes_per_s": 1.0e9})
 
 
 

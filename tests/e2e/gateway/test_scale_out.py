@@ -12,19 +12,15 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_gateway import ChildProcess, RawRequest, poll
 from tests.support.metrics_text import metric_value
 
 # Prefill takes 2 ms per token: a 4,000-token prompt holds its pod for 8 s; "hello" takes ~0.
-PROFILE = {
-    "name": "scale-out-test", "description": "for tests", "provenance": "synthetic",
-    "model": {"name": "emulated-test", "kv_bytes_per_token": 1},
-    "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 16384,
-               "max_running_requests": 64, "max_prefill_tokens": 16384},
-    "prefill": {"overhead_s": 0.001, "per_token_s": 0.002},
-    "decode": {"overhead_s": 0.001},
-    "transfer": {"latency_s": 0.0, "bytes_per_s": 1.0e12},
-}
+PROFILE = synthetic_profile("scale-out-test", served="emulated-test", model={"kv_bytes_per_token": 1},
+                            engine={"context_length": 16384, "max_prefill_tokens": 16384},
+                            prefill={"overhead_s": 0.001, "per_token_s": 0.002}, decode={"overhead_s": 0.001},
+                            transfer={"bytes_per_s": 1.0e12})
 LONG_PROMPT = list(range(1000, 5000))   # token ids: counted exactly by gateway and engine
 
 
@@ -101,15 +97,10 @@ def test_a_second_gateway_avoids_the_pod_the_first_one_loaded(engine_launcher, s
 # ---- the decode share over both gateways -------------------------------------------------------
 # One decode engine of 4 slots: a class may hold 3 (the default share, 0.75). A decode step costs
 # 20 ms, so a long request's 300-token answer holds its slot for 6 s; prefill is cheap.
-SHARE_PROFILE = {
-    "name": "shared-decode-test", "description": "for tests", "provenance": "synthetic",
-    "model": {"name": "emulated-test", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 262144, "page_size": 16, "context_length": 4096,
-               "max_running_requests": 4, "max_prefill_tokens": 8192},
-    "prefill": {"overhead_s": 0.002, "per_token_s": 0.0001},
-    "decode": {"overhead_s": 0.02},
-    "transfer": {"latency_s": 0.001, "bytes_per_s": 1.0e10},
-}
+SHARE_PROFILE = synthetic_profile("shared-decode-test", served="emulated-test",
+                                  engine={"kv_capacity_tokens": 262144, "context_length": 4096, "max_running_requests": 4},
+                                  prefill={"overhead_s": 0.002, "per_token_s": 0.0001}, decode={"overhead_s": 0.02},
+                                  transfer={"latency_s": 0.001})
 SLOTS, SHARE, WAVE = 4, 3, 5
 LONG_ANSWER = 300
 LONG_ANSWER_S = LONG_ANSWER * SHARE_PROFILE["decode"]["overhead_s"]

@@ -27,6 +27,7 @@ import kubernetes
 import yaml
 
 from laps_agent.local_engines import free_port
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_engines import wait_healthy
 from tests.support.fixtures_gateway_k8s import sync_endpoint_slices
 from tests.support.metrics_text import metric_value
@@ -35,15 +36,8 @@ from tests.support.waiting import stop_process
 NS = "default"
 # Long prompts keep a prefill pod busy (2000 tokens: 0.8 s), short ones do not (0.04 s), so the
 # gateway's pending tokens follow which class the load is made of.
-PROFILE = {
-    "name": "e2e-alloc", "description": "allocation e2e", "provenance": "synthetic",
-    "model": {"name": "e2e-model", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 262144, "page_size": 16, "context_length": 8192,
-               "max_running_requests": 64, "max_prefill_tokens": 4096},
-    "prefill": {"overhead_s": 0.005, "per_token_s": 0.0004},
-    "decode": {"overhead_s": 0.002},
-    "transfer": {"latency_s": 0.001, "bytes_per_s": 1.0e10},
-}
+PROFILE = synthetic_profile("e2e-alloc", served="e2e-model", engine={"kv_capacity_tokens": 262144, "max_prefill_tokens": 4096},
+                            prefill={"per_token_s": 0.0004}, transfer={"latency_s": 0.001})
 SERVED = PROFILE["model"]["name"]
 
 

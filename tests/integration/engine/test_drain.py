@@ -13,15 +13,12 @@ import pytest
 import yaml
 
 from tests.integration.engine.helpers import engine_state, pd_body, room, sse_events
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.waiting import poll
 
 PREFILL_S, STEP_S = 0.3, 0.05
-PROFILE = {"name": "drain-test", "provenance": "synthetic",
-           "model": {"name": "drain-test", "kv_bytes_per_token": 1000},
-           "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
-                      "max_running_requests": 8},
-           "prefill": {"overhead_s": PREFILL_S, "per_token_s": 0.0}, "decode": {"overhead_s": STEP_S},
-           "transfer": {"bytes_per_s": 1.0e10}}
+PROFILE = synthetic_profile("drain-test", engine={"max_running_requests": 8}, prefill={"overhead_s": PREFILL_S},
+                            decode={"overhead_s": STEP_S})
 
 
 @pytest.fixture

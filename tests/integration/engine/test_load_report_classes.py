@@ -10,15 +10,12 @@ import pytest
 import yaml
 
 from tests.integration.engine.helpers import engine_state
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.waiting import poll
 
 STEP_S = 0.05   # a decode step: a 40-token answer is held ~2 s
-PROFILE = {"name": "held-test", "provenance": "synthetic",
-           "model": {"name": "held-test", "kv_bytes_per_token": 1000},
-           "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
-                      "max_running_requests": 8},
-           "prefill": {"overhead_s": 0.001, "per_token_s": 0.0}, "decode": {"overhead_s": STEP_S},
-           "transfer": {"bytes_per_s": 1.0e10}}
+PROFILE = synthetic_profile("held-test", engine={"max_running_requests": 8}, prefill={"overhead_s": 0.001},
+                            decode={"overhead_s": STEP_S})
 
 
 @pytest.fixture

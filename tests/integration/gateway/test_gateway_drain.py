@@ -16,18 +16,14 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_gateway import ChildProcess
 from tests.support.waiting import poll, poll_async
 
 TOKENS = 40      # ~2 s per stream
 GRACE_S = 20.0
 WORKERS = 4
-PROFILE = {"name": "gateway-drain", "provenance": "synthetic",
-           "model": {"name": "gateway-drain", "kv_bytes_per_token": 1000},
-           "engine": {"kv_capacity_tokens": 65536, "page_size": 16, "context_length": 8192,
-                      "max_running_requests": 64},
-           "prefill": {"overhead_s": 0.05, "per_token_s": 0.0}, "decode": {"overhead_s": 0.05},
-           "transfer": {"bytes_per_s": 1.0e10}}
+PROFILE = synthetic_profile("gateway-drain", prefill={"overhead_s": 0.05}, decode={"overhead_s": 0.05})
 
 
 @pytest.fixture

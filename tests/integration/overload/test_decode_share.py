@@ -14,20 +14,15 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
 # One decode engine of 8 slots; prefill is cheap (0.1 ms a token) and a decode step costs 20 ms
 # whatever the batch, so a long request's 500-token answer holds its slot for 10 s.
-PROFILE = {
-    "name": "slow-decode", "description": "decode share tests", "provenance": "synthetic",
-    "model": {"name": "decode-share-test", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 262144, "page_size": 16, "context_length": 4096,
-               "max_running_requests": 8, "max_prefill_tokens": 8192},
-    "prefill": {"overhead_s": 0.005, "per_token_s": 0.0001},
-    "decode": {"overhead_s": 0.02},
-    "transfer": {"latency_s": 0.001, "bytes_per_s": 1.0e10},
-}
+PROFILE = synthetic_profile("slow-decode", served="decode-share-test",
+                            engine={"kv_capacity_tokens": 262144, "context_length": 4096, "max_running_requests": 8},
+                            prefill={"per_token_s": 0.0001}, decode={"overhead_s": 0.02}, transfer={"latency_s": 0.001})
 SLOTS, LONG_SHARE = 8, 6                      # int(0.75 * 8): the default share
 LONG_TOKENS, LONG_ANSWER, FLOOD = 1000, 500, 30
 SHORT_TOKENS, SHORT_ANSWER = 20, 4

@@ -12,20 +12,14 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
 # Prefill costs 1 ms per token (a 1000-token prompt: 1 s, a 20-token one: 25 ms); no waiting
 # window, so a lone short request never waits for company.
-PROFILE = {
-    "name": "slow-long", "description": "overload tests", "provenance": "synthetic",
-    "model": {"name": "overload-test", "kv_bytes_per_token": 1000},
-    "engine": {"kv_capacity_tokens": 262144, "page_size": 16, "context_length": 8192,
-               "max_running_requests": 64, "max_prefill_tokens": 8192},
-    "prefill": {"overhead_s": 0.005, "per_token_s": 0.001},
-    "decode": {"overhead_s": 0.002},
-    "transfer": {"latency_s": 0.001, "bytes_per_s": 1.0e10},
-}
+PROFILE = synthetic_profile("slow-long", served="overload-test", engine={"kv_capacity_tokens": 262144},
+                            prefill={"per_token_s": 0.001}, transfer={"latency_s": 0.001})
 LONG_TOKENS, SHORT_TOKENS, BOUND_PER_POD = 1000, 20, 2500  # the long group takes 3 at a time
 
 
