@@ -11,6 +11,7 @@ from laps_agent.engine.chat_messages import clean_messages
 from laps_agent.engine.sampling_params import SamplingError, SamplingParams, is_whole_number
 from laps_agent.engine.unsupported_fields import (OPENAI_BODY, SGLANG_GENERATE, SGLANG_SAMPLING,
                                                   asks_nothing, refuse_unsupported)
+from laps_agent.scheduling.classes import CLASSES
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256
@@ -67,7 +68,7 @@ LAPS_CLASS_HEADER = "X-LAPS-Class"
 
 def gateway_class(value: str | None) -> str | None:
     """The X-LAPS-Class header's value, checked (None when the request has none)."""
-    if value is not None and value not in ("short", "long"):
+    if value is not None and value not in CLASSES:
         raise ApiError(400, f'{LAPS_CLASS_HEADER} must be "short" or "long", got {value!r}')
     return value
 
