@@ -15,6 +15,7 @@ import yaml
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_gateway import ChildProcess, RawRequest, poll
 from tests.support.metrics_text import metric_value
+from tests.support.refusals import admission_refusal
 
 # Prefill takes 2 ms per token: a 4,000-token prompt holds its pod for 8 s; "hello" takes ~0.
 PROFILE = synthetic_profile("scale-out-test", served="emulated-test", model={"kv_bytes_per_token": 1},
@@ -112,9 +113,7 @@ def _long(gateway: str, i: int) -> str:
     reply = httpx.post(gateway + "/v1/completions", timeout=60,
                        json={"prompt": prompt, "max_tokens": LONG_ANSWER, "ignore_eos": True})
     if reply.status_code == 429:
-        message = reply.json()["error"]["message"]
-        assert message.startswith("the long class is overloaded in the decode pool"), message
-        return "429"
+        return admission_refusal(reply, "the long class is overloaded in the decode pool")
     return "ok" if reply.status_code == 200 else f"{reply.status_code}: {reply.text}"
 
 

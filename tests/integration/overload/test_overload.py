@@ -14,6 +14,7 @@ import yaml
 
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.metrics_text import metric_value as _metric
+from tests.support.refusals import admission_refusal
 from tests.support.waiting import poll
 
 # Prefill costs 1 ms per token (a 1000-token prompt: 1 s, a 20-token one: 25 ms); no waiting
@@ -39,10 +40,7 @@ async def _send(client: httpx.AsyncClient, tokens: int, i: int) -> str:
     except httpx.HTTPError as exc:
         return f"vanished: {exc!r}"
     if reply.status_code == 429:
-        message = reply.json()["error"]["message"]
-        assert int(reply.headers["retry-after"]) >= 1
-        assert message.startswith("the long prefill group is overloaded"), message
-        return "429"
+        return admission_refusal(reply, "the long prefill group is overloaded")
     if reply.status_code != 200:
         return f"{reply.status_code}: {reply.text}"
     if not body["stream"]:
