@@ -52,6 +52,7 @@ class ModelConfig:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
             eos = cfg.get("eos_token_id")
+            rope = _rope_parameters(cfg)
             return cls(
                 architecture=model_type,
                 vocab_size=int(cfg["vocab_size"]),
@@ -61,8 +62,8 @@ class ModelConfig:
                 num_heads=heads,
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=_normalise_rope_scaling(cfg.get("rope_scaling")),
+                rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+                rope_scaling=_normalise_rope_scaling(rope or cfg.get("rope_scaling")),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # Qwen2 always has q/k/v biases; Llama only when attention_bias says so.
@@ -107,6 +108,20 @@ def _as_int_list(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)]
+
+
+def _rope_parameters(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers >= 5 writes RoPE as one `rope_parameters` dict (`rope_theta`, `rope_type`
+    and the scaling fields) instead of top-level `rope_theta` + `rope_scaling`. Ignored, a
+    SmolLM2 config saved that way (theta 100000) ran at the default 10000: every position past
+    the first few got wrong attention, and answers changed. {} for the older layout."""
+    raw = cfg.get("rope_parameters")
+    if not raw:
+        return {}
+    if not isinstance(raw, Mapping) or any(isinstance(v, Mapping) for v in raw.values()):
+        # Per-layer-type parameters ({"full_attention": {...}, ...}): no Llama-family model has them.
+        raise UnsupportedModelError(f"rope_parameters {raw!r} is not supported (one flat dict expected)")
+    return dict(raw)
 
 
 def _normalise_rope_scaling(raw: Any) -> Mapping[str, Any] | None:

@@ -100,7 +100,7 @@ class EngineServer:
             ids = parsed.input_ids
         else:
             try:
-                ids = encode(parsed.text or "")
+                ids = encode(parsed.text or "", add_special_tokens=parsed.add_special_tokens)
             except (TypeError, ValueError) as exc:  # text it cannot encode is the client's error
                 raise api.ApiError(400, f"the tokenizer cannot encode the prompt: {exc}") from None
         if not ids:

@@ -59,6 +59,21 @@ def test_config_fields_are_honoured(tmp_path):
     assert not torch.allclose(_logits(loaded, ids), _logits(load_model(path), ids), atol=1e-3)
 
 
+def test_a_transformers_5_config_gives_the_same_model_as_the_older_layout(tmp_path):
+    """transformers >= 5 saves RoPE as `rope_parameters` (no top-level `rope_theta`): a SmolLM2
+    saved that way, read at the default theta, answered differently from its GGUF."""
+    older = write_tiny_model(tmp_path / "older", seed=3, rope_theta=500.0)
+    newer = write_tiny_model(tmp_path / "newer", seed=3, rope_theta=500.0)
+    cfg = json.loads((newer / "config.json").read_text())
+    cfg.pop("rope_scaling", None)
+    cfg["rope_parameters"] = {"rope_theta": cfg.pop("rope_theta"), "rope_type": "default"}
+    (newer / "config.json").write_text(json.dumps(cfg))
+    a, b = load_model(older), load_model(newer)
+    assert b.config == a.config
+    ids = a.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    assert torch.equal(_logits(b, ids), _logits(a, ids))
+
+
 @pytest.mark.parametrize("overrides", [
     {},  # Llama: Q/K stored permuted
     {"architecture": "qwen2", "attention_bias": True, "tie_word_embeddings": False},  # stored as is

@@ -39,3 +39,14 @@ def test_hf_config_rope_scaling_is_parsed_and_unknown_kinds_refused():
     assert ModelConfig.from_hf_dict({**cfg, "rope_scaling": None}).rope_scaling is None
     with pytest.raises(UnsupportedModelError, match="yarn"):
         ModelConfig.from_hf_dict({**cfg, "rope_scaling": {"type": "yarn", "factor": 4.0}})
+
+
+def test_hf_config_rope_parameters_of_transformers_5_are_read():
+    cfg = {"model_type": "llama", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+    parsed = ModelConfig.from_hf_dict({**cfg, "rope_parameters": {"rope_theta": 100000.0, "rope_type": "linear",
+                                                                  "factor": 4.0}})
+    assert parsed.rope_theta == 100000.0
+    assert (parsed.rope_scaling["type"], parsed.rope_scaling["factor"]) == ("linear", 4.0)
+    with pytest.raises(UnsupportedModelError, match="rope_parameters"):
+        ModelConfig.from_hf_dict({**cfg, "rope_parameters": {"full_attention": {"rope_theta": 1e4}}})
