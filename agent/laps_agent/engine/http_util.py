@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from laps_agent.engine import api_models as api
+from laps_agent.request_body import BodyRefused, read_request_body
+from laps_agent.tokenizer import loads_json_text, unencodable_message, unencodable_text
 
 
 class ClientGone(Exception):
@@ -21,8 +24,27 @@ def sse(obj: dict) -> bytes:
 
 
 def error(exc: api.ApiError) -> JSONResponse:
-    headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    headers = {"retry-after": str(exc.retry_after)} if exc.retry_after is not None else {}
+    if exc.status == 408:  # its body never came whole: the connection cannot carry another request
+        headers["connection"] = "close"
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Routing's 404 (no such path) and 405 (no such method there) in the shape of every other
+    error here: FastAPI's `{"detail": ...}` reached OpenAI clients as a message-less error."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else request.url.path
+    path = path if len(path) <= 200 else path[:200] + "..."   # bounded: it is echoed
+    headers = dict(exc.headers or ())
+    if exc.status_code == 404:
+        message = f"Invalid URL ({request.method} {path}): no such endpoint on this engine"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {path} (allowed: {headers.get('Allow', 'none')})"
+    else:
+        message = str(exc.detail)
+    return JSONResponse(api.ApiError(exc.status_code, message).body(), status_code=exc.status_code,
+                        headers=headers or None)
 
 
 async def until_disconnect(request: Request, awaitable):
@@ -50,11 +72,30 @@ async def until_disconnect(request: Request, awaitable):
     return task.result()
 
 
-async def read_body(request: Request) -> bytes:
-    """The whole request body; ClientGone when the client hangs up mid-upload (its own timeout,
-    a cancelled call: no engine bug, so no traceback)."""
+async def read_json(request: Request, idle_s: float) -> Any:
+    """The request body, parsed: ApiError 4xx when it is not usable JSON text (unencodable_text:
+    templates, stop strings and the tokenizer fail on it), ClientGone when the client hangs up
+    mid-upload (its own timeout, a cancelled call: no engine bug, so no traceback)."""
+    raw = await read_body(request, idle_s)
     try:
-        return await request.body()
+        body, text = loads_json_text(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise api.ApiError(400, f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise api.ApiError(400, "malformed JSON body: nested too deeply") from None
+    where = None if text else unencodable_text(raw, body)
+    if where is not None:
+        raise api.ApiError(400, unencodable_message(where))
+    return body
+
+
+async def read_body(request: Request, idle_s: float) -> bytes:
+    """The whole request body (laps_agent/request_body.py): ApiError 415 compressed, 408 stalled
+    for `idle_s`; ClientGone when the client hung up mid-upload."""
+    try:
+        return await read_request_body(request, idle_s=idle_s)
+    except BodyRefused as refused:
+        raise api.ApiError(refused.status, str(refused)) from None
     except ClientDisconnect:
         raise ClientGone() from None
 

@@ -14,7 +14,6 @@ this engine gets 503 `queue_full` (the gateway retries it on another pod)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -25,13 +24,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from laps_agent.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.engine import api_models as api
-from laps_agent.engine.http_util import ClientGone, error, read_body, until_disconnect, until_stream_end
+from laps_agent.engine.http_util import ClientGone, error, read_json, until_disconnect, until_stream_end
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
 from laps_agent.engine.server_responses import final_body, sse_events
-from laps_agent.tokenizer import loads_json_text, unencodable_message, unencodable_text
+from laps_agent.request_body import BODY_IDLE_TIMEOUT_S
 
 if TYPE_CHECKING:
     from laps_agent.engine.engine import Engine
@@ -54,6 +53,7 @@ class ServerSettings:
     drain_grace_s: float = DEFAULT_GRACE_S
     max_queued_requests: int = MIN_QUEUE_BOUND  # 0: no bound (`laps engine`: see queue_bound)
     prefix_warm: bool = False           # prefix_warm.py: decode sends answers back, prefill takes them
+    body_idle_timeout_s: float = BODY_IDLE_TIMEOUT_S   # a stalled request body: 408 (request_body.py)
 
 
 def queue_bound(flag: int | None, max_running: int) -> int:
@@ -235,20 +235,7 @@ class EngineServer:
     async def serve(self, request: Request, kind: str) -> Response:
         started = time.monotonic()
         try:
-            raw = await read_body(request)
-        except ClientGone:
-            self.metrics.client_disconnects.inc()
-            return Response(status_code=499)
-        try:
-            body, text = loads_json_text(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(api.ApiError(400, f"malformed JSON body: {exc}"))
-        except RecursionError:
-            return error(api.ApiError(400, "malformed JSON body: nested too deeply"))
-        where = None if text else unencodable_text(raw, body)
-        if where is not None:  # checked up front: templates, stop strings and the tokenizer fail on it
-            return error(api.ApiError(400, unencodable_message(where)))
-        try:
+            body = await read_json(request, self.settings.body_idle_timeout_s)
             if kind == "generate":
                 parsed = api.parse_generate(body)
             elif kind == "completion":

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from laps_agent.drain import DrainGuard, refusal_body
 from laps_agent.engine import api_models as api
-from laps_agent.engine.http_util import error
+from laps_agent.engine.http_util import error, http_error
 from laps_agent.engine.load_report import HeldByClass, load_report
 from laps_agent.engine.metrics import read_group
 from laps_agent.engine.requests import GenerateWork, new_rid
@@ -28,6 +29,7 @@ def build_app(server: EngineServer) -> FastAPI:
         await server.aclose()
 
     app = FastAPI(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.add_exception_handler(HTTPException, http_error)   # 404/405 OpenAI-shaped
     held = dict.fromkeys(CLASSES, 0)   # work requests held per gateway class (/get_load)
     # Inside DrainGuard: a draining engine's refusals hold nothing.
     app.add_middleware(HeldByClass, held=held)

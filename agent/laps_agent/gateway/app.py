@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
 
 from laps_agent.drain import Drain, DrainGuard, refusal_body
 from laps_agent.gateway.auth import install_auth
+from laps_agent.gateway.body import client_gone, read_body
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.deadline import RequestDeadline
 from laps_agent.gateway.discovery import Discovery
@@ -33,7 +33,7 @@ from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest,
 from laps_agent.gateway.status import laps_status, readiness
 
 log = logging.getLogger(__name__)
-_ERROR_STATUSES = (400, 401, 404, 413, 415, 422, 429, 502, 503, 504)
+_ERROR_STATUSES = (400, 401, 404, 408, 413, 415, 422, 429, 502, 503, 504)
 
 
 @dataclass
@@ -46,32 +46,6 @@ class Gateway:
     proxy: PDProxy
     allocator: Any = None
     drain: Drain = field(default_factory=Drain)   # SIGTERM: laps_agent/drain.py
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":  # else a compressed body fails as "not valid UTF-8", cryptically
-        raise GatewayError(415, "unsupported_encoding", f"Content-Encoding {encoding!r} is not "
-                           "supported: send the JSON body uncompressed")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():  # its last chunk is b""
-            if chunk:
-                chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise GatewayError(413, "body_too_large", f"request body over the {limit}-byte limit")
-    except ClientDisconnect:  # hung up mid-upload (a client timeout, a cancelled call): no bug here
-        raise _client_gone() from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one piece (usual): no copy
-
-
-def _client_gone() -> GatewayError:
-    """The client hung up before its answer: counted as client_disconnected, never as a crash."""
-    return GatewayError(499, "client_disconnected", "client went away")
 
 
 def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator,
@@ -188,7 +162,7 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
 
 async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kind: str) -> Response:
     config = gateway.config
-    raw = await _read_body(request, config.max_body_bytes)
+    raw = await read_body(request, config.max_body_bytes, config.body_idle_timeout_s)
     body = parse_body(raw)
     try:
         parsed = model.model_validate(body)
@@ -220,7 +194,7 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     if guard.gone:
         if isinstance(reply, StreamReply):
             await reply.close()
-        raise _client_gone()
+        raise client_gone()
     if isinstance(reply, Reply):
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
     return RelayResponse(reply)

@@ -34,6 +34,8 @@ def error_response(status: int, message: str, *, retry_after: int | None = None,
         headers["retry-after"] = str(retry_after)
     if no_retry:
         headers[NO_RETRY_HEADER[0]] = NO_RETRY_HEADER[1]
+    if status == 408:  # its body never came whole: the connection cannot carry another request
+        headers["connection"] = "close"
     return JSONResponse(error_body(status, message), status_code=status, headers=headers or None)
 
 

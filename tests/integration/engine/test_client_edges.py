@@ -1,10 +1,15 @@
-"""An engine used directly (no gateway in front): clients that hang up while uploading, and a
-prompt big enough to take the tokenizer a while, must not disturb the engine or its neighbours."""
+"""An engine used directly (no gateway in front): clients that hang up while uploading, or stop
+sending their body, a prompt big enough to take the tokenizer a while, and requests no route
+takes must not disturb the engine or its neighbours, and get a clear OpenAI-shaped answer."""
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import threading
 
 import httpx
+import pytest
 
 from tests.integration.engine.helpers import client_disconnects, wait_for
 from tests.support.fixtures_gateway import RawRequest
@@ -86,3 +91,60 @@ def test_the_engine_answers_health_and_other_requests_while_a_big_prompt_is_toke
         assert answers and answers[0].status_code in (200, 400), answers
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize("method, path, status, message", [
+    ("GET", "/v1/completions", 405, "method GET is not allowed on /v1/completions (allowed: POST)"),
+    ("POST", "/v1/models", 405, "method POST is not allowed on /v1/models (allowed: GET)"),
+    ("POST", "/v1/embeddings", 404, "Invalid URL (POST /v1/embeddings): no such endpoint"),
+])
+def test_unknown_paths_and_methods_are_openai_shaped(tiny_mixed_engine, method, path, status, message):
+    """FastAPI's `{"detail": "Not Found"}` reached the `openai` client as an error with no
+    message, unlike every other error of the engine."""
+    reply = httpx.request(method, tiny_mixed_engine.url + path, json={}, timeout=10)
+    assert reply.status_code == status, reply.text
+    assert message in reply.json()["error"]["message"]
+    assert reply.json()["error"]["code"] == status
+    if status == 405:
+        assert reply.headers["allow"] == message.rsplit("allowed: ", 1)[1].rstrip(")")
+
+
+def test_a_compressed_body_is_415_naming_the_encoding(tiny_mixed_engine):
+    """It was a 400 "malformed JSON body: 'utf-8' codec can't decode byte 0x8b", which does not
+    say that the engine takes no compressed bodies."""
+    raw = gzip.compress(json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}}).encode())
+    reply = httpx.post(tiny_mixed_engine.url + "/generate", content=raw, timeout=10,
+                       headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert reply.status_code == 415, reply.text
+    assert "Content-Encoding 'gzip' is not supported" in reply.json()["error"]["message"]
+
+
+def test_a_body_that_stops_arriving_is_408_and_the_engine_serves_on(tiny_engine_model):
+    """A body shorter than its Content-Length (a broken proxy or client) held its request and
+    connection forever: nothing bounds a body read in uvicorn. Now: 408 naming what came, the
+    connection closed, the other requests served meanwhile."""
+    from laps_agent.engine.cli import build, build_parser
+    from laps_agent.serving import ServerThread
+
+    server, engine = build(build_parser().parse_args(
+        ["--backend", "emulated", "--model", str(tiny_engine_model), "--labels-file", "/nonexistent"]))
+    server.settings = dataclasses.replace(server.settings, body_idle_timeout_s=0.5)
+    engine.start()
+    try:
+        with ServerThread(server.app) as http:
+            stalled = RawRequest(http.url, "/generate", {"text": "hi " * 50}, sent=20)
+            ok = httpx.post(http.url + "/generate", timeout=30,
+                            json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+            assert ok.status_code == 200, ok.text
+            stalled.sock.settimeout(30)   # bounds a failing test; the answer comes after 0.5 s
+            answer = b""
+            while chunk := stalled.sock.recv(65536):   # to EOF: the engine closes the connection
+                answer += chunk
+            stalled.hang_up()
+    finally:
+        engine.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert b"connection: close" in head.lower()
+    message = json.loads(body)["error"]["message"]
+    assert "stopped arriving: 20 bytes of the" in message and "nothing for 0.5s" in message

@@ -1,5 +1,5 @@
 """What clients other than the spec's send the gateway: nulls for unset fields, compressed bodies,
-HEAD probes, OpenAI's retrieve-model call."""
+HEAD probes, OpenAI's retrieve-model call, a body that stops short of its Content-Length."""
 from __future__ import annotations
 
 import gzip
@@ -8,6 +8,8 @@ import json
 import httpx
 import openai
 import pytest
+
+from tests.support.fixtures_gateway import RawRequest
 
 
 def test_stream_null_is_not_streamed(pd_stack):
@@ -53,3 +55,24 @@ def test_the_openai_client_retrieves_the_served_model(pd_stack):
     with pytest.raises(openai.NotFoundError) as caught:
         client.models.retrieve("gpt-4o")
     assert "'gpt-4o' is not served here" in caught.value.body["message"]
+
+
+def test_a_body_that_stops_arriving_is_408_and_the_gateway_serves_on(pd_stack):
+    """A body shorter than its Content-Length (a broken proxy or client) held the request until
+    the deadline (600 s by default), then got a 504 blaming the gateway; with no deadline,
+    forever. Now: 408 naming what came, the connection closed, the others served meanwhile."""
+    gateway, engines = pd_stack(body_idle_timeout_s=0.5)
+    stalled = RawRequest(gateway.url, "/v1/completions", {"prompt": "hi " * 50}, sent=20)
+    ok = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"})
+    assert ok.status_code == 200, ok.text
+    stalled.sock.settimeout(30)   # bounds a failing test; the answer comes after 0.5 s
+    answer = b""
+    while chunk := stalled.sock.recv(65536):   # to EOF: the gateway closes the connection
+        answer += chunk
+    stalled.hang_up()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert b"connection: close" in head.lower()
+    message = json.loads(body)["error"]["message"]
+    assert "stopped arriving: 20 bytes of the" in message and "nothing for 0.5s" in message
+    assert len(engines["decode"].requests) == 1   # the stalled one reached no engine
