@@ -221,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="default")
     p.add_argument("--prefill-delay", type=float, default=0.0)
     p.add_argument("--token-delay", type=float, default=0.0)
+    p.add_argument("--first-token-delay", type=float, default=0.0)
     args = p.parse_args(argv)
     from laps_agent.serving import bind_listening_socket, run_forever  # noqa: I001
 
     sock = bind_listening_socket(args.host, args.port)
     print(f"LISTENING {sock.getsockname()[1]}", flush=True)
     run_forever(StubEngine(args.role, model=args.model, prefill_delay_s=args.prefill_delay,
-                           token_delay_s=args.token_delay), sock)
+                           token_delay_s=args.token_delay,
+                           first_token_delay_s=args.first_token_delay), sock)
     return 0
 
 

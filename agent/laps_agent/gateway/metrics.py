@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from laps_agent.gateway.config import DEFAULT_REQUEST_DEADLINE_S
+
 GROUPS = ("short", "long")
 CLASSES = ("short", "long")
 POOLS = ("short", "long", "decode")   # what outlier ejection is capped per
-# Seconds; spans a sub-millisecond stub round trip up to multi-minute CPU generations.
+# Seconds; spans a sub-millisecond stub round trip up to multi-minute CPU generations, up to
+# the default deadline: a request may last that long, and a quantile past the last finite
+# bucket reads as that bucket's bound (one of 500 s showed as 300 s).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0, 60.0, 120.0, 300.0)
+                   10.0, 30.0, 60.0, 120.0, 300.0, DEFAULT_REQUEST_DEADLINE_S)
 
 
 class GatewayMetrics:
@@ -47,7 +51,8 @@ class GatewayMetrics:
             "laps_gateway_errors", "Requests answered with an error, by reason", ["reason"],
             registry=r)
         self.ttft = Histogram(
-            "laps_gateway_ttft_seconds", "Arrival to end of the prefill phase (first token)",
+            "laps_gateway_ttft_seconds", "Arrival to the end of the prefill phase (first token) "
+            "of the attempt that answered: one sample per answered request",
             ["class"], buckets=LATENCY_BUCKETS, registry=r)
         self.rebalances = Counter(
             "laps_gateway_rebalances", "Prefill pods moved between groups by this gateway's own "

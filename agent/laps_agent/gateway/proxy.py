@@ -32,6 +32,7 @@ from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.payload import PDPayload, class_header
 from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
+from laps_agent.gateway.relay import Leftovers
 from laps_agent.gateway.replies import EventAligner, Reply, StreamReply, sse_error
 from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
                                         choose_route)
@@ -54,6 +55,7 @@ class ProxyCall:
     started: float = field(default_factory=time.monotonic)
     prefix: PrefixChain | None = None    # the prompt's block chain (cache affinity)
     engine_checked: bool = False         # an engine's answer said how much it found cached
+    prefill_ended: float = 0.0           # the latest attempt's; the answering one's is the TTFT
 
 
 class PDProxy:
@@ -64,7 +66,7 @@ class PDProxy:
         # Rooms name a prompt's KV on the prefill engine: unpredictable (os.urandom), not only unique.
         self._rooms = random.SystemRandom()
         self._tiebreak = itertools.count()
-        self._background: set[asyncio.Task] = set()
+        self._leftovers = Leftovers()
         self.engine_loads = EngineLoads(config.engine_load_interval_s)
         self._poller = EngineLoadPoller(self.engine_loads, discovery, tracker.loads,
                                         enabled=config.engine_load_poll, own_held=tracker.held_on)
@@ -81,9 +83,7 @@ class PDProxy:
 
     async def aclose(self) -> None:
         await self._poller.stop()
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._leftovers.aclose()
         if self._pool is not None:
             await self._pool.aclose()
 
@@ -154,14 +154,15 @@ class PDProxy:
             if prefill in done and decode not in done:
                 prefill.result()  # raises if the prefill pod failed: decode would wait forever
             result = await decode
-            self._end_prefill_phase(call, d, ticket)  # the decode pod's first byte says so
+            self._end_prefill_phase(call, ticket)  # the decode pod's first byte says so
+            self._metrics.ttft_of[d.cls].observe(call.prefill_ended - call.started)
             if isinstance(result, Reply):
                 if not call.engine_checked:
                     call.engine_checked = self.affinity.engine_answer(d, result.body)
                 self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
                 self._tracker.end_decode(d.decode.name, d.cls)
                 handed_over = True
-                self._let_finish(prefill)
+                self._leftovers.let_finish(prefill)
                 return result
             response, chunks, first = result
             handed_over = True
@@ -175,23 +176,9 @@ class PDProxy:
                 # Retrieve outcomes so a task failing after its sibling is never "unretrieved".
                 await asyncio.gather(prefill, decode, return_exceptions=True)
 
-    def _let_finish(self, prefill: asyncio.Task) -> None:
-        """After a success the prefill call is all but done: cancelling it would only close a
-        keep-alive connection (and tell the engine to abort work it has finished)."""
-        if prefill.done():
-            self._forget(prefill)
-            return
-        self._background.add(prefill)
-        prefill.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task) -> None:
-        self._background.discard(task)
-        if not task.cancelled():
-            task.exception()  # already counted by _prefill; retrieved so asyncio stays quiet
-
-    def _end_prefill_phase(self, call: ProxyCall, d: RouteDecision, ticket: PrefillTicket) -> None:
+    def _end_prefill_phase(self, call: ProxyCall, ticket: PrefillTicket) -> None:
         if ticket.done():  # only the first of the two signals counts
-            self._metrics.ttft_of[d.cls].observe(time.monotonic() - call.started)
+            call.prefill_ended = time.monotonic()
 
     async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
                        ticket: PrefillTicket) -> None:
@@ -206,7 +193,7 @@ class PDProxy:
         self._tracker.record_success(pod.name)
         if not call.engine_checked:
             call.engine_checked = self.affinity.engine_answer(d, body)
-        self._end_prefill_phase(call, d, ticket)
+        self._end_prefill_phase(call, ticket)
 
     async def _decode(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes]):
         pod = d.decode
@@ -277,7 +264,7 @@ class PDProxy:
             closed = True
             self._tracker.end_decode(d.decode.name, d.cls)
             self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
-            self._let_finish(prefill)
+            self._leftovers.let_finish(prefill)
             await chunks.aclose()  # releases (or closes, if unfinished) the connection
 
         async def relay() -> AsyncIterator[bytes]:

@@ -1,4 +1,5 @@
-"""Client hang-ups and the streamed answer, on the request's own task.
+"""Client hang-ups and the streamed answer, on the request's own task; the prefill calls left to
+finish after their answer.
 
 A client that goes away must cancel both upstream calls at once. Watching for that costs one
 small task per request: it waits for `http.disconnect` and cancels the request's task, but only
@@ -77,3 +78,29 @@ class RelayResponse(Response):
         finally:
             await self._reply.chunks.aclose()  # stopped at a `yield` if `send` was cancelled
             await self._reply.close()
+
+
+class Leftovers:
+    """Prefill calls left to finish after their request's answer: by then a prefill call is all
+    but done, and cancelling it would only close a keep-alive connection (and tell the engine to
+    abort work it has finished). Those still running at shutdown are cancelled."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def let_finish(self, task: asyncio.Task) -> None:
+        if task.done():
+            self._forget(task)
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # already counted where it failed; retrieved so asyncio stays quiet
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -171,3 +171,39 @@ def test_passive_health_ejections_are_on_a_dashboard():
     shown = {name for path in DASHBOARDS for expr in dashboard_queries(path)
              for name in SERIES.findall(expr)}
     assert "laps_gateway_ejections_total" in shown
+
+
+CONTRACTS = ROOT / "docs" / "contracts.md"
+
+
+def contract_metric_names() -> set[str]:
+    """The `laps_*` names docs/contracts.md's Metrics section lists."""
+    text = CONTRACTS.read_text()
+    section = text.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
+    return set(SERIES.findall(section))
+
+
+def documented_names() -> set[str]:
+    """What each exported family is called in the docs: counters by their `_total` series,
+    gauges and histograms by their own name."""
+    from laps_agent.engine.metrics import EngineMetrics
+    from laps_agent.gateway.metrics import GatewayMetrics
+    from laps_operator import metrics as operator_metrics
+
+    found = set()
+    collected = [f for r in (EngineMetrics("prefill", "m", None).registry, GatewayMetrics().registry)
+                 for f in families(r)]
+    collected += [f for v in vars(operator_metrics).values()
+                  if callable(getattr(v, "describe", None)) and getattr(v, "_name", "").startswith("laps_")
+                  for f in v.describe()]
+    for family in collected:
+        found.add(family.name + "_total" if family.type == "counter" else family.name)
+    return found
+
+
+def test_the_contract_lists_every_exported_series_and_no_other():
+    """An SRE writing alerts goes by docs/contracts.md: four gateway counters the dashboard
+    reads (cache affinity, class checks) were exported but listed nowhere there."""
+    exported, listed = documented_names(), contract_metric_names()
+    assert exported - listed == set(), "exported, not in docs/contracts.md"
+    assert listed - exported == set(), "in docs/contracts.md, exported by no component"
