@@ -12,6 +12,8 @@ Flags it does not know are passed to every engine (LAPS knobs such as --wait-win
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import signal
 import sys
 import tempfile
@@ -21,7 +23,8 @@ from pathlib import Path
 import httpx
 
 from laps_agent.gateway.cli import decode_share
-from laps_agent.local_engines import EngineChild, free_port, spawn_engine, stop_all, write_labels
+from laps_agent.local_engines import (EngineChild, free_port, spawn_engine, stop_all, unknown_engine_args,
+                                      write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.systems import SINGLE_POOL_THRESHOLD
 from laps_operator.groups import initial_short_count
@@ -140,7 +143,7 @@ def _served_name(children: list[EngineChild], given: str | None) -> str:
     return info.get("served_model_name") or "default"
 
 
-def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
+def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> int:
     from laps_agent.gateway.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
@@ -164,16 +167,30 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> None:
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
                            prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, **overrides)
-    app = create_app(config, LocalDiscovery(spec, children, _say), TokenEstimator(tokenizer, args.estimator),
+    discovery = LocalDiscovery(spec, children, _say)
+    app = create_app(config, discovery, TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))
+    discovery.on_unservable = app.state.gateway.drain.begin  # answer what is in flight, then stop
     host, port = sock.getsockname()[:2]
     pool = (f"{len(spec.prefill_short)} prefill (one pool)" if args.single_pool else
             f"{len(spec.prefill_short)} short + {len(spec.prefill_long)} long prefill")
     _say(f"model {config.served_model_name!r}: {pool}, {len(spec.decode)} decode engines"
          + (f" (emulated: {args.profile or 'cpu-smollm2'})" if args.engine == "emulated" else ""))
-    _say(f"OpenAI-compatible API: http://{url_host(host)}:{port}/v1   (Ctrl-C stops everything)")
+    url = f"http://{url_host(host)}:{port}/v1"
+    _say(f"OpenAI-compatible API: {url}   (Ctrl-C stops everything)")
+    _say(f"try: {_example_curl(url, config.served_model_name, args.api_keys_file)}")
     # Returns on SIGINT/SIGTERM once the requests in flight are answered (laps_agent/drain.py).
     run_forever(app, sock, drain=app.state.gateway.drain, log_level="warning")
+    return 1 if discovery.unservable else 0
+
+
+def _example_curl(url: str, model: str, api_keys_file: str | None) -> str:
+    """A request to paste into a shell as printed: the served name is the one model the gateway
+    accepts (any other is a 404)."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}],
+                       "max_tokens": 32})
+    auth = " -H 'Authorization: Bearer YOUR_KEY'" if api_keys_file else ""
+    return f"curl -s {url}/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}"
 
 
 def _allocator(args, children: list[EngineChild]):
@@ -213,26 +230,32 @@ def main(argv: list[str] | None = None) -> int:
     from laps_agent.gateway.cli import check_auth_args
 
     check_auth_args(args, parser)  # before minutes of loading, not after
+    bad_engine_args = unknown_engine_args(engine_args)
+    if bad_engine_args:
+        parser.error(bad_engine_args)
     from laps_agent.serving import ListenError, bind_listening_socket
 
     try:  # the gateway's port too: a port in use is said at once, not after the loading
         sock = bind_listening_socket(args.host, args.port)
     except ListenError as err:
-        parser.exit(1, f"laps local: error: {err}\n")
+        hint = " (another laps local? --port 0 picks a free port)" if "in use" in str(err) else ""
+        parser.exit(1, f"laps local: error: {err}{hint}\n")
     if args.prefix_warm is None:  # warming pays only where the next turn comes back to the pod
         args.prefix_warm = args.prefix_affinity
     _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="laps-local-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    model = _model_path(args)
     children: list[EngineChild] = []
+    code = 1
     try:
-        from laps_agent.tokenizer import TokenizerError, load_tokenizer, save_tokenizer
+        from laps_agent.tokenizer import load_tokenizer, save_tokenizer
 
         try:
+            model = _model_path(args)
             tokenizer = load_tokenizer(model)
-        except TokenizerError as exc:
-            raise RuntimeError(f"cannot read a tokenizer from {model}: {exc}") from None
+        except (ValueError, OSError) as exc:  # TokenizerError, ModelLoadError, gguf's own errors
+            raise RuntimeError(f"cannot read a tokenizer from {args.model or 'the default model'}: "
+                               f"{exc}") from None
         backend: list[str] = []
         engine_model = model
         if args.engine == "emulated":
@@ -252,18 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                              *(["--served-model-name", args.served_model_name]
                                if args.served_model_name else [])]))
         _wait_until_loaded(children, args.startup_timeout)
-        _serve_gateway(args, children, tokenizer, sock)
+        code = _serve_gateway(args, children, tokenizer, sock)
     except KeyboardInterrupt:
-        pass
+        code = 0
     except RuntimeError as exc:
         _say(f"error: {exc}")
-        return 1
     finally:
         sock.close()
-        _say("stopping engines…")
-        stop_all(children)
-        _say("stopped")
-    return 0
+        if children:
+            _say("stopping engines… (Ctrl-C again: stop at once)")
+            _say("stopped" if not stop_all(children) else "stopped now: engines killed")
+    return code
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Engine child processes of `laps local`: spawn with a labels file, stop without orphans."""
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import signal
@@ -73,15 +74,46 @@ def spawn_engine(name: str, role: str, group: str | None, *, model: str, workdir
     return EngineChild(name, role, group, f"http://127.0.0.1:{port}", process, log_path, labels)
 
 
-def stop_all(children: list[EngineChild], grace_s: float = 15.0) -> None:
-    """SIGTERM every engine at once, then SIGKILL whichever is still there after `grace_s`."""
+def stop_all(children: list[EngineChild], grace_s: float = 15.0) -> bool:
+    """SIGTERM every engine at once, then SIGKILL whichever is still there after `grace_s`, or at
+    once on a second Ctrl-C or SIGTERM (both arrive as KeyboardInterrupt): the user asked to stop
+    now, as the gateway's drain does, rather than for a traceback and engines still draining.
+    Returns whether it came to that."""
     for child in children:
         if child.process.poll() is None:
             child.process.terminate()
     deadline = time.monotonic() + grace_s
-    for child in children:
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.process.kill()
+    try:
+        for child in children:
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+        return False
+    except KeyboardInterrupt:
+        # Yet another signal must not interrupt the killing either: we are leaving anyway.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for child in children:
+            if child.process.poll() is None:
+                child.process.kill()
+        for child in children:
             child.process.wait()
+        return True
+
+
+def unknown_engine_args(engine_args: list[str]) -> str | None:
+    """What in the flags `laps local` passes on is not a `laps engine` flag either (a typo), or a
+    bad value of one, as one line; None when every engine will take them. Checked before any
+    engine starts: each engine would otherwise refuse them seconds later, behind its usage text."""
+    from laps_agent.engine.cli import build_parser  # torch-free
+
+    parser = build_parser()
+    parser.exit_on_error = False  # a bad value raises, rather than printing usage and exiting
+    try:
+        _, unknown = parser.parse_known_args(engine_args)
+    except argparse.ArgumentError as err:
+        return f"engine flags: {err}"
+    return (f"unrecognized arguments: {' '.join(unknown)} (neither laps local's flags nor laps engine's)"
+            if unknown else None)
