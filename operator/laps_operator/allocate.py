@@ -26,7 +26,8 @@ from . import metrics, pressure
 from .allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
 from .apply import contains
 from .kube import Kube
-from .reconcile import cluster_ref, label_pod, parse_cluster, prefill_pods, sync_groups
+from .naming import ClusterRef
+from .reconcile import cluster_ref, is_gone, label_pod, parse_cluster, prefill_pods, sync_groups
 from .spec import ClusterSpec, InvalidSpecError
 from .status import condition, groups_status, set_condition
 from .writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
@@ -124,15 +125,19 @@ class StepOutcome:
     recovered: bool = False
 
 
-def step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float) -> StepOutcome:
-    """One decision on `reading` for the live cluster, under its lock; see the module docstring."""
+def step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float,
+         uid: str | None = None) -> StepOutcome:
+    """One decision on `reading` for the live cluster (only incarnation `uid`, when given: a
+    reading taken for a cluster since deleted and created again is not the new one's), under
+    its lock; see the module docstring."""
     with cluster_lock(namespace, name):
-        return retry_on_conflict(lambda: _step(kube, namespace, name, reading, now))
+        return retry_on_conflict(lambda: _step(kube, namespace, name, reading, now, uid))
 
 
-def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float) -> StepOutcome:
+def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float,
+          uid: str | None) -> StepOutcome:
     live = kube.get(cr_ref(namespace, name))
-    if live is None or live["metadata"].get("deletionTimestamp"):
+    if is_gone(live, uid):
         return StepOutcome()
     try:
         spec = parse_cluster(live)
@@ -144,7 +149,9 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     plan = sync_groups(kube, ref, spec)   # membership and labels consistent before deciding
     if plan is None:
         return StepOutcome()
-    live = kube.get(cr_ref(namespace, name)) or live   # what the sync may just have written
+    live = kube.get(cr_ref(namespace, name))   # what the sync may just have written
+    if is_gone(live, ref.uid):
+        return StepOutcome()
     old = live.get("status") or {}
     present = {p.name for p in prefill_pods(kube, ref) if not p.terminating}
     members = {g: [p for p in plan.groups[g] if p in present] for g in GROUPS}
@@ -156,7 +163,7 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
         patch_status(kube, namespace, name, status, live["metadata"].get("resourceVersion"))
     if decision.move is not None and decision.move.pod in present:
         label_pod(kube, namespace, decision.move.pod, decision.move.target)
-    _record_metrics(namespace, name, reading, decision, status.get("groupSizes") or plan.sizes)
+    _record_metrics(ref, reading, decision, status.get("groupSizes") or plan.sizes)
     was = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
     was_unavailable = bool(was and was.get("status") == "True")
     return StepOutcome(live, decision.move, decision.reason, reading,
@@ -188,12 +195,12 @@ def stood_down(status: Mapping[str, Any] | None, now: float) -> bool:
     return wanted is None or contains(status or {}, _without_times(wanted))
 
 
-def stand_down(kube: Kube, namespace: str, name: str, now: float) -> None:
+def stand_down(kube: Kube, namespace: str, name: str, now: float, uid: str | None = None) -> None:
     """The loop was turned off: nothing it last read or wanted holds any more (off_status)."""
     with cluster_lock(namespace, name):
         def write() -> None:
             live = kube.get(cr_ref(namespace, name))
-            if live is None:
+            if is_gone(live, uid):
                 return
             if not stood_down(live.get("status"), now):
                 patch_status(kube, namespace, name, off_status(live.get("status"), now),
@@ -201,22 +208,24 @@ def stand_down(kube: Kube, namespace: str, name: str, now: float) -> None:
         retry_on_conflict(write)
 
 
-def _record_metrics(namespace: str, name: str, reading: pressure.Reading, decision: Decision,
-                    sizes: Mapping[str, int]) -> None:
-    metrics.record_groups(namespace, name, dict(sizes))
-    metrics.record_pressure(namespace, name, reading.totals)
+def _record_metrics(ref: ClusterRef, reading: pressure.Reading, decision: Decision, sizes: Mapping[str, int]) -> None:
+    ns, name, uid = ref.namespace, ref.name, ref.uid
+    metrics.record_groups(ns, name, uid, dict(sizes))
+    metrics.record_pressure(ns, name, uid, reading.totals)
     if decision.move is not None:
-        metrics.record_decision(namespace, name, "moved", decision.move.direction)
+        metrics.record_decision(ns, name, uid, "moved", decision.move.direction)
     else:
-        metrics.record_decision(namespace, name, "held" if reading.known else "unknown")
+        metrics.record_decision(ns, name, uid, "held" if reading.known else "unknown")
 
 
 class AllocationLoop:
     """One cluster's loop: `tick()` runs when due and returns the seconds until it is due
-    again. It re-reads the spec every tick, so interval changes apply from the next decision."""
+    again. It re-reads the spec every tick, so interval changes apply from the next decision.
+    It belongs to one incarnation (`uid`): another cluster of the same name is not its own."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str, clock=time.monotonic, wall=time.time) -> None:
-        self.kube, self.namespace, self.name = kube, namespace, name
+    def __init__(self, kube: Kube, namespace: str, name: str, uid: str, clock=time.monotonic,
+                 wall=time.time) -> None:
+        self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
         self.clock, self.wall = clock, wall
         self.window = pressure.GatewayWindow()
         self.last_decision: float | None = None
@@ -224,7 +233,7 @@ class AllocationLoop:
     def tick(self) -> tuple[float | None, StepOutcome | None]:
         """(seconds to the next tick or None when the cluster is gone, the step's outcome if one ran)."""
         live = self.kube.get(cr_ref(self.namespace, self.name))
-        if live is None or live["metadata"].get("deletionTimestamp"):
+        if is_gone(live, self.uid):
             return None, None
         try:
             spec = parse_cluster(live)
@@ -232,9 +241,9 @@ class AllocationLoop:
             return OFF_RECHECK_S, None
         if not active(spec):
             self.window, self.last_decision = pressure.GatewayWindow(), None
-            metrics.record_pressure(self.namespace, self.name, None)
+            metrics.record_pressure(self.namespace, self.name, self.uid, None)
             if not stood_down(live.get("status"), self.wall()):
-                stand_down(self.kube, self.namespace, self.name, self.wall())
+                stand_down(self.kube, self.namespace, self.name, self.wall(), self.uid)
             return OFF_RECHECK_S, None
         interval = spec.laps.allocation.interval_seconds
         url = spec.monitoring.prometheus_url
@@ -252,7 +261,7 @@ class AllocationLoop:
             reading = pressure.query_prometheus(url, query, self.wall(), max_age_s=2 * window)
         else:
             reading = self.window.take()
-        outcome = step(self.kube, self.namespace, self.name, reading, self.wall())
+        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid)
         self.last_decision = max(due, now - interval)   # no burst of catch-up decisions after a stall
         until_due = max(0.0, self.last_decision + interval - self.clock())
         return (min(until_due, SAMPLE_S) if not url else until_due), outcome

@@ -135,7 +135,8 @@ def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, 
 def delete_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Optional: runs only when kopf sees the deletion (no finalizer waits for it). The owner
     references let the garbage collector remove the children either way."""
-    LOOPS.stop(body["metadata"]["namespace"], body["metadata"]["name"])
+    meta = body["metadata"]
+    LOOPS.stop(meta["namespace"], meta["name"], meta.get("uid") or "")
     try:
         removed = delete_children(memo.kube, cluster_ref(dict(body)))
     except KubeError as exc:
@@ -150,30 +151,35 @@ def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: An
     namespace, name = meta.get("namespace"), meta.get("name")
     if not namespace or not name or not hasattr(memo, "kube"):
         return
+    uid = meta.get("uid") or ""
     if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
-        LOOPS.stop(namespace, name)
-        metrics.forget_cluster(namespace, name)
+        # Loops first: a tick still under way then finds its incarnation stale before it writes
+        # (the uid checks in reconcile/allocate, the incarnation check in metrics), so nothing
+        # puts back the series removed here. Only this uid's: never a newer namesake's.
+        LOOPS.stop(namespace, name, uid)
+        metrics.forget_cluster(namespace, name, uid)
         writers.forget(namespace, name)
         return
     kube: Kube = memo.kube
-    if LOOPS.ensure(namespace, name, meta.get("uid") or "", lambda: {
-        "resync": Ticker(f"resync {namespace}/{name}", lambda: _resync(kube, namespace, name), RESYNC_SECONDS),
+    if LOOPS.ensure(namespace, name, uid, lambda: {
+        "resync": Ticker(f"resync {namespace}/{name}", lambda: _resync(kube, namespace, name, uid), RESYNC_SECONDS),
         "allocation": Ticker(f"allocation {namespace}/{name}",
-                             _allocation_tick(kube, AllocationLoop(kube, namespace, name)), 0.0),
+                             _allocation_tick(kube, AllocationLoop(kube, namespace, name, uid)), 0.0),
     }):
-        metrics.start_cluster(namespace, name)
+        metrics.start_cluster(namespace, name, uid)
 
 
-def _resync(kube: Kube, namespace: str, name: str) -> float | None:
-    """Periodic reconcile: repairs drift; quiet unless it had to change something."""
+def _resync(kube: Kube, namespace: str, name: str, uid: str) -> float | None:
+    """Periodic reconcile of one incarnation: repairs drift; quiet unless it had to change something."""
     try:
-        outcome = _guarded(kube, namespace, name, lambda: reconcile(kube, namespace, name, skip_invalid=True))
+        outcome = _guarded(kube, namespace, name,
+                           lambda: reconcile(kube, namespace, name, skip_invalid=True, uid=uid))
     except KubeError as exc:
         metrics.RECONCILES.labels(result="error").inc()
         log.warning("resync of %s/%s failed: %s", namespace, name, exc)
         return min(RESYNC_SECONDS, 5.0)
-    if outcome.gone:
-        return None
+    if outcome.gone or not LOOPS.current(namespace, name, uid):
+        return None   # deleted meanwhile: no Event about it either
     if outcome.phase == "Invalid" and outcome.previous_phase == "Invalid" and not outcome.applied:
         return RESYNC_SECONDS   # reported when the spec changed; nothing to repair until it changes again
     metrics.RECONCILES.labels(result="invalid" if outcome.invalid else "ok").inc()
@@ -197,6 +203,8 @@ def _allocation_tick(kube: Kube, loop: AllocationLoop) -> Callable[[], float | N
         except KubeError as exc:
             log.warning("allocation step of %s/%s failed: %s", loop.namespace, loop.name, exc)
             return 2.0
+        if not LOOPS.current(loop.namespace, loop.name, loop.uid):
+            return None   # deleted while this tick ran: no Event about it
         if outcome is None or outcome.cluster is None:
             return delay
         live, move, reading = outcome.cluster, outcome.move, outcome.reading

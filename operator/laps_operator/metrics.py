@@ -1,5 +1,15 @@
-"""The operator's `laps_operator_*` series (docs/contracts.md, "Metrics")."""
+"""The operator's `laps_operator_*` series (docs/contracts.md, "Metrics").
+
+Per-cluster series belong to one incarnation of the cluster (its uid): `start_cluster` opens
+them, `forget_cluster` removes them, and a write for any other uid is dropped. The check and the
+write share one lock with the removal, so a loop tick or handler that was already under way when
+the cluster was deleted (a Prometheus query or API call can take seconds) cannot put a deleted
+cluster's series back, and a tick of a deleted cluster cannot write into the series of a new
+cluster of the same name.
+"""
 from __future__ import annotations
+
+import threading
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -21,18 +31,41 @@ RESULTS = ("moved", "held", "unknown")
 for _result in ("ok", "invalid", "error"):
     RECONCILES.labels(result=_result)
 
+_lock = threading.Lock()
+_incarnations: dict[str, str] = {}   # cluster key -> uid of the incarnation whose series are exported
+
 
 def cluster_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def record_groups(namespace: str, name: str, sizes: dict[str, int]) -> None:
-    for group, size in sizes.items():
-        GROUP_SIZE.labels(cluster=cluster_key(namespace, name), group=group).set(size)
-
-
-def forget_cluster(namespace: str, name: str) -> None:
+def start_cluster(namespace: str, name: str, uid: str) -> None:
+    """Open the series of this incarnation: a previous one's (deleted while the operator did not
+    watch) are removed first; move counters start at zero, so rates and dashboards see both
+    directions."""
     key = cluster_key(namespace, name)
+    with _lock:
+        if _incarnations.get(key) != uid:
+            _remove(key)
+        _incarnations[key] = uid
+        for direction in DIRECTIONS:
+            REBALANCES.labels(cluster=key, direction=direction)
+        for result in RESULTS:
+            DECISIONS.labels(cluster=key, result=result)
+
+
+def forget_cluster(namespace: str, name: str, uid: str | None = None) -> None:
+    """Remove the cluster's series for good (only if they are `uid`'s, when given: a late
+    deletion of an old incarnation leaves a new one's alone)."""
+    key = cluster_key(namespace, name)
+    with _lock:
+        if uid is not None and _incarnations.get(key) not in (uid, None):
+            return
+        _incarnations.pop(key, None)
+        _remove(key)
+
+
+def _remove(key: str) -> None:
     for metric, values in ((GROUP_SIZE, GROUPS), (PRESSURE, GROUPS), (REBALANCES, DIRECTIONS), (DECISIONS, RESULTS)):
         for value in values:
             try:
@@ -41,34 +74,41 @@ def forget_cluster(namespace: str, name: str) -> None:
                 pass
 
 
-def start_cluster(namespace: str, name: str) -> None:
-    """Zero move counters from the start, so rates and dashboards see both directions."""
-    for direction in DIRECTIONS:
-        REBALANCES.labels(cluster=cluster_key(namespace, name), direction=direction)
-    for result in RESULTS:
-        DECISIONS.labels(cluster=cluster_key(namespace, name), result=result)
+def record_groups(namespace: str, name: str, uid: str, sizes: dict[str, int]) -> None:
+    key = cluster_key(namespace, name)
+    with _lock:
+        if _incarnations.get(key) != uid:
+            return
+        for group, size in sizes.items():
+            GROUP_SIZE.labels(cluster=key, group=group).set(size)
+
+
+def record_pressure(namespace: str, name: str, uid: str, totals: dict[str, float] | None) -> None:
+    """The group totals the loop last read; no series while pressure is unknown (a gap in a
+    graph, not a made-up number)."""
+    key = cluster_key(namespace, name)
+    with _lock:
+        if _incarnations.get(key) != uid:
+            return
+        for group in GROUPS:
+            if totals is None:
+                try:
+                    PRESSURE.remove(key, group)
+                except KeyError:
+                    pass
+            else:
+                PRESSURE.labels(cluster=key, group=group).set(float(totals[group]))
+
+
+def record_decision(namespace: str, name: str, uid: str, result: str, direction: str | None = None) -> None:
+    key = cluster_key(namespace, name)
+    with _lock:
+        if _incarnations.get(key) != uid:
+            return
+        DECISIONS.labels(cluster=key, result=result).inc()
+        if direction is not None:
+            REBALANCES.labels(cluster=key, direction=direction).inc()
 
 
 def serve(port: int, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> None:
     start_http_server(port, addr=host, registry=registry)
-
-
-def record_pressure(namespace: str, name: str, totals: dict[str, float] | None) -> None:
-    """The group totals the loop last read; no series while pressure is unknown (a gap in a
-    graph, not a made-up number)."""
-    key = cluster_key(namespace, name)
-    for group in ("short", "long"):
-        if totals is None:
-            try:
-                PRESSURE.remove(key, group)
-            except KeyError:
-                pass
-        else:
-            PRESSURE.labels(cluster=key, group=group).set(float(totals[group]))
-
-
-def record_decision(namespace: str, name: str, result: str, direction: str | None = None) -> None:
-    key = cluster_key(namespace, name)
-    DECISIONS.labels(cluster=key, result=result).inc()
-    if direction is not None:
-        REBALANCES.labels(cluster=key, direction=direction).inc()

@@ -59,21 +59,28 @@ def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any], resource_v
     _patch_status(kube, ref.namespace, ref.name, status, resource_version)
 
 
-def _gone(live: dict[str, Any] | None) -> bool:
-    return live is None or bool((live.get("metadata") or {}).get("deletionTimestamp"))
+def is_gone(live: dict[str, Any] | None, uid: str | None = None) -> bool:
+    """Deleted, being deleted, or (with `uid`) another cluster of the same name: a writer
+    working for an incarnation that was deleted and created again must not write into the new one."""
+    if live is None:
+        return True
+    meta = live.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) or (uid is not None and (meta.get("uid") or "") != uid)
 
 
-def reconcile(kube: Kube, namespace: str, name: str, *, skip_invalid: bool = False) -> Outcome:
+def reconcile(kube: Kube, namespace: str, name: str, *, skip_invalid: bool = False,
+              uid: str | None = None) -> Outcome:
     """Bring the children of one LAPSCluster in line with its *live* spec and write its status.
     `skip_invalid`: leave a cluster already marked Invalid alone (the resync: nothing to repair
-    until its spec changes, and that change gets a reconcile of its own)."""
+    until its spec changes, and that change gets a reconcile of its own). `uid`: only that
+    incarnation (the resync of a cluster since deleted finds it gone)."""
     with cluster_lock(namespace, name):
-        return retry_on_conflict(lambda: _reconcile_live(kube, namespace, name, skip_invalid))
+        return retry_on_conflict(lambda: _reconcile_live(kube, namespace, name, skip_invalid, uid))
 
 
-def _reconcile_live(kube: Kube, namespace: str, name: str, skip_invalid: bool) -> Outcome:
+def _reconcile_live(kube: Kube, namespace: str, name: str, skip_invalid: bool, uid: str | None) -> Outcome:
     live = kube.get(cr_ref(namespace, name))
-    if _gone(live):
+    if is_gone(live, uid):
         return Outcome(gone=True)
     if skip_invalid and (live.get("status") or {}).get("phase") == "Invalid":
         return Outcome(phase="Invalid", previous_phase="Invalid", cluster=live)
@@ -136,7 +143,7 @@ def sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | N
 
 def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | None:
     live = kube.get(cr_ref(ref.namespace, ref.name))
-    if _gone(live):
+    if is_gone(live, ref.uid):
         return None
     recorded = ((live.get("status") or {}).get("groups")) or {}
     alloc = spec.laps.allocation
@@ -149,7 +156,7 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
         patch_status(kube, ref, wanted, live["metadata"].get("resourceVersion"))
     for pod, group in sorted(plan.label_changes.items()):
         label_pod(kube, ref.namespace, pod, group)
-    metrics.record_groups(ref.namespace, ref.name, plan.sizes)
+    metrics.record_groups(ref.namespace, ref.name, ref.uid, plan.sizes)
     return plan
 
 
@@ -176,7 +183,7 @@ def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation
 def _live_valid(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], ClusterSpec] | None:
     """The live cluster and its parsed spec; None when it is gone or its spec is invalid."""
     live = kube.get(cr_ref(namespace, name))
-    if _gone(live):
+    if is_gone(live):
         return None
     try:
         return live, parse_cluster(live)
@@ -202,7 +209,7 @@ def sync_groups_of(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any
     cluster's own handler reports an invalid spec)."""
     with cluster_lock(namespace, name):
         live = kube.get(cr_ref(namespace, name))
-        if _gone(live):
+        if is_gone(live):
             return None
         try:
             spec = parse_cluster(live)
@@ -244,7 +251,7 @@ def delete_children(kube: Kube, ref: ClusterRef) -> list[Applied]:
         done = delete_if_owned(kube, Ref(api_version, kind, ref.namespace, name), ref.uid)
         if done:
             removed.append(done)
-    metrics.forget_cluster(ref.namespace, ref.name)
+    metrics.forget_cluster(ref.namespace, ref.name, ref.uid)
     forget_writers(ref.namespace, ref.name)
     return removed
 

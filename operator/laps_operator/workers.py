@@ -93,10 +93,22 @@ class ClusterLoops:
         if ticker is not None:
             ticker.wake()
 
-    def stop(self, namespace: str, name: str) -> None:
+    def current(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether `uid` is the incarnation whose loops run: a tick that was under way when its
+        cluster was deleted (or deleted and created again) learns here that it is stale."""
         with self._guard:
-            current = self._loops.pop((namespace, name), None)
-        for ticker in current[1].values() if current else ():
+            current = self._loops.get((namespace, name))
+        return current is not None and current[0] == uid
+
+    def stop(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Stop the cluster's loops (only `uid`'s, when given: a late deletion of an old
+        incarnation must not stop a new one of the same name)."""
+        with self._guard:
+            current = self._loops.get((namespace, name))
+            if current is None or (uid is not None and current[0] != uid):
+                return
+            del self._loops[(namespace, name)]
+        for ticker in current[1].values():
             ticker.stop()
 
     def stop_all(self, join_s: float = 5.0) -> None:

@@ -189,9 +189,10 @@ def operator_metrics_url():
 
     clusters = [tuple(key.split("/")) for key in OPERATOR_CLUSTERS]
     for namespace, name in clusters:
-        metrics.start_cluster(namespace, name)
-        metrics.record_groups(namespace, name, {"short": 2, "long": 2})
-        metrics.record_pressure(namespace, name, {"short": 300.0, "long": 40.0})
+        uid = f"uid-{namespace}-{name}"
+        metrics.start_cluster(namespace, name, uid)
+        metrics.record_groups(namespace, name, uid, {"short": 2, "long": 2})
+        metrics.record_pressure(namespace, name, uid, {"short": 300.0, "long": 40.0})
     server, thread = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
     try:
         yield f"http://127.0.0.1:{server.server_port}"

@@ -154,7 +154,7 @@ def test_the_loop_follows_an_interval_change_at_its_next_tick():
     spec = kube.objects[("LAPSCluster", "ns", "c")]["spec"]
     spec["monitoring"] = {"prometheusURL": "http://127.0.0.1:9"}   # nothing listens: pressure unknown
     clock = [1000.0]
-    loop = AllocationLoop(kube, "ns", "c", clock=lambda: clock[0], wall=lambda: NOW)
+    loop = AllocationLoop(kube, "ns", "c", "uid-1", clock=lambda: clock[0], wall=lambda: NOW)
     assert loop.tick() == (60.0, None)           # the first decision one interval after the start
     spec["laps"]["allocation"]["intervalSeconds"] = 2   # the user shortens it (a watch event wakes the loop)
     clock[0] += 2
@@ -174,12 +174,13 @@ def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
     last pressure, lastDecision the last decision, the gauge the last value, and a move wanted
     once (1/2) was made on the first interval after the loop came back on, hours later."""
     kube = make_kube(allocation={"confirmIntervals": 2})
+    metrics.start_cluster("ns", "c", "uid-1")   # as the operator does when it first sees the cluster
     step(kube, "ns", "c", LONG_HEAVY, NOW)   # wanted 1/2: no move yet
     assert live_status(kube)["allocation"]["policy"]["streak"] == 1
     assert metrics.PRESSURE.labels(cluster="ns/c", group="long")._value.get() == 4000.0
     spec = kube.objects[("LAPSCluster", "ns", "c")]["spec"]
     spec["laps"]["allocation"]["enabled"] = False
-    loop = AllocationLoop(kube, "ns", "c", wall=lambda: NOW + 5)
+    loop = AllocationLoop(kube, "ns", "c", "uid-1", wall=lambda: NOW + 5)
     assert loop.tick() == (OFF_RECHECK_S, None)
 
     status = live_status(kube)
@@ -198,9 +199,10 @@ def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
     spec["laps"]["allocation"]["enabled"] = True
     assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3600).move is None
     assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3601).move is not None
+    metrics.forget_cluster("ns", "c")
 
 
 def test_a_loop_that_never_ran_writes_nothing_when_off():
     kube = make_kube(allocation={"enabled": False})
-    assert AllocationLoop(kube, "ns", "c").tick() == (OFF_RECHECK_S, None)
+    assert AllocationLoop(kube, "ns", "c", "uid-1").tick() == (OFF_RECHECK_S, None)
     assert kube.writes == []

@@ -120,7 +120,10 @@ def test_cluster_loops_start_once_per_uid_and_stop():
     assert not loops.ensure("ns", "c", "u1", make("u1"))   # every watch event: no new thread
     assert loops.ensure("ns", "c", "u2", make("u2"))       # deleted and created again
     assert made == ["u1", "u2"] and loops.running() == [("ns", "c")]
-    loops.stop("ns", "c")
+    # The old cluster's deletion, handled late (a retried delete handler), leaves the new one's loops.
+    loops.stop("ns", "c", "u1")
+    assert loops.running() == [("ns", "c")] and loops.current("ns", "c", "u2") and not loops.current("ns", "c", "u1")
+    loops.stop("ns", "c", "u2")
     assert loops.running() == []
     loops.stop_all()
 
