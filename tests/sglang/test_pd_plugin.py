@@ -3,6 +3,7 @@ loopback (mooncake_tcp), this project's gateway in front, the official `openai` 
 burst of mixed requests whose batch order shows the LAPS policy at work inside SGLang."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -25,11 +26,14 @@ WINDOW_MS, LONG_BOUND_MS, THRESHOLD = 300, 7000, 256
 @pytest.fixture(scope="module")
 def laps_prefill(sglang_logs):
     log = sglang_logs / "laps-batches.jsonl"
+    labels = sglang_logs / "podinfo-labels"  # the downward-API file the operator mounts
+    labels.write_text('app="laps"\nlaps.io/prefill-group="short"\n')
     server = start_prefill(sglang_logs, {
         "LAPS_SCHEDULER": "1", "LAPS_LENGTH_THRESHOLD": str(THRESHOLD),
         "LAPS_WAIT_WINDOW_MS": str(WINDOW_MS), "LAPS_WAIT_MAX_BATCH": "8",
-        "LAPS_MAX_LONG_WAIT_MS": str(LONG_BOUND_MS), "LAPS_BATCH_LOG": str(log)})
-    server.batch_log = log
+        "LAPS_MAX_LONG_WAIT_MS": str(LONG_BOUND_MS), "LAPS_BATCH_LOG": str(log),
+        "LAPS_LABELS_FILE": str(labels)})
+    server.batch_log, server.labels_file = log, labels
     try:
         yield server.wait_ready()
     finally:
@@ -139,6 +143,15 @@ def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, 
     short_ttft = next(line for line in metrics.splitlines() if line.startswith('laps_engine_ttft_seconds_count{class="short"}'))
     assert float(short_ttft.split()[-1]) >= 7
 
+    # Once the burst is over the engine reports itself idle: no running request, no KV held
+    # (the evictable prefix cache is not use). Before, both kept the last batch's load.
+    def idle_load():
+        page = httpx.get(f"{server.url}/metrics", timeout=10).text
+        load = [metric_value(page, name) for name in ("laps_engine_running_requests", "laps_engine_kv_usage_ratio")]
+        return load if load == [0, 0] else None
+
+    poll(idle_load, timeout=60, message="the engine's running requests and KV usage back at 0")
+
 
 def test_the_gateway_routes_by_what_sglang_reports_it_holds(gateway, laps_prefill, decode_server):
     """Stock SGLang has no /get_load: the gateway reads its /v1/loads instead, so gateway
@@ -209,3 +222,21 @@ def test_requests_pd_cannot_serve_get_a_clear_4xx_and_leave_the_servers_serving(
                    for name in ("laps_gateway_pending_requests", "laps_gateway_pending_tokens"))
 
     poll(idle, timeout=30, message="the gateway's pending figures to be back at zero")
+
+
+def test_engine_info_follows_the_operator_relabelling_the_pod(laps_prefill):
+    """The operator moves a prefill pod between the short and long groups by relabelling it; the
+    kubelet rewrites the labels file, and `laps_engine_info{group}` follows, as the builtin
+    engine's does (prometheus_client's multiprocess mode keeps the former group's series, at 0)."""
+    absent = -1.0
+
+    def info() -> dict[str, float]:
+        page = httpx.get(f"{laps_prefill.url}/metrics", timeout=10).text
+        return {group: metric_value(page, "laps_engine_info", default=absent, role="prefill", group=group,
+                                    model="smollm2") for group in ("short", "long")}
+
+    assert info() == {"short": 1, "long": absent}
+    new = laps_prefill.labels_file.with_name("podinfo-labels.new")
+    new.write_text('app="laps"\nlaps.io/prefill-group="long"\n')
+    os.replace(new, laps_prefill.labels_file)  # whole, as the kubelet swaps it
+    poll(lambda: info() == {"short": 0, "long": 1}, timeout=30, message="laps_engine_info to show the long group")

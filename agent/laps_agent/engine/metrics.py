@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from laps_agent.engine.engine_config import PrefillRecord
 from laps_agent.engine.prefix_warm import WARM_OUTCOMES
+from laps_agent.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,6 @@ GROUP_LABEL = "laps.io/prefill-group"
 _LABEL_LINE = re.compile(r'^\s*([^=\s]+)\s*=\s*"(.*)"\s*$')
 _CACHED_TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 _CLASSES = ("short", "long")
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 def read_labels(path: str | Path | None) -> dict[str, str]:
@@ -47,9 +47,9 @@ class EngineMetrics:
         r = self.registry
         self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r)
         self.queue_tokens = Gauge("laps_engine_queue_tokens", "Uncached prompt tokens waiting for prefill", ["queue"], registry=r)
-        self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.bucket_hits = Counter("laps_engine_bucket_hits_total", "Short prefill batches run in a captured bucket", registry=r)
         self.bucket_misses = Counter("laps_engine_bucket_misses_total", "Short prefill batches no bucket covered (ran eager)", registry=r)
         self.padding = Counter("laps_engine_padding_tokens_total", "Padding tokens computed by bucketed prefill", registry=r)

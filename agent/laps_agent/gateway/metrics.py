@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from laps_agent.gateway.config import DEFAULT_REQUEST_DEADLINE_S
+from laps_agent.metric_buckets import LATENCY_BUCKETS
 
 GROUPS = ("short", "long")
 CLASSES = ("short", "long")
 POOLS = ("short", "long", "decode")   # what outlier ejection is capped per
-# Seconds; spans a sub-millisecond stub round trip up to multi-minute CPU generations, up to
-# the default deadline: a request may last that long, and a quantile past the last finite
-# bucket reads as that bucket's bound (one of 500 s showed as 300 s).
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                   10.0, 30.0, 60.0, 120.0, 300.0, DEFAULT_REQUEST_DEADLINE_S)
 
 
 class GatewayMetrics:

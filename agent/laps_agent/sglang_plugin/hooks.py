@@ -10,6 +10,10 @@
 * AFTER `process_batch_result_disagg_prefill` — a batch's prefill ended: time to first token by
   class, batch latency and size (metrics), and the cost model the window rules use.
 
+The gauges (queues, running requests, KV usage, the pod's group) are set on every scheduler
+pass, in the first hook: SGLang calls it on each pass, idle ones included, so they fall back to
+0 once a burst is over (set only after a batch, they kept the last batch's load while idle).
+
 Each Scheduler gets its state on first use (`_state`): only prefill-mode schedulers with the
 plugin enabled and pipeline parallelism off; all others take the original code path untouched.
 With tensor parallelism every rank runs this loop and all must build the same batch, so rank 0
@@ -35,8 +39,6 @@ _ARRIVAL_FIELDS = ("api_server_dispatch_time", "created_time", "prefill_bootstra
 class _State:
     def __init__(self, scheduler, settings: PluginSettings) -> None:
         from sglang.srt.mem_cache.common import match_kv_cache
-
-        from laps_agent.engine.metrics import read_group
 
         def token_counts(req) -> tuple[int, int]:
             prompt = len(req.origin_input_ids)
@@ -64,7 +66,7 @@ class _State:
         model = getattr(scheduler.server_args, "served_model_name", None) or ""
         from .metrics import PluginMetrics
 
-        self.metrics = PluginMetrics(model, read_group(settings.labels_file))
+        self.metrics = PluginMetrics(model, settings.labels_file)
         self.launched: dict[int, tuple[float, list[str], str]] = {}  # id(batch) -> (t, rids, cls)
         path = os.environ.get("LAPS_BATCH_LOG")
         # One JSON line per prefill batch (rids, class, reason): evidence for tests and debugging.
@@ -114,6 +116,18 @@ def send_arrival_stamps(state, stats, *args, **kwargs):
     return state
 
 
+def _set_gauges(state, scheduler, now: float) -> None:
+    metrics = state.metrics
+    metrics.set_queues(state.driver.pending())
+    metrics.follow_group(now)
+    try:
+        # Running: prefilled requests whose KV is still on its way to the decode server.
+        metrics.set_load(len(scheduler.disagg_prefill_inflight_queue),
+                         scheduler.pool_stats_observer.get_pool_stats().get_max_pool_usage())
+    except Exception:  # noqa: BLE001 - a metric must never break the scheduler loop
+        log.debug("LAPS: could not read SGLang's pool stats", exc_info=True)
+
+
 def make_hooks(settings: PluginSettings):
     def around_new_batch(original, self, *args, **kwargs):
         state = _state(self, settings)
@@ -130,7 +144,7 @@ def make_hooks(settings: PluginSettings):
                 chosen = driver.take(rids)
         else:
             chosen = driver.choose(now)
-        state.metrics.set_queues(driver.pending())
+        _set_gauges(state, self, now)
         decision = driver.last_decision
         if chosen is None:
             # Nothing to start now. SGLang must still run when it has work outside the queue: a
@@ -150,7 +164,7 @@ def make_hooks(settings: PluginSettings):
             self.waiting_queue = driver.union() + extra
         batch = result[0]
         if batch is not None and chosen:
-            cls = decision.queue if decision is not None and decision.queue != "fifo" else "short"
+            cls = decision.queue if decision is not None else "short"
             rids = [r.rid for r in batch.reqs]
             state.launched[id(batch)] = (time.perf_counter(), rids, cls)
             state.log_batch({"t": now, "queue": decision.queue if decision else None,
@@ -176,11 +190,6 @@ def make_hooks(settings: PluginSettings):
             tracked = state.driver.finish(req.rid)
             if tracked is not None:
                 state.metrics.observe_first_token(tracked.cls, now - tracked.arrival)
-        try:
-            state.metrics.kv_usage.set(self.pool_stats_observer.get_pool_stats().get_max_pool_usage())
-            state.metrics.running.set(len(self.disagg_prefill_inflight_queue))
-        except Exception:  # noqa: BLE001 - a metric must never break the scheduler loop
-            log.debug("LAPS: could not read SGLang's pool stats", exc_info=True)
         return None
 
     return around_new_batch, after_batch_result

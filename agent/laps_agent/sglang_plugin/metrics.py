@@ -9,22 +9,28 @@ engine's own port and path, which the operator's PodMonitor already scrapes (por
 `--enable-metrics` there is no such directory; then `LAPS_METRICS_PORT` (if set) serves them on
 a port of their own, else they are not exported (logged once).
 
-Names, labels and buckets are those of laps_agent/engine/metrics.py (docs/contracts.md). SGLang
-runs no bucketed batch prefill, so the bucket and padding counters exist but stay 0.
+Names, labels and buckets are those of laps_agent/engine/metrics.py (docs/contracts.md), whose
+bucket bounds and labels-file reader this module imports (that module needs only
+prometheus_client and torch-free laps_agent modules). SGLang runs no bucketed batch prefill, so
+the bucket and padding counters exist but stay 0.
 """
 from __future__ import annotations
 
 import logging
 import os
+import time
+
+from laps_agent.engine.metrics import read_group
+from laps_agent.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 log = logging.getLogger("laps.sglang_plugin")
-
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+# How often the scheduler loop re-reads the pod's labels file (the builtin engine re-reads it per
+# scrape; the loop passes at least once a second even when idle, SGLang's --sleep-on-idle poll).
+_GROUP_REREAD_S = 1.0
 
 
 class PluginMetrics:
-    def __init__(self, model: str, group: str | None) -> None:
+    def __init__(self, model: str, labels_file: str | None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -33,9 +39,9 @@ class PluginMetrics:
         g = {"multiprocess_mode": "livemostrecent"}
         self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r, **g)
         self.queue_tokens = Gauge("laps_engine_queue_tokens", "Uncached prompt tokens waiting for prefill", ["queue"], registry=r, **g)
-        self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=_BATCH_BUCKETS, registry=r)
+        self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=LATENCY_BUCKETS, registry=r)
+        self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.bucket_hits = Counter("laps_engine_bucket_hits_total", "Short prefill batches run in a captured bucket", registry=r)
         self.bucket_misses = Counter("laps_engine_bucket_misses_total", "Short prefill batches no bucket covered (ran eager)", registry=r)
         self.padding = Counter("laps_engine_padding_tokens_total", "Padding tokens computed by bucketed prefill", registry=r)
@@ -45,7 +51,10 @@ class PluginMetrics:
         for queue in ("short", "long"):
             self.queue_requests.labels(queue).set(0)
             self.queue_tokens.labels(queue).set(0)
-        self.info.labels("prefill", group or "", model).set(1)
+        self.model, self.labels_file = model, labels_file
+        self.group: str | None = None  # the group `info` shows now
+        self._group_read_at = float("-inf")
+        self.follow_group(time.perf_counter())
         self.registry = r
         port = os.environ.get("LAPS_METRICS_PORT")
         if not self.multiprocess:
@@ -63,6 +72,30 @@ class PluginMetrics:
             reqs, toks = pending.get(queue, (0, 0))
             self.queue_requests.labels(queue).set(reqs)
             self.queue_tokens.labels(queue).set(toks)
+
+    def set_load(self, running: int, kv_usage: float) -> None:
+        self.running.set(running)
+        self.kv_usage.set(kv_usage)
+
+    def follow_group(self, now: float) -> None:
+        """Re-read the pod's group (at most every _GROUP_REREAD_S of `now`, perf_counter): the
+        operator relabels a running prefill pod between short and long and the kubelet rewrites
+        the labels file. prometheus_client cannot remove a series in multiprocess mode, so there
+        the former group's series stays, at 0; served on a port of its own it goes, as in the
+        builtin engine."""
+        if now - self._group_read_at < _GROUP_REREAD_S:
+            return
+        self._group_read_at = now
+        group = read_group(self.labels_file) or ""
+        if group == self.group:
+            return
+        if self.group is not None:
+            if self.multiprocess:
+                self.info.labels("prefill", self.group, self.model).set(0)
+            else:
+                self.info.remove("prefill", self.group, self.model)
+        self.info.labels("prefill", group, self.model).set(1)
+        self.group = group
 
     def observe_batch(self, cls: str, size: int, seconds: float) -> None:
         self.prefill_latency.labels(cls).observe(seconds)
