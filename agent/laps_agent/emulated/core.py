@@ -91,9 +91,9 @@ class EngineModel:
                                                        f"this engine takes 1..{self.max_prompt_tokens()}")]
         reserve = kv_reservation(req.kind, req.prompt_tokens, req.max_new_tokens, self.context_len,
                                  self.capacity_tokens)
-        # As the builtin engine: a sequence stops when prompt + output would pass its reservation.
-        req.outputs = 1 if req.kind == "prefill" else max(1, min(req.max_new_tokens,
-                                                                 reserve - req.prompt_tokens + 1))
+        # As the builtin engine: a sequence stops when prompt + output reaches its reservation
+        # (the prompt check above leaves room for at least the first token).
+        req.outputs = 1 if req.kind == "prefill" else max(1, min(req.max_new_tokens, reserve - req.prompt_tokens))
         req.pages = 0
         self.requests[req.rid] = req
         if req.kind == "decode":

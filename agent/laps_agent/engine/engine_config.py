@@ -70,7 +70,9 @@ def kv_reservation(kind: str, prompt_tokens: int, max_new_tokens: int, context_l
                    capacity_tokens: int) -> int:
     """KV tokens a request holds from admission on. A prefill-only request needs its prompt;
     one that decodes here reserves prompt + max_new_tokens up front (capped by the context and
-    the pool), so it can never run out of pages mid-decode and nothing is ever preempted."""
+    the pool), so it can never run out of pages mid-decode and nothing is ever preempted. That
+    is also its sequence's budget: it stops ("length") once prompt + completion reaches it, so
+    usage never passes the context (the builtin and the emulated engine both stop there)."""
     if kind == "prefill":
         return prompt_tokens
     return min(prompt_tokens + max_new_tokens, context_len, capacity_tokens)

@@ -58,7 +58,8 @@ class EngineCore(PDSteps):
         self.steps = 0
 
     def max_prompt_tokens(self) -> int:
-        """Longest prompt this engine can take (KV pool and context, leaving one new token)."""
+        """Longest prompt this engine can take: prompt + completion must fit the context and the
+        KV pool, and a request always gets at least one new token."""
         return min(self.config.context_len, self.kv.capacity_tokens) - 1
 
     def _accept(self, work: GenerateWork, sink: OutputSink) -> None:
@@ -208,8 +209,10 @@ class EngineCore(PDSteps):
             out.ttft_s = time.monotonic() - live.work.arrival
             if self.on_first_token is not None:
                 self.on_first_token(live.cls, out.ttft_s)
-        # Never exceed the reserved pages (prompt + max_new capped by the context).
-        full = len(live.work.input_ids) + len(live.stop.output_ids) >= self.kv.tokens(rid) + 1
+        # The reservation is the sequence's whole budget (prompt + max_new, capped by the context
+        # and the pool: kv_reservation), so prompt + completion never passes the context, as in
+        # OpenAI, vLLM and SGLang. The last token's KV is never computed: one slot stays spare.
+        full = len(live.work.input_ids) + len(live.stop.output_ids) >= self.kv.tokens(rid)
         if live.stop.finished or full:
             if not live.stop.finished:
                 out.text += live.stop.end("length", None)

@@ -106,8 +106,9 @@ class EngineServer:
         if not ids:
             raise api.ApiError(400, "the prompt is empty")
         limit = self.engine.max_prompt_tokens()
-        if len(ids) > limit:
-            raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this engine takes at most {limit}",
+        if len(ids) > limit:  # no room left for even one new token: refused up front, as SGLang
+            raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this engine takes at most {limit}: "
+                                    f"prompt + completion must fit in its context of {limit + 1} tokens",
                                "context_length_exceeded")
         vocab = self.tokenizer.vocab_size
         if any(t < 0 or t >= vocab for t in ids):

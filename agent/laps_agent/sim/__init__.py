@@ -84,8 +84,11 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     done = np.array([r.done if r.done is not None else nan for r in reqs])
     sent = plan.at.astype(float)
     outputs = plan.output_tokens.astype(np.int64)
+    # What the engines gave (as `laps bench run` counts what arrives): fewer than asked where
+    # prompt + output would pass the context.
+    tokens = np.array([r.tokens for r in reqs], dtype=np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
-        itl = np.where(outputs > 1, (done - first) / (outputs - 1), nan)
+        itl = np.where(tokens > 1, (done - first) / (tokens - 1), nan)
     status = np.array([r.status for r in reqs], dtype=np.int64)
     names = np.array([w.name for w in plan.phases], dtype=object)
     table = RequestTable.from_columns(
@@ -93,7 +96,7 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
         cls=np.where(is_short(plan.prompt_tokens, threshold), SHORT, LONG).astype(object),
         prompt_tokens=plan.prompt_tokens, output_tokens=outputs, sent_s=sent, status=status,
         error=np.array([r.error for r in reqs], dtype=object), ttft_s=first - sent, e2e_s=done - sent,
-        tokens=np.where(status == 200, outputs, 0), itl_mean_s=itl,
+        tokens=tokens, itl_mean_s=itl,
         turn=np.where(plan.conversation >= 0, plan.turn, -1), cached_tokens=np.array([r.cached for r in reqs]))
     meta = {"label": label or sys_config.name, "tool": "laps sim", "target": "sim", "system": sys_config.name,
             "profile": profile.name, "profile_provenance": profile.provenance,

@@ -65,6 +65,7 @@ class SimRequest:
     conversation: int = -1
     cached: int = -1              # prompt tokens its prefill engine found cached (-1: never got there)
     expected: int = 0             # what the gateway expected it to find
+    tokens: int = 0               # completion tokens its decode engine gave (capped by the context)
 
 
 @dataclass
@@ -104,7 +105,8 @@ class SimCluster:
 
         def model(role: str, cache=None) -> EngineModel:
             return EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
-                               max_running=running, kv_pages=args.kv_pages, token_events=False, prefix_cache=cache)
+                               max_running=running, kv_pages=args.kv_pages, context_len=args.context_length,
+                               token_events=False, prefix_cache=cache)
 
         self.profile, self.system = profile, system
         self.prefill = [model("prefill", self.prefixes.caches[i]) for i in range(prefill)]
@@ -230,7 +232,7 @@ class SimCluster:
         """Prefix warming (engine/prefix_warm.py): the prefill engine that served the turn
         computes prompt + answer when idle. The gateway's record counts the answer as held
         from now (the real gateway infers it at the next turn: gateway/prefix.py)."""
-        total = r.prompt_tokens + r.output_tokens
+        total = r.prompt_tokens + r.tokens  # the answer it got, as the decode engine sends it
         self.prefixes.sent(self.prefill_eps[r.prefill].name, r.conversation, total)
         self.prefill[r.prefill].warm(self.prefixes.blocks(r.conversation, total), total)
         self._poll(r.prefill, now)
@@ -269,7 +271,7 @@ class SimCluster:
                 if ev.tokens == 1 or r.first is None:
                     r.first = ev.time + 2 * self.hop_s  # decode engine -> gateway -> client
                 if ev.finished:
-                    r.done, r.status = ev.time + 2 * self.hop_s, 200
+                    r.done, r.status, r.tokens = ev.time + 2 * self.hop_s, 200, ev.tokens
                     self._last_end = max(self._last_end, r.done)
                     self.tracker.end_decode(self.decode_eps[r.decode].name)
                     self._finished += 1

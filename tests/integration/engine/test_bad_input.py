@@ -92,9 +92,30 @@ def test_over_context_prompt_is_rejected_and_engine_keeps_serving(tiny_mixed_eng
     resp = httpx.post(tiny_mixed_engine.url + "/generate", json={"input_ids": [5] * (limit + 1)})
     assert resp.status_code == 400
     assert resp.json()["error"]["type"] == "context_length_exceeded"
+    # A prompt as long as the context leaves no room for one token: the 400 says so, as SGLang's.
+    assert resp.json()["error"]["message"] == (
+        f"the prompt has {limit + 1} tokens; this engine takes at most {limit}: prompt + completion "
+        f"must fit in its context of {limit + 1} tokens")
     ok = httpx.post(tiny_mixed_engine.url + "/generate",
                     json={"text": "still alive?", "sampling_params": {"max_new_tokens": 3}}, timeout=60)
     assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 3
+    wait_for(lambda: engine_idle(tiny_mixed_engine), message="engine idle")
+
+
+def test_usage_never_passes_the_context(tiny_mixed_engine):
+    """As OpenAI, vLLM and SGLang: an answer stops when prompt + completion reach the context
+    (finish_reason "length"); a prompt one token short of it got 2 tokens, one past it."""
+    context = engine_state(tiny_mixed_engine)["context_length"]
+    assert engine_state(tiny_mixed_engine)["max_prompt_tokens"] == context - 1
+    for short in (1, 3):
+        ids = [40 + i % 200 for i in range(context - short)]
+        resp = httpx.post(tiny_mixed_engine.url + "/v1/completions", timeout=120,
+                          json={"prompt": ids, "max_tokens": 50, "temperature": 0, "ignore_eos": True})
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        assert body["usage"] == {**body["usage"], "prompt_tokens": context - short, "completion_tokens": short,
+                                 "total_tokens": context}
+        assert body["choices"][0]["finish_reason"] == "length"
     wait_for(lambda: engine_idle(tiny_mixed_engine), message="engine idle")
 
 

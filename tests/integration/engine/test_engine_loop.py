@@ -19,13 +19,13 @@ def make_engine(tiny_loaded):  # tiny_loaded: tests/support/fixtures_models.py
 
     started: list[Engine] = []
 
-    def make(num_pages: int = 256, bucketed: str = "auto", prefix_cache: bool = True,
+    def make(num_pages: int = 256, bucketed: str = "auto", prefix_cache: bool = True, context_len: int = 4096,
              **sched) -> tuple[Engine, list]:
         grid = BucketGrid([1, 2, 4, 8], [16, 32, 64, 128, 256])
         runner = ModelRunner(tiny_loaded, num_pages=num_pages, page_size=16, grid=grid)
         records: list = []
         engine = Engine(runner, tiny_loaded.tokenizer,
-                        EngineConfig(scheduler=SchedulerConfig(**sched), context_len=4096,
+                        EngineConfig(scheduler=SchedulerConfig(**sched), context_len=context_len,
                                      batch_prefill_graphs_mode=bucketed, prefix_cache=prefix_cache),
                         grid=grid, on_prefill=records.append)
         engine.start()
@@ -125,6 +125,23 @@ def test_requests_wait_for_kv_pages_instead_of_failing(make_engine):
     got = collect(outs, 3)
     assert all(o[-1].finish_reason == "length" and o[-1].completion_tokens == 60 for o in got.values())
     assert engine.kv.free_pages == 12
+
+
+@pytest.mark.parametrize("limit", ["context", "pool"])
+def test_prompt_and_completion_never_pass_the_context(make_engine, limit):
+    """As OpenAI, vLLM and SGLang: a request asking for more than its context leaves stops with
+    prompt + completion == the context, the smaller of the context length and the KV pool (64
+    tokens here either way). A 63-token prompt got 2 tokens, one more than the context."""
+    engine, _ = make_engine(**({"context_len": 64} if limit == "context" else {"num_pages": 4}))
+    assert engine.max_prompt_tokens() == 63
+    outs: queue.Queue = queue.Queue()
+    params = SamplingParams(max_new_tokens=100, temperature=0.0, ignore_eos=True)
+    engine.submit_many([(GenerateWork(f"p{n}", prompt(n, 30 + n), params), outs.put) for n in (63, 62, 50)])
+    got = collect(outs, 3)
+    ends = {rid: (o[-1].finish_reason, o[-1].prompt_tokens + o[-1].completion_tokens) for rid, o in got.items()}
+    assert ends == {rid: ("length", 64) for rid in ("p63", "p62", "p50")}
+    assert engine.kv.free_pages == engine.kv.num_pages
+    engine.kv.self_check()
 
 
 def test_duplicate_request_id_is_refused_without_harm(make_engine):

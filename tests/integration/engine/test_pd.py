@@ -62,6 +62,23 @@ async def test_pd_seeded_sampling_matches_mixed(tiny_pd_engines, tiny_mixed_engi
     assert dec.json()["choices"][0]["text"] == mixed["choices"][0]["text"]
 
 
+async def test_pd_usage_never_passes_the_context(tiny_pd_engines):
+    """The decode engine stops where a mixed one does: prompt + completion == the context. A
+    prompt one token short of it gets the prefill engine's first token alone (the decode engine
+    used to decode one more, past the context)."""
+    context = engine_state(tiny_pd_engines.decode)["context_length"]
+    for short in (1, 3):
+        ids = [60 + i % 200 for i in range(context - short)]
+        pre, dec = await _pd(tiny_pd_engines, {"prompt": ids, "max_tokens": 50, "temperature": 0,
+                                               "ignore_eos": True}, "/v1/completions")
+        assert pre.status_code == 200 and dec.status_code == 200, (pre.text, dec.text)
+        usage = dec.json()["usage"]
+        assert (usage["completion_tokens"], usage["total_tokens"]) == (short, context)
+        assert dec.json()["choices"][0]["finish_reason"] == "length"
+    wait_for(lambda: engine_idle(tiny_pd_engines.prefill) and engine_idle(tiny_pd_engines.decode),
+             message="both PD engines to free everything")
+
+
 @pytest.mark.parametrize("first", ["decode", "prefill"])
 async def test_pd_either_side_may_arrive_first(tiny_pd_engines, tiny_mixed_engine, first):
     pd = tiny_pd_engines

@@ -157,6 +157,24 @@ def test_abort_frees_everything():
     assert m.free_pages == m.num_pages and run_until_idle(m, 1.0) == []
 
 
+@pytest.mark.parametrize("kind", ["generate", "decode"])
+@pytest.mark.parametrize("limit", ["context", "pool"])
+def test_prompt_and_completion_never_pass_the_context(kind, limit):
+    """As the builtin engine (and OpenAI, vLLM, SGLang): a request asking for more than its
+    context leaves stops with prompt + completion == the context, the smaller of the context
+    length and the KV pool; it used to get one token more."""
+    sizes = {"context_len": 64} if limit == "context" else {"kv_pages": 4}  # 4 pages of 16 tokens
+    m = EngineModel(profile(), "mixed" if kind == "generate" else "decode", SchedulerConfig(wait_window_ms=0),
+                    **sizes)
+    for prompt in (63, 62, 50):
+        m.add(ModelRequest(f"p{prompt}", kind, prompt, 100, 0.0), 0.0)
+    done = {e.rid: e.tokens for e in run_until_idle(m) if e.finished}
+    assert done == {"p63": 1, "p62": 2, "p50": 14}
+    assert m.free_pages == m.num_pages
+    [refused] = m.add(ModelRequest("full", kind, 64, 1, 0.0), 0.0)  # no room for one token
+    assert refused.kind == "error" and "takes 1..63" in refused.error
+
+
 def test_too_long_a_prompt_is_refused():
     m = EngineModel(profile(), "prefill", SchedulerConfig())
     [event] = m.add(ModelRequest("a", "prefill", 5000, 1, 0.0), 0.0)

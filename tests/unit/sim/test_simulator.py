@@ -110,3 +110,19 @@ def test_a_run_lasts_until_its_last_answer_as_laps_bench_times_it(system, reques
         assert result.meta["duration_s"] == pytest.approx(last_answer)
         all_row = summarize(result).classes["all"]
         assert all_row.req_per_s == pytest.approx(requests / last_answer)
+
+
+def test_answers_stop_at_the_context_as_the_engines_stop_them():
+    """prompt + completion never pass the context: the simulated engines stop a 62-token
+    prompt's answer after 2 tokens in a context of 64 (`--context-length`, an engine flag, as
+    `laps engine --engine emulated` takes it), and the result counts what they gave, as
+    `laps bench run` counts what arrives: it said 8 and ignored the flag."""
+    spec = parse_workload({"name": "t", "seed": 3, "phases": [{
+        "name": "p", "requests": 5, "arrival": {"process": "poisson", "rate": 20},
+        "prompt_tokens": {"distribution": "fixed", "value": 62},
+        "output_tokens": {"distribution": "fixed", "value": 8}}]})
+    for engine_args, tokens in (((), 8), (("--context-length", "64"), 2)):
+        records = simulate(plan_requests(spec), PROFILE, SYSTEMS["laps"], prefill=1, decode=1, threshold=256,
+                           engine_args=engine_args).records
+        assert (records.status == 200).all() and (records.tokens == tokens).all(), engine_args
+        assert (records.output_tokens == 8).all()  # what was asked for
