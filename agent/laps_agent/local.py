@@ -180,8 +180,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> int:
     _say(f"OpenAI-compatible API: {url}   (Ctrl-C stops everything)")
     _say(f"try: {_example_curl(url, config.served_model_name, args.api_keys_file)}")
     # Returns on SIGINT/SIGTERM once the requests in flight are answered (laps_agent/drain.py).
-    run_forever(app, sock, drain=app.state.gateway.drain, log_level="warning")
-    return 1 if discovery.unservable else 0
+    code = run_forever(app, sock, drain=app.state.gateway.drain, log_level="warning")
+    return 1 if discovery.unservable else code
 
 
 def _example_curl(url: str, model: str, api_keys_file: str | None) -> str:
@@ -284,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         sock.close()
         if children:
             _say("stopping engines… (Ctrl-C again: stop at once)")
-            _say("stopped" if not stop_all(children) else "stopped now: engines killed")
+            killed = stop_all(children)
+            _say("stopped now: engines killed" if killed else "stopped")
+            if killed and code == 0:
+                code = 130  # interrupted, as after a second signal during the gateway's drain
     return code
 
 

@@ -98,9 +98,10 @@ class ServerThread:
         self.stop()
 
 
-def run_forever(app, sock: socket.socket, drain: Drain | None = None, **uvicorn_options) -> None:
+def run_forever(app, sock: socket.socket, drain: Drain | None = None, **uvicorn_options) -> int:
     """Serve on `sock` in this thread until SIGINT/SIGTERM: with a `drain`, the first signal
-    drains (laps_agent/drain.py) and the return follows; without, uvicorn's own handlers."""
+    drains (laps_agent/drain.py) and the return follows; without, uvicorn's own handlers.
+    Returns the exit status the process should have (DrainingServer.exit_status)."""
     import uvloop
 
     server = make_server(app, **uvicorn_options)
@@ -110,3 +111,4 @@ def run_forever(app, sock: socket.socket, drain: Drain | None = None, **uvicorn_
         uvloop.run(server.serve(sockets=[sock]))
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: already shut down
         pass
+    return server.exit_status if isinstance(server, DrainingServer) else 0

@@ -238,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run = uvloop.run
     try:
-        run(serve(server, *sockets))
+        return run(serve(server, *sockets))
     finally:
         engine.stop()
         log.info("engine stopped")
-    return 0

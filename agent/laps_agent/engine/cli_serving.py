@@ -58,7 +58,8 @@ def listen(args: argparse.Namespace):
     return http, boot
 
 
-async def serve(server, http_sock, boot_sock=None) -> None:
+async def serve(server, http_sock, boot_sock=None) -> int:
+    """Serve until stopped; returns the exit status (laps_agent/drain.py: 0 once drained)."""
     import uvicorn
 
     from laps_agent.drain import DrainingServer
@@ -87,6 +88,7 @@ async def serve(server, http_sock, boot_sock=None) -> None:
         if boot is not None:
             boot.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
+    return http.exit_status
 
 
 class _QuietServer:

@@ -205,5 +205,4 @@ def main(argv: list[str]) -> int:
         parser.exit(1, f"laps gateway: error: {err}\n")
     host, port = sock.getsockname()[:2]
     print(f"laps gateway listening on http://{url_host(host)}:{port}", flush=True)
-    run_forever(app, sock, drain=app.state.gateway.drain, log_level=args.log_level.lower())
-    return 0
+    return run_forever(app, sock, drain=app.state.gateway.drain, log_level=args.log_level.lower())

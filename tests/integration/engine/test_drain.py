@@ -1,7 +1,8 @@
 """Graceful drain of `laps engine` (emulated backend, the real HTTP server and PD protocol): on
 SIGTERM it is unready at once, refuses new work with 503 `draining`, finishes what it holds
-(streams, and a prefill engine's KV hand-offs) and exits 0; at the end of its grace period it
-exits anyway. And its bounded queue: beyond --max-queued-requests, 503 `queue_full`."""
+(streams, and a prefill engine's KV hand-offs) and exits 0; at the end of its grace period, or
+on a second signal, it exits anyway, ending what it still held cleanly. And its bounded queue:
+beyond --max-queued-requests, 503 `queue_full`."""
 from __future__ import annotations
 
 import signal
@@ -14,6 +15,7 @@ import yaml
 
 from tests.integration.engine.helpers import engine_state, pd_body, room, sse_events
 from tests.support.emulated_profiles import synthetic_profile
+from tests.support.second_signal import stop_twice
 from tests.support.waiting import poll
 
 PREFILL_S, STEP_S = 0.3, 0.05
@@ -91,8 +93,31 @@ def test_at_the_end_of_the_grace_period_the_engine_exits_anyway(emulated):
         signalled = _sigterm(engine)
         assert engine.process.wait(10) == 0
         exited = time.monotonic() - signalled
-        assert not _completed(endless.result(), 400)
+        status, events = endless.result()
     assert 1.0 <= exited < 3.5, exited  # the grace period (2 s), plus the exit itself
+    # Cut short, the stream still ends cleanly: with an error event saying why.
+    assert status == 200 and events[-1]["error"]["type"] == "draining", events[-3:]
+    assert "stopped before it finished" in events[-1]["error"]["message"]
+    assert "Traceback" not in engine.log_tail(20000)
+
+
+def test_a_second_signal_stops_at_once_and_ends_what_it_held_cleanly(emulated):
+    engine = emulated("mixed", "--drain-grace-s", "30")
+    body = {"prompt": "held", "max_tokens": 400}  # ~20 s each
+    ended = stop_twice(engine.process, engine.url, body,
+                       lambda: engine_state(engine)["state"]["live"] == 2, second=signal.SIGINT)
+    # At once: what it held had ~20 s to go, its grace period 30 s (the bound allows for a busy
+    # machine's slow exit).
+    assert ended.exit_status == 128 + signal.SIGINT and ended.exit_s < 10, ended
+    # Not answered yet: an OpenAI-shaped 503 a client (or a gateway) retries elsewhere.
+    plain = ended.plain
+    assert plain.status_code == 503 and plain.headers["content-type"] == "application/json"
+    assert plain.json()["error"]["type"] == "draining" and plain.headers["retry-after"] == "1"
+    # Streaming already: its events so far, then an error event, and a transfer that ends cleanly.
+    status, events, broken = ended.stream
+    assert status == 200 and not broken and events[0]["choices"][0]["text"]
+    assert events[-1]["error"]["type"] == "draining" and "[DONE]" not in events, events[-3:]
+    assert "Traceback" not in engine.log_tail(20000)
 
 
 def test_a_draining_prefill_engine_still_hands_its_kv_over(emulated):
