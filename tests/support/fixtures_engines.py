@@ -127,6 +127,16 @@ class EngineLauncher:
         self.started.append(engine)
         return engine
 
+    def emulated_pd(self, model: str | Path, profile: dict) -> PDEngines:
+        """A prefill and a decode emulated engine running `profile` (a profile's dict), with no
+        batching window: what a test over the gateway times is the profile, not the window."""
+        import yaml
+
+        path = self.log_dir / f"profile-{profile['name']}.yaml"
+        path.write_text(yaml.safe_dump(profile))
+        extra = ("--backend", "emulated", "--profile", str(path), "--wait-window-ms", "0")
+        return PDEngines(self(model, "prefill", extra), self(model, "decode", extra))
+
     def stop_all(self) -> None:
         for engine in reversed(self.started):
             engine.stop()

@@ -33,8 +33,29 @@ class RawRequest:
                           b"content-length: %d\r\n\r\n%s" % (path.encode(), len(payload),
                                                               payload[:sent]))
 
+    def answer_to_eof(self, timeout: float = 30.0) -> tuple[bytes, bytes]:
+        """(head, body) of the server's answer, read until it closes the connection; `timeout`
+        bounds each read of a failing test."""
+        self.sock.settimeout(timeout)
+        answer = b""
+        while chunk := self.sock.recv(65536):
+            answer += chunk
+        self.hang_up()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        return head, body
+
     def hang_up(self) -> None:
         self.sock.close()
+
+
+def stalled_body_message(head: bytes, body: bytes) -> str:
+    """The message of a 408 for a body that stopped arriving, after checking it is one that
+    closed the connection (what the gateway and the engines answer alike)."""
+    import json
+
+    assert head.startswith(b"HTTP/1.1 408 "), head + body
+    assert b"connection: close" in head.lower()
+    return json.loads(body)["error"]["message"]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.engine.helpers import client_disconnects, wait_for
-from tests.support.fixtures_gateway import RawRequest
+from tests.support.fixtures_gateway import RawRequest, stalled_body_message
 
 
 def test_hanging_up_mid_upload_is_a_quiet_client_disconnect(tiny_mixed_engine):
@@ -136,15 +136,8 @@ def test_a_body_that_stops_arriving_is_408_and_the_engine_serves_on(tiny_engine_
             ok = httpx.post(http.url + "/generate", timeout=30,
                             json={"text": "hi", "sampling_params": {"max_new_tokens": 2}})
             assert ok.status_code == 200, ok.text
-            stalled.sock.settimeout(30)   # bounds a failing test; the answer comes after 0.5 s
-            answer = b""
-            while chunk := stalled.sock.recv(65536):   # to EOF: the engine closes the connection
-                answer += chunk
-            stalled.hang_up()
+            answer = stalled.answer_to_eof()   # after 0.5 s; the engine closes the connection
     finally:
         engine.stop()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 408 "), answer
-    assert b"connection: close" in head.lower()
-    message = json.loads(body)["error"]["message"]
+    message = stalled_body_message(*answer)
     assert "stopped arriving: 20 bytes of the" in message and "nothing for 0.5s" in message

@@ -14,7 +14,6 @@ import time
 
 import httpx
 import pytest
-import yaml
 
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_gateway import ChildProcess
@@ -27,13 +26,10 @@ PROFILE = synthetic_profile("gateway-drain", prefill={"overhead_s": 0.05}, decod
 
 
 @pytest.fixture
-def gateways(engine_launcher, tiny_engine_model, tmp_path):
+def gateways(engine_launcher, tiny_engine_model):
     """Two `laps gateway` processes over one emulated prefill and one emulated decode engine."""
-    path = tmp_path / "profile.yaml"
-    path.write_text(yaml.safe_dump(PROFILE))
-    extra = ("--backend", "emulated", "--profile", str(path), "--wait-window-ms", "0")
-    prefill = engine_launcher(tiny_engine_model, "prefill", extra)
-    decode = engine_launcher(tiny_engine_model, "decode", extra)
+    engines = engine_launcher.emulated_pd(tiny_engine_model, PROFILE)
+    prefill, decode = engines.prefill, engines.decode
     children = []
     for _ in range(2):
         child = ChildProcess([sys.executable, "-m", "laps_agent.cli", "gateway", "--host", "127.0.0.1",

@@ -9,7 +9,6 @@ import sys
 
 import httpx
 import pytest
-import yaml
 
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_gateway import ChildProcess
@@ -21,12 +20,9 @@ PROFILE = synthetic_profile("gateway-stop", decode={"overhead_s": 0.1})
 
 
 @pytest.fixture
-def gateway(engine_launcher, tiny_engine_model, tmp_path):
-    path = tmp_path / "profile.yaml"
-    path.write_text(yaml.safe_dump(PROFILE))
-    extra = ("--backend", "emulated", "--profile", str(path), "--wait-window-ms", "0")
-    prefill = engine_launcher(tiny_engine_model, "prefill", extra)
-    decode = engine_launcher(tiny_engine_model, "decode", extra)
+def gateway(engine_launcher, tiny_engine_model):
+    engines = engine_launcher.emulated_pd(tiny_engine_model, PROFILE)
+    prefill, decode = engines.prefill, engines.decode
     child = ChildProcess([sys.executable, "-m", "laps_agent.cli", "gateway", "--host", "127.0.0.1",
                           "--port", "0", "--prefill-short", prefill.url, "--decode", decode.url,
                           "--served-model-name", "test-model", "--drain-grace-s", "30",
