@@ -66,10 +66,13 @@ def scrape_interval_seconds(interval_s: float) -> float:
 
 def gateway_pod_regex(cluster: ClusterRef) -> str:
     """Names of the gateway Deployment's pods, `<deployment>-<template hash>-<suffix>`: anchored
-    (PromQL regexes are), so cluster "a" never matches "a-gateway-b"'s pods."""
+    (PromQL regexes are), so cluster "a" never matches "a-gateway-b"'s pods. Kubernetes cuts
+    `<deployment>-<hash>-` to 58 characters before it adds the 5-character suffix, so from a
+    cluster name of 39 characters on the dash before the suffix is gone (`<deployment>-<hash
+    cut><suffix>`): one segment or two after the Deployment's name."""
     # Object names hold [a-z0-9.-]; a dot is the one regex character, escaped for the regex
     # (backslash) inside a PromQL string (which needs that backslash doubled).
-    return cluster.gateway.replace(".", "\\\\.") + "-[a-z0-9]+-[a-z0-9]+"
+    return cluster.gateway.replace(".", "\\\\.") + "-[a-z0-9]+(-[a-z0-9]+)?"
 
 
 def default_query(cluster: ClusterRef, window_s: float) -> str:

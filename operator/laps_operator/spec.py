@@ -68,7 +68,7 @@ class AllocationSpec(_Model):
     # Off unless asked for: moving pods changes how a cluster serves, and `enabled` needs
     # prefill.replicas >= 2 (a default of true would make every one-pod pool invalid).
     enabled: bool = False
-    interval_seconds: float = Field(default=5.0, ge=1)
+    interval_seconds: float = Field(default=5.0, ge=1, le=3600)
     ratio: float = Field(default=2.0, ge=1)
     min_per_group: int = Field(default=1, ge=1)
     cooldown_seconds: float = Field(default=60.0, ge=0)   # a moved pod stays this long

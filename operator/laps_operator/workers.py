@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 ERROR_DELAY_S = 5.0
+MAX_WAIT_S = 3600.0   # the longest a loop sleeps before it runs (and computes its next delay) again
 
 
 class Ticker:
@@ -49,7 +50,9 @@ class Ticker:
     def _run(self) -> None:
         delay = self._delay
         while not self._stopped.is_set():
-            self._wake.wait(max(0.0, delay))
+            # Bounded: Event.wait raises OverflowError past threading.TIMEOUT_MAX, which ended
+            # the loop for good; a run that comes early only computes its delay again.
+            self._wake.wait(min(max(0.0, delay), MAX_WAIT_S))
             self._wake.clear()
             if self._stopped.is_set():
                 return

@@ -71,7 +71,7 @@ def test_doubtful_answers_are_unknown_with_a_reason(status_code, body, reason, s
 
 def test_default_query_sums_every_gateway_replica_of_the_cluster_over_the_window():
     query = default_query(ClusterRef("chat", "serving", "u"), window_seconds(5))
-    selector = '{namespace="serving",pod=~"chat-gateway-[a-z0-9]+-[a-z0-9]+"}[5000ms]'
+    selector = '{namespace="serving",pod=~"chat-gateway-[a-z0-9]+(-[a-z0-9]+)?"}[5000ms]'
     # allocation.group_pressure: tokens, plus REQUEST_COST_TOKENS per pending request.
     assert query == (f"sum by (group) (avg_over_time(laps_gateway_pending_tokens{selector})) + "
                      f"{REQUEST_COST_TOKENS} * sum by (group) (avg_over_time(laps_gateway_pending_requests{selector}))")
@@ -84,6 +84,18 @@ def test_gateway_pod_regex_selects_this_clusters_deployment_pods_only():
     assert not pattern.fullmatch("axb-gateway-7d9f8c6b5-x2x7z")          # the dot is literal
     assert not pattern.fullmatch("a.b-gateway-b-gateway-7d9f8c6b5-x2x7z")  # cluster "a.b-gateway-b"
     assert not pattern.fullmatch("a.b-prefill-0")
+
+
+def test_gateway_pod_regex_matches_pods_whose_generated_name_kubernetes_cut():
+    """A Deployment's pod is `<replicaset>-` cut to 58 characters plus 5 random ones: for a
+    cluster name of 39 to 44 characters (the longest allowed) the dash before them is gone."""
+    for length in (38, 39, 44):
+        cluster = ClusterRef("c" * length, "ns", "u")
+        replicaset = f"{cluster.gateway}-7d9f8c6b5d"            # a 10-character template hash
+        pod = f"{replicaset}-"[:58] + "x7k2p"                   # the API server's generateName
+        pattern = re.compile(gateway_pod_regex(cluster))
+        assert pattern.fullmatch(pod), pod
+        assert not pattern.fullmatch(f"{cluster.gateway}-b-gateway-7d9f8c6b5d-x7k2p")
 
 
 def test_window_and_scrape_interval_leave_two_scrapes_per_window():

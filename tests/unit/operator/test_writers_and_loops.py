@@ -132,3 +132,22 @@ def test_a_ticker_whose_function_says_none_stops():
     ticker = Ticker("gone", lambda: None, first_delay=0.0).start()
     ticker.thread.join(5)
     assert ticker.stopped and not ticker.thread.is_alive()
+
+
+def test_a_ticker_asked_to_wait_longer_than_threads_can_wait_lives_on():
+    """An allocation interval of 1e10 s (a typo; the CRD now stops at 3600) made the loop's
+    Event.wait raise OverflowError: its thread ended, and only an operator restart brought the
+    allocation loop back."""
+    runs: list[int] = []
+
+    def fn():
+        runs.append(len(runs))
+        return 1e10
+
+    ticker = Ticker("long", fn, first_delay=0.0).start()
+    poll(lambda: len(runs) == 1)
+    ticker.wake()
+    poll(lambda: len(runs) == 2)       # still there, and still answering a wake
+    assert ticker.thread.is_alive()
+    ticker.stop()
+    ticker.thread.join(5)
