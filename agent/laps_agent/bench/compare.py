@@ -33,7 +33,7 @@ from laps_agent.workload.plan import warmup_spec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="laps bench compare", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="laps bench compare", description=__doc__.split("\n\n")[0],
                                 epilog="Other flags are passed to every engine of every system.")
     p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
     p.add_argument("--systems", default="vanilla-pd,reference,laps",

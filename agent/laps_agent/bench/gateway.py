@@ -199,7 +199,7 @@ def _routing_rate() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="laps bench gateway", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="laps bench gateway", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=positive(float), default=5.0, help="per measurement")
     p.add_argument("--sizes", type=positive_ints, default=[1, 40], help="body sizes in KiB, comma-separated")
     p.add_argument("--clients", type=positive_ints, default=[1, 8, 32], help="concurrent clients, comma-separated")

@@ -150,7 +150,7 @@ def _report(name: str, errs: dict[str, list[float]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="laps bench profile", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="laps bench profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="GGUF or HF dir (default: SmolLM2-135M)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-batch-tokens", type=int, default=4096)

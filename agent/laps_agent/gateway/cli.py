@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "seconds (keep it below the pod's terminationGracePeriodSeconds)")
     auth = p.add_argument_group("authentication (gateway/auth.py)")
     auth.add_argument("--api-keys-file", help="file of API keys, one a line (a mounted Secret); "
-                      "every endpoint but /health, /live, /metrics then needs "
+                      "every endpoint but /health, /live, /metrics and the OpenAPI docs then needs "
                       "'Authorization: Bearer <key>' (401 without); re-read when it changes. "
                       "Default: no authentication")
     auth.add_argument("--rate-limit-per-key", type=float, default=GatewayConfig.rate_limit_per_key,

@@ -155,7 +155,8 @@ def mean_rate(spec: WorkloadSpec) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="laps sim", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="laps sim", description=__doc__.split("\n")[0],
+                                epilog="Other flags are passed to every engine model (as the emulated engine takes them: --context-length, --kv-pages, ...).")
     p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
     p.add_argument("--profile", default="cpu-smollm2", help="engine profile name or YAML file")
     p.add_argument("--prefill", type=int, default=8)
