@@ -14,7 +14,6 @@ Kubelet probes come from the node, which the common CNIs (Calico, Cilium) always
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from .naming import (
@@ -28,6 +27,7 @@ from .naming import (
     role_selector,
 )
 from .spec import ClusterSpec
+from .spec_network import NetworkPolicyPeer
 
 ENGINE_ROLES = ("prefill", "decode")
 API_VERSION = "networking.k8s.io/v1"
@@ -54,8 +54,8 @@ def operator_peer(operator_namespace: str | None) -> dict[str, Any]:
     return {"namespaceSelector": namespaces, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
 
 
-def _peers(peers: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
-    return copy.deepcopy(list(peers))  # the manifests must not share objects with the spec
+def _peers(peers: tuple[NetworkPolicyPeer, ...]) -> list[dict[str, Any]]:
+    return [peer.manifest() for peer in peers]
 
 
 def _policy(cluster: ClusterRef, role: str, rules: list[dict[str, Any]]) -> dict[str, Any]:

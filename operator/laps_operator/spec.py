@@ -4,7 +4,8 @@ The CRD's schema already defaults and validates on a real API server; this model
 same defaults and rules so the operator behaves the same where nothing validated the object
 (an emulator, a server that lost the CEL rules, an old CRD). A failure here becomes the
 InvalidSpec condition's message, so messages name the field the user has to fix. The sections
-about what the pods run and where (model, engine, pools) are in spec_pods.py.
+about what the pods run and where (model, engine, pools) are in spec_pods.py, the network
+policies' peers in spec_network.py.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pydantic import (
 
 from .formats import url_problem
 from .gpus import gpu_count_problem
+from .spec_network import NetworkPolicySpec
 from .spec_pods import (
     EngineSpec,
     LocalObjectReference,
@@ -98,6 +100,16 @@ class LapsSpec(_Model):
         return self.prefix_cache if self.prefix_affinity is None else self.prefix_affinity
 
 
+# Rules for fields that would otherwise be accepted and ignored (the CRD has the same messages).
+RATE_NEEDS_KEYS = "gateway.rateLimitPerKey counts requests per API key: it needs gateway.apiKeysSecret"
+QUEUE_NEEDS_BUILTIN = (
+    "engine.maxQueuedRequests bounds the builtin engine's queue: it needs engine.backend builtin "
+    "(SGLang's own flags go in engine.extraArgs)")
+QUERY_NEEDS_PROMETHEUS = (
+    "monitoring.pressureQuery is a Prometheus query: it needs monitoring.prometheusURL (without it "
+    "the allocation loop reads the gateways' /metrics)")
+
+
 class ApiKeysSecretSpec(_Model):
     # A Secret in the cluster's namespace; its `key` holds the API keys, one a line.
     name: str = Field(min_length=1)
@@ -122,8 +134,7 @@ class GatewaySpec(PlacementSpec):  # placed like the engine pools (nodeSelector,
     @model_validator(mode="after")
     def _rate_needs_keys(self) -> GatewaySpec:
         if self.rate_limit_per_key > 0 and self.api_keys_secret is None:
-            raise ValueError("gateway.rateLimitPerKey counts requests per API key: it needs "
-                             "gateway.apiKeysSecret")
+            raise ValueError(RATE_NEEDS_KEYS)
         return self
 
 
@@ -149,7 +160,7 @@ class DrainSpec(_Model):
 class MonitoringSpec(_Model):
     prometheus_url: str = Field(default="", alias="prometheusURL")
     pod_monitor: bool = False
-    pressure_query: str | None = None
+    pressure_query: str | None = Field(default=None, min_length=1)  # unset: the built-in query ("" is a mistake)
 
     @field_validator("prometheus_url")
     @classmethod
@@ -157,34 +168,6 @@ class MonitoringSpec(_Model):
         if problem := url_problem(url):
             raise ValueError(problem)
         return url
-
-
-# Prometheus Operator's Prometheus pods carry this label (kube-prometheus-stack included); any
-# namespace, since Prometheus usually runs in its own.
-PROMETHEUS_PEER: dict[str, Any] = {
-    "namespaceSelector": {},
-    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-}
-_PEER_KEYS = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
-
-
-class NetworkPolicySpec(_Model):
-    enabled: bool = True
-    # NetworkPolicyPeers allowed to the gateway's port; empty: from anywhere (the gateway is the
-    # cluster's front door, and a LoadBalancer/NodePort's clients have no in-cluster labels).
-    gateway_ingress: tuple[dict[str, Any], ...] = ()
-    # NetworkPolicyPeers allowed to the engines' and gateways' HTTP ports, for /metrics.
-    metrics_from: tuple[dict[str, Any], ...] = (PROMETHEUS_PEER,)
-
-    @field_validator("gateway_ingress", "metrics_from")
-    @classmethod
-    def _peers(cls, peers: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
-        for peer in peers:
-            # An empty peer, or one with only unknown keys, would select nothing or be refused.
-            if not peer or not set(peer) <= _PEER_KEYS:
-                raise ValueError("every peer needs one or more of podSelector, namespaceSelector, ipBlock "
-                                 "(and nothing else)")
-        return peers
 
 
 PREFIX_AFFINITY_NEEDS_CACHE = (
@@ -253,6 +236,10 @@ class ClusterSpec(_Model):
             raise ValueError(
                 "tensorParallelSize > 1 needs engine.backend sglang (the builtin engine runs one device per pod)"
             )
+        if self.engine.max_queued_requests is not None and self.engine.backend == "sglang":
+            raise ValueError(QUEUE_NEEDS_BUILTIN)
+        if self.monitoring.pressure_query is not None and not self.monitoring.prometheus_url:
+            raise ValueError(QUERY_NEEDS_PROMETHEUS)
         for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
             if problem := gpu_count_problem(role, self.engine, pool):
                 raise ValueError(problem)

@@ -27,12 +27,39 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
+# Kubernetes' VolumeSource fields (core/v1 Volume but `name`), as of 1.37.
+VOLUME_SOURCES = frozenset({
+    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi",
+    "downwardAPI", "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk",
+    "gitRepo", "glusterfs", "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim",
+    "photonPersistentDisk", "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "secret",
+    "storageos", "vsphereVolume",
+})
+
+
 class ModelSpec(SpecModel):
     name: str = Field(min_length=1)
     path: str = Field(min_length=1)
     served_name: str | None = None
     volume: dict[str, Any] | None = None
     mount_path: str = "/models"
+
+    @field_validator("volume")
+    @classmethod
+    def _one_source(cls, volume: dict[str, Any] | None) -> dict[str, Any] | None:
+        # The API server turns a volume without a known source ({} or a misspelt key) into an
+        # emptyDir: engines that start on an empty /models and crash-loop on "model not found".
+        if volume is None:
+            return None
+        sources = [key for key in volume if key != "name"]
+        if unknown := sorted(set(sources) - VOLUME_SOURCES):
+            raise ValueError(f"{', '.join(unknown)}: not a Kubernetes volume source "
+                             "(persistentVolumeClaim, nfs, csi, hostPath, ...)")
+        if len(sources) != 1:
+            raise ValueError("needs exactly one volume source, e.g. persistentVolumeClaim: {claimName: models}")
+        if not isinstance(volume[sources[0]], dict):
+            raise ValueError(f"{sources[0]} must be an object")
+        return volume
 
     @property
     def served(self) -> str:
@@ -120,16 +147,51 @@ class Toleration(SpecModel):
         return self
 
 
+class LabelSelectorRequirement(SpecModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelSelectorRequirement:
+        # The API server's own rule (ValidateLabelSelectorRequirement).
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelector(SpecModel):
+    """Kubernetes' LabelSelector, these keys only: the API server drops a misspelt one
+    (`matchLable`), which leaves {}, a selector of everything."""
+    match_labels: dict[str, str] | None = None
+    match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
+
+
+class PodAffinityTerm(SpecModel):
+    # Its selectors are checked (see LabelSelector); topologyKey, namespaces and the rest pass
+    # through as written.
+    model_config = ConfigDict(extra="allow")
+    label_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+
+
+class WeightedPodAffinityTerm(SpecModel):
+    model_config = ConfigDict(extra="allow")  # weight
+    pod_affinity_term: PodAffinityTerm | None = None
+
+
 class NodeAffinity(SpecModel):
-    # Checked down to the scheduling terms, where a misspelt key is likeliest; the terms
-    # (NodeSelector, PreferredSchedulingTerm, PodAffinityTerm) pass through as written.
+    # Checked down to the scheduling terms, where a misspelt key is likeliest; the node terms
+    # (NodeSelector, PreferredSchedulingTerm) pass through as written.
     required_during_scheduling_ignored_during_execution: dict[str, Any] | None = None
     preferred_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
 
 
 class PodAffinity(SpecModel):
-    required_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
-    preferred_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
+    required_during_scheduling_ignored_during_execution: tuple[PodAffinityTerm, ...] | None = None
+    preferred_during_scheduling_ignored_during_execution: tuple[WeightedPodAffinityTerm, ...] | None = None
 
 
 class Affinity(SpecModel):

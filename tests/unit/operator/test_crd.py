@@ -136,6 +136,9 @@ INVALID = [
     (with_spec(**{"gateway.maxDecodeShare": 1.5}), "spec.gateway.maxDecodeShare", "is greater than the maximum of 1"),
     (with_spec(**{"gateway.maxPendingTokensPerPod": -1}), "spec.gateway.maxPendingTokensPerPod",
      "is less than the minimum of 0"),
+    # "" is not the default query (unset is).
+    (with_spec(**{"monitoring.prometheusURL": "http://p:9090", "monitoring.pressureQuery": ""}),
+     "spec.monitoring.pressureQuery", "should be non-empty"),
 ]
 
 
@@ -162,6 +165,13 @@ CROSS_FIELD = [
     ({"laps": {"prefixAffinity": False, "prefixWarm": True}},
      "laps.prefixWarm caches a turn's answer on the prefill pod that served it, for the chat's next turn, "
      "which only cache affinity sends back there: it needs laps.prefixAffinity"),
+    # Fields that would otherwise be accepted and ignored.
+    ({"gateway": {"rateLimitPerKey": 5}}, "gateway.rateLimitPerKey counts requests per API key: it needs "
+     "gateway.apiKeysSecret"),
+    ({"engine": {"backend": "sglang", "maxQueuedRequests": 64}},
+     "engine.maxQueuedRequests bounds the builtin engine's queue: it needs engine.backend builtin"),
+    ({"monitoring": {"pressureQuery": "sum by (group) (laps_pending)"}},
+     "monitoring.pressureQuery is a Prometheus query: it needs monitoring.prometheusURL"),
 ]
 
 
