@@ -9,10 +9,10 @@ engine's own port and path, which the operator's PodMonitor already scrapes (por
 `--enable-metrics` there is no such directory; then `LAPS_METRICS_PORT` (if set) serves them on
 a port of their own, else they are not exported (logged once).
 
-Names, labels and buckets are those of laps_agent/engine/metrics.py (docs/contracts.md), whose
-bucket bounds and labels-file reader this module imports (that module needs only
-prometheus_client and torch-free laps_agent modules). SGLang runs no bucketed batch prefill, so
-the bucket and padding counters exist but stay 0.
+Names, labels and buckets are those of laps_agent/engine/metrics.py (docs/contracts.md): the
+bucket bounds come from laps_agent/metric_buckets.py, as there, and the labels-file reader from
+that module (which needs only prometheus_client and torch-free laps_agent modules). SGLang runs
+no bucketed batch prefill, so the bucket and padding counters exist but stay 0.
 """
 from __future__ import annotations
 
