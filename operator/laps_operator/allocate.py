@@ -26,7 +26,7 @@ from . import metrics, pressure
 from .allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
 from .apply import contains
 from .kube import Kube
-from .naming import ClusterRef
+from .naming import GATEWAY_PORT, ClusterRef
 from .reconcile import cluster_ref, is_gone, label_pod, parse_cluster, prefill_pods, sync_groups
 from .spec import ClusterSpec, InvalidSpecError
 from .status import condition, groups_status, set_condition
@@ -251,7 +251,7 @@ class AllocationLoop:
         if self.last_decision is None:
             self.last_decision = now   # the first decision one interval after the loop starts
         if not url:
-            self.window.add(pressure.scrape_gateways(self.kube, cluster_ref(live), spec.gateway.port))
+            self.window.add(pressure.scrape_gateways(self.kube, cluster_ref(live), GATEWAY_PORT))
         due = self.last_decision + interval
         if now < due:
             return min(due - now, SAMPLE_S if not url else due - now), None

@@ -7,7 +7,8 @@ own tp x pp GPUs; attention data parallelism shares the tensor-parallel GPUs). K
 GPUs out whole (a request must equal the limit: formats.overcommittable), so a pod given fewer
 cannot start its ranks and crash-loops, and a pod given more keeps GPUs on its node that nothing
 uses. The operator therefore holds a pool's GPU count to what its engine uses: unset, it becomes
-the limit; set otherwise, InvalidSpec names both fields.
+the limit; set otherwise, InvalidSpec names both fields. An engine on `device: cpu` (either
+backend) holds none.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def _multipliers(engine: EngineSpec) -> list[tuple[str, int]]:
 
 def engine_gpus(engine: EngineSpec, pool: PoolSpec) -> int | None:
     """GPUs one engine pod of `pool` uses, or None when the engine runs on the CPU."""
-    if engine.backend != "sglang" and engine.device == "cpu":
+    if engine.device == "cpu":  # either backend: SGLang is told --device cpu too (engine_args.py)
         return None
     # Tensor parallelism needs SGLang (ClusterSpec): the builtin engine's is 1, one device.
     count = pool.tensor_parallel_size

@@ -12,6 +12,9 @@ GROUPS = ("short", "long")
 
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
+# What the gateway container listens on, whatever spec.gateway.port (the Service's port) says:
+# unprivileged, since the pods run as non-root without NET_BIND_SERVICE (pod_security.py).
+GATEWAY_PORT = 8000
 OPERATOR_METRICS_PORT = 8080
 OPERATOR_LIVENESS_PORT = 8081
 LABELS_FILE = "/etc/podinfo/labels"

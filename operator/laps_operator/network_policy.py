@@ -5,7 +5,8 @@ gateway reaches the API server and the engines, and DNS must work):
 
 - prefill: its `http` and `bootstrap` ports from the cluster's own gateway and engine pods;
 - decode: its `http` port from the same pods;
-- gateway: its port from spec.networkPolicy.gatewayIngress (empty: from anywhere);
+- gateway: its port (naming.GATEWAY_PORT, whatever the Service's) from
+  spec.networkPolicy.gatewayIngress (empty: from anywhere);
 - the HTTP ports (engines' and gateway's, where /metrics is served) also from
   spec.networkPolicy.metricsFrom, and the gateway's from the operator when it reads the
   gateways' /metrics itself (no monitoring.prometheusURL: pressure.scrape_gateways).
@@ -20,6 +21,7 @@ from .naming import (
     BOOTSTRAP_PORT,
     CLUSTER_LABEL,
     ENGINE_PORT,
+    GATEWAY_PORT,
     OPERATOR_POD_LABELS,
     ROLE_LABEL,
     ClusterRef,
@@ -85,7 +87,7 @@ def _engine_rules(cluster: ClusterRef, spec: ClusterSpec, role: str) -> list[dic
 
 def _gateway_rules(spec: ClusterSpec, operator_namespace: str | None) -> list[dict[str, Any]]:
     policy = spec.network_policy
-    port = _ports(spec.gateway.port)
+    port = _ports(GATEWAY_PORT)  # the pods' port: a policy never sees the Service's gateway.port
     if not policy.gateway_ingress:
         return [{"ports": port}]  # no `from`: every source, on this port only
     peers = _peers((*policy.gateway_ingress, *policy.metrics_from))

@@ -263,9 +263,16 @@ def parse_spec(raw: dict[str, Any] | None) -> ClusterSpec:
     if not isinstance(raw, dict):
         raise InvalidSpecError("spec: must be an object")
     try:
-        return ClusterSpec.model_validate(raw)
+        spec = ClusterSpec.model_validate(raw)
     except ValidationError as exc:
         raise InvalidSpecError(format_errors(exc)) from None
+    # What extraArgs, env and mountPath may not take back from the operator is read off the
+    # builders, which import this module: hence the import here.
+    from .overrides import override_problem
+
+    if problem := override_problem(spec):
+        raise InvalidSpecError(f"spec.{problem}")
+    return spec
 
 
 def format_errors(exc: ValidationError) -> str:

@@ -17,6 +17,7 @@ from .gpus import GPU, engine_gpus
 from .naming import (
     BOOTSTRAP_PORT,
     ENGINE_PORT,
+    GATEWAY_PORT,
     ClusterRef,
     component_labels,
     object_meta as _meta,
@@ -95,21 +96,25 @@ def _pod_spec(spec: ClusterSpec, placement: PlacementSpec, **fields: Any) -> dic
     return pod_spec
 
 
-def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpec) -> dict[str, Any]:
-    command, args = engine_command(spec, role)
-    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
-    if role == "prefill":
-        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
-    env = [
+def operator_env(spec: ClusterSpec, role: str) -> list[dict[str, Any]]:
+    """The engine container's variables the operator sets. engine.env comes after them and may
+    not name one (overrides.py): the last of a name wins and would silently undo the CR."""
+    return [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         # SGLang's KV transfer advertises this address to its peers (else it guesses one).
         *([_field_env("SGLANG_HOST_IP", "status.podIP")] if spec.engine.backend == "sglang" else []),
-        # Before the user's env, so an entry there with the same name wins.
         *sglang_plugin_env(spec, role),
-        *(dict(e) for e in spec.engine.env),
     ]
+
+
+def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpec) -> dict[str, Any]:
+    command, args = engine_command(spec, role)
+    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if role == "prefill":
+        ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
+    env = [*operator_env(spec, role), *(dict(e) for e in spec.engine.env)]
     volumes, mounts = _model_volume(spec)
     if role == "prefill":
         # The engine learns its group from its own labels, which the operator rewrites in place.
@@ -122,7 +127,8 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         # NCCL and SGLang's tokenizer processes need more shared memory than the 64Mi default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    # A GPU engine holds the GPUs it uses (gpus.py); a builtin one on device auto asks for none.
+    # A GPU engine holds the GPUs it uses (gpus.py); a builtin one on device auto asks for none,
+    # and neither backend on device cpu.
     uses_gpu = spec.engine.device == "cuda" or spec.engine.backend == "sglang"
     gpus = engine_gpus(spec.engine, pool) if uses_gpu else None
     container = {
@@ -193,7 +199,8 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": command,
         "args": args,
-        "ports": [{"name": "http", "containerPort": spec.gateway.port, "protocol": "TCP"}],
+        # The Service's port is spec.gateway.port, with this one as its target (naming.GATEWAY_PORT).
+        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
         "env": [_field_env("POD_NAMESPACE", "metadata.namespace")],
         "volumeMounts": mounts,
         "resources": _resources(spec.gateway.resources),

@@ -133,7 +133,7 @@ def test_decode_deployment_renders_decode_role_without_prefill_only_parts():
 
 def test_sglang_backend_renders_a_stock_launch_server_and_the_plugin_env():
     spec = spec_of(engine={"backend": "sglang", "image": "sglang:laps", "sglang": {"transferBackend": "nixl"},
-                           "env": [{"name": "LAPS_WAIT_MAX_BATCH", "value": "2"}]},
+                           "env": [{"name": "LAPS_BATCH_LOG", "value": "/tmp/batches"}]},
                    prefill={"replicas": 4, "tensorParallelSize": 2},
                    laps={"lengthThreshold": 300, "scheduler": {"waitWindowMs": 10, "waitMaxBatch": 4,
                                                                "maxLongWaitMs": 500}})
@@ -153,9 +153,9 @@ def test_sglang_backend_renders_a_stock_launch_server_and_the_plugin_env():
     assert values["LAPS_LENGTH_THRESHOLD"] == "300"
     assert float(values["LAPS_WAIT_WINDOW_MS"]) == 10.0
     assert float(values["LAPS_MAX_LONG_WAIT_MS"]) == 500.0
-    # The user's own entry comes last, so it wins over the rendered one.
-    names = [name for name, _ in env]
-    assert names.index("LAPS_WAIT_MAX_BATCH") < len(names) - 1 and env[-1] == ("LAPS_WAIT_MAX_BATCH", "2")
+    assert values["LAPS_WAIT_MAX_BATCH"] == "4"
+    # The user's own entries come after the operator's (engine.env may not repeat one of those).
+    assert env[-1] == ("LAPS_BATCH_LOG", "/tmp/batches")
     assert any(e["name"] == "SGLANG_HOST_IP" and e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
                for e in c["env"])
     # A TP-2 engine without an explicit GPU limit asks for two GPUs.
@@ -163,7 +163,7 @@ def test_sglang_backend_renders_a_stock_launch_server_and_the_plugin_env():
     decode = container(build_decode_deployment(CLUSTER, spec))
     assert flag(decode["args"], "--disaggregation-mode") == "decode"
     assert "--disaggregation-bootstrap-port" not in decode["args"]
-    assert not [e for e in decode["env"] if e["name"].startswith("LAPS_") and e["name"] != "LAPS_WAIT_MAX_BATCH"]
+    assert not [e for e in decode["env"] if e["name"].startswith("LAPS_") and e["name"] != "LAPS_BATCH_LOG"]
 
 
 def test_sglang_plugin_env_says_off_when_the_scheduler_is_disabled():
@@ -217,7 +217,9 @@ def test_gateway_discovers_the_group_services_with_its_own_service_account():
     assert flag(args, "--decode-service") == "demo-decode"
     assert flag(args, "--length-threshold") == "128"
     assert flag(args, "--served-model-name") == "smol"
-    assert flag(args, "--port") == "9000" == str(container(dep)["ports"][0]["containerPort"])
+    # The container listens where its `http` port says; the Service maps gateway.port onto it.
+    assert container(dep)["ports"][0]["name"] == "http"
+    assert flag(args, "--port") == str(container(dep)["ports"][0]["containerPort"])
     assert flag(args, "--tokenizer") == "/models/smol.gguf"  # same image as the builtin engines
 
 

@@ -67,8 +67,13 @@ def test_sglang_engines_reach_each_other_on_every_port_for_kv_transfer():
 
 
 def test_gateway_is_open_on_its_port_only_by_default():
+    spec = {**BASE, "gateway": {"port": 8080}}
     gateway = policies(gateway={"port": 8080})["gateway"]
-    assert admitted(gateway, 8080) is None
+    # A policy sees the pods' port, the one the container listens on, not the Service's 8080.
+    deployment = next(c for c in build_children(CLUSTER, parse_spec(spec)) if c["metadata"]["name"] == "demo-gateway"
+                      and c["kind"] == "Deployment")
+    pod_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert admitted(gateway, pod_port) is None
     assert admitted(gateway, 30000) == []
 
 

@@ -1,0 +1,99 @@
+"""What a LAPSCluster may not take back from the operator: the engines' flags it renders (an
+occurrence in engine.extraArgs comes last, and the last wins), the variables it sets (a repeated
+name in engine.env wins the same way) and the paths it mounts (model.mountPath on one of them).
+Each would be accepted and silently break the cluster: `--port 9000` leaves every Service and
+probe on 30000, `LAPS_LENGTH_THRESHOLD` splits short from long unlike the gateway, a model
+mounted at /tmp makes the API server refuse every pod.
+
+Every answer is read off what the builders render (engine_args.py, workloads.py), so a flag or
+mount added there is covered here without a second list. parse_spec calls `override_problem`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .engine_args import owned_engine_flags, plugin_env_fields
+from .naming import ClusterRef
+from .spec import ClusterSpec
+from .workloads import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset, operator_env
+
+ROLES = ("prefill", "decode")
+
+
+def _flag_name(arg: str) -> str | None:
+    # `--port 9000` and `--port=9000` alike; values (not starting with "-") are not flags.
+    return arg.partition("=")[0] if arg.startswith("-") else None
+
+
+def extra_args_problem(spec: ClusterSpec) -> str | None:
+    """engine.extraArgs naming a flag the operator sets on either role (extraArgs go to both)."""
+    owned = {name: flag for role in ROLES for flag in owned_engine_flags(spec, role) for name in flag.names}
+    for arg in spec.engine.extra_args:
+        if (name := _flag_name(arg)) not in owned:
+            continue
+        flag = owned[name]
+        if flag.field is None:
+            return (f"engine.extraArgs: {name} is set by the operator, and its Services, probes and pods "
+                    "rely on the value it sets: remove it")
+        return f"engine.extraArgs: {name} is set by the operator from {flag.field}: set that instead"
+    return None
+
+
+def env_problem(spec: ClusterSpec) -> str | None:
+    """engine.env naming a variable the operator sets on either role's engines."""
+    fields = {name: field for name, (field, _) in plugin_env_fields(spec).items()}
+    owned = {e["name"] for role in ROLES for e in operator_env(spec, role)}
+    for entry in spec.engine.env:
+        name = entry["name"]
+        if name not in owned:
+            continue
+        if field := fields.get(name):
+            return f"engine.env: {name} is set by the operator from {field}: set that instead"
+        return f"engine.env: {name} is set by the operator, and the engines rely on the value it sets: remove it"
+    return None
+
+
+def _inside(path: str, parent: str) -> bool:
+    parent = parent.rstrip("/")
+    return path.startswith(parent + "/")
+
+
+def _clash(mounts: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Two mounts of one container that cannot both be: the same path (the API server refuses
+    the pod), or one inside a read-only one (the runtime cannot create its mount point there)."""
+    mounts = list(mounts)
+    for a in mounts:
+        for b in mounts:
+            if a is b:
+                continue
+            if a["mountPath"].rstrip("/") == b["mountPath"].rstrip("/") or (
+                    b.get("readOnly") and _inside(a["mountPath"], b["mountPath"])):
+                return a, b
+    return None
+
+
+def mount_problem(spec: ClusterSpec) -> str | None:
+    """model.mountPath on or inside (or around) a path the operator mounts in some pod. The
+    operator's own mounts never clash with each other, so one of the pair is the model's."""
+    if spec.model.volume is None:
+        return None  # the model is in the image: nothing is mounted at mountPath
+    cluster = ClusterRef("check", "default", "")
+    for workload in (build_prefill_statefulset(cluster, spec), build_decode_deployment(cluster, spec),
+                     build_gateway_deployment(cluster, spec)):
+        role = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            if (pair := _clash(container.get("volumeMounts") or ())) is None:
+                continue
+            inner, outer = pair
+            model, other = pair if inner["name"] == "model" else pair[::-1]
+            where = f"the operator's {other['name']} volume, mounted at {other['mountPath']} in the {role} pods"
+            if inner["mountPath"].rstrip("/") == outer["mountPath"].rstrip("/"):
+                return f"model.mountPath: {model['mountPath']} is the path of {where}: choose another path"
+            return (f"model.mountPath: {model['mountPath']} and {where}: {inner['mountPath']} would lie inside "
+                    f"the read-only {outer['mountPath']}, where no mount point can be made: choose another path")
+    return None
+
+
+def override_problem(spec: ClusterSpec) -> str | None:
+    return extra_args_problem(spec) or env_problem(spec) or mount_problem(spec)

@@ -1,0 +1,136 @@
+"""What the CR may not take back from the operator (engine.extraArgs, engine.env, model.mountPath
+on what the operator sets or mounts) and what the operator sets so the pods work as the CR says:
+SGLang on the CPU without GPUs, a gateway Service on a privileged port."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from laps_operator.builders import build_children, build_services
+from laps_operator.pod_security import RUN_AS_ID
+from laps_operator.spec import InvalidSpecError, parse_spec
+
+from tests.unit.operator.test_builders import CLUSTER, container, flag, spec_of
+
+SGLANG = {"backend": "sglang", "image": "sglang:laps"}
+PVC = {"persistentVolumeClaim": {"claimName": "models"}}
+
+
+def workloads(spec) -> dict[str, dict]:
+    return {c["metadata"]["name"]: c for c in build_children(CLUSTER, spec) if c["kind"] in ("StatefulSet", "Deployment")}
+
+
+def refused(says: str, **spec: object) -> None:
+    with pytest.raises(InvalidSpecError, match=re.escape(says)):
+        spec_of(**spec)
+
+
+OWNED_FLAGS = [
+    ({}, ["--port", "9000"], "--port is set by the operator, and its Services, probes and pods rely on"),
+    ({}, ["--port=9000"], "--port is set by the operator"),
+    ({}, ["--no-prefix-cache"], "--no-prefix-cache is set by the operator from laps.prefixCache: set that instead"),
+    # Prefill-only flags too: extraArgs go to both roles.
+    ({}, ["--wait-window-ms", "3"], "--wait-window-ms is set by the operator from laps.scheduler.waitWindowMs"),
+    # Unset, the field still says what the flag should be: one place for it.
+    ({}, ["--max-queued-requests", "5"], "--max-queued-requests is set by the operator from engine.maxQueuedRequests"),
+    (SGLANG, ["--model", "/elsewhere"], "--model is set by the operator from model.path"),
+    (SGLANG, ["--tensor-parallel-size=2"], "--tensor-parallel-size is set by the operator from prefill.tensorParallelSize"),
+    (SGLANG, ["--disaggregation-mode", "null"], "--disaggregation-mode is set by the operator"),
+    (SGLANG, ["--disaggregation-bootstrap-port", "9999"], "--disaggregation-bootstrap-port is set by the operator"),
+    (SGLANG, ["--disable-radix-cache"], "--disable-radix-cache is set by the operator from laps.prefixCache"),
+    (SGLANG, ["--cuda-graph-config", "{}"], "--cuda-graph-config is set by the operator from laps.batchPrefillGraphs"),
+    (SGLANG | {"device": "cpu"}, ["--device", "cuda"], "--device is set by the operator from engine.device"),
+]
+
+
+@pytest.mark.parametrize(("engine", "extra_args", "says"), OWNED_FLAGS, ids=[" ".join(a) for _, a, _ in OWNED_FLAGS])
+def test_extra_args_may_not_override_a_flag_the_operator_sets(engine, extra_args, says):
+    refused(f"spec.engine.extraArgs: {says}", engine=engine | {"extraArgs": extra_args})
+
+
+@pytest.mark.parametrize("engine", [{}, SGLANG, SGLANG | {"device": "cpu"}], ids=["builtin", "sglang", "sglang-cpu"])
+def test_every_flag_the_operator_renders_is_refused_in_extra_args_and_no_other(engine):
+    # The refused set is what the builders render, nothing kept beside them.
+    for role, workload in workloads(spec_of(engine=engine)).items():
+        if role.endswith("gateway"):
+            continue
+        for arg in container(workload)["args"]:
+            if arg.startswith("--"):
+                refused(f"spec.engine.extraArgs: {arg} is set by the operator",
+                        engine=engine | {"extraArgs": [arg, "1"]})
+    # The engine's other flags pass through, last.
+    extra = ["--backend", "emulated", "--kv-pages=64"] if not engine else ["--pp-size", "2", "--mem-fraction-static=0.8"]
+    spec = spec_of(engine=engine | {"extraArgs": extra})
+    assert container(workloads(spec)["demo-prefill"])["args"][-len(extra):] == extra
+    if engine:  # with the operator's batch-prefill graphs off, SGLang's graph config is the user's
+        spec_of(engine=engine | {"extraArgs": ["--cuda-graph-config", "{}"]},
+                laps={"batchPrefillGraphs": {"enabled": False}})
+
+
+def test_env_may_not_override_a_variable_the_operator_sets():
+    refused("spec.engine.env: LAPS_LENGTH_THRESHOLD is set by the operator from laps.lengthThreshold: set that instead",
+            engine=SGLANG | {"env": [{"name": "LAPS_LENGTH_THRESHOLD", "value": "64"}]})
+    refused("spec.engine.env: POD_IP is set by the operator, and the engines rely on",
+            engine={"env": [{"name": "POD_IP", "value": "10.0.0.1"}]})
+    refused("spec.engine.env: SGLANG_HOST_IP is set by the operator",
+            engine=SGLANG | {"env": [{"name": "SGLANG_HOST_IP", "value": "10.0.0.1"}]})
+    spec = spec_of(engine=SGLANG | {"env": [{"name": "OMP_NUM_THREADS", "value": "4"}]})
+    assert {"name": "OMP_NUM_THREADS", "value": "4"} in container(workloads(spec)["demo-prefill"])["env"]
+
+
+def test_sglang_on_the_cpu_holds_no_gpu_and_is_told_to_use_the_cpu():
+    cpu = workloads(spec_of(engine=SGLANG | {"device": "cpu"}, decode={"tensorParallelSize": 2}))
+    for name in ("demo-prefill", "demo-decode"):
+        engine = container(cpu[name])
+        assert "nvidia.com/gpu" not in engine["resources"].get("limits", {}), name
+        assert flag(engine["args"], "--device") == "cpu"
+        assert "--cuda-graph-config" not in engine["args"]
+    # On cuda the same pods hold their GPUs and SGLang is told so.
+    cuda = container(workloads(spec_of(engine=SGLANG | {"device": "cuda"}))["demo-prefill"])
+    assert cuda["resources"]["limits"]["nvidia.com/gpu"] == "1" and flag(cuda["args"], "--device") == "cuda"
+
+
+def test_a_gateway_service_on_a_privileged_port_targets_an_unprivileged_container_port():
+    spec = spec_of(gateway={"port": 80})
+    service = next(s for s in build_services(CLUSTER, spec) if s["metadata"]["name"] == "demo-gateway")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    pod = workloads(spec)["demo-gateway"]["spec"]["template"]["spec"]
+    gateway = pod["containers"][0]
+    http = next(p["containerPort"] for p in gateway["ports"] if p["name"] == "http")
+    # A non-root process without NET_BIND_SERVICE can bind only from 1024 up.
+    assert pod["securityContext"]["runAsUser"] == RUN_AS_ID != 0
+    assert gateway["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert http >= 1024 and flag(gateway["args"], "--port") == str(http)
+    policy = next(c for c in build_children(CLUSTER, spec) if c["kind"] == "NetworkPolicy"
+                  and c["metadata"]["name"] == "demo-gateway")
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": http}]}]
+
+
+MOUNT_CLASHES = [
+    ({"mountPath": "/tmp"}, {}, "spec.model.mountPath: /tmp is the path of the operator's tmp volume, mounted at /tmp"),
+    ({"mountPath": "/tmp/"}, {}, "spec.model.mountPath: /tmp/ is the path of the operator's tmp volume"),
+    ({"mountPath": "/etc/podinfo"}, {},
+     "spec.model.mountPath: /etc/podinfo is the path of the operator's podinfo volume, mounted at /etc/podinfo in the "
+     "prefill pods"),
+    ({"mountPath": "/dev/shm"}, {"engine": SGLANG}, "the operator's dshm volume, mounted at /dev/shm"),
+    ({"mountPath": "/etc/laps/api-keys"}, {"gateway": {"apiKeysSecret": {"name": "keys"}}},
+     "the operator's api-keys volume, mounted at /etc/laps/api-keys in the gateway pods"),
+    # The model volume is read-only: no mount point can be made inside it, nor in podinfo.
+    ({"mountPath": "/etc"}, {}, "/etc/podinfo would lie inside the read-only /etc"),
+    ({"mountPath": "/etc/podinfo/model"}, {}, "/etc/podinfo/model would lie inside the read-only /etc/podinfo"),
+]
+
+
+@pytest.mark.parametrize(("model", "spec", "says"), MOUNT_CLASHES, ids=[m["mountPath"] for m, _, _ in MOUNT_CLASHES])
+def test_a_model_mount_path_on_one_of_the_operators_is_refused_naming_both(model, spec, says):
+    refused(says, model={"name": "m", "path": "/x/m.gguf", "volume": PVC} | model, **spec)
+
+
+def test_a_model_mount_path_inside_a_writable_operator_mount_is_accepted_but_not_on_it():
+    spec = parse_spec({"model": {"name": "m", "path": "/tmp/models/m.gguf", "volume": PVC, "mountPath": "/tmp/models"}})
+    paths = [m["mountPath"] for m in container(workloads(spec)["demo-prefill"])["volumeMounts"]]
+    assert "/tmp/models" in paths and "/tmp" in paths  # inside the writable /tmp emptyDir
+    # Without a volume nothing is mounted at mountPath; with one, not on /tmp itself.
+    parse_spec({"model": {"name": "m", "path": "/tmp/m.gguf", "mountPath": "/tmp"}})
+    refused("spec.model.mountPath: /tmp is the path", model={"name": "m", "path": "/tmp/m", "volume": PVC,
+                                                             "mountPath": "/tmp"})
