@@ -5,7 +5,8 @@ Prometheus must not hold up the other writers), then `step` holds the lock, re-r
 LAPSCluster and its prefill pods, asks the pure policy (`allocation.decide`) and writes:
 
 1. status, conditionally on the resourceVersion it read: the pressure, the policy's memory
-   (status.allocation.policy, so a restarted operator goes on where it was), the decision,
+   (status.allocation.policy, so a restarted operator keeps the cooldowns and the direction of
+   the last move; a move wanted but not yet confirmed is wanted afresh, see `consecutive`), the decision,
    the PressureUnavailable condition and, for a move, the new membership (status.groups, which
    is what gives a recreated pod its group back), the bounded history and lastRebalanceTime;
 2. then the moved pod's `laps.io/prefill-group` label. Status first, as in the group sync: if
@@ -19,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import metrics, pressure
@@ -126,16 +127,20 @@ class StepOutcome:
 
 
 def step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float,
-         uid: str | None = None) -> StepOutcome:
+         uid: str | None = None, consecutive: bool = True) -> StepOutcome:
     """One decision on `reading` for the live cluster (only incarnation `uid`, when given: a
     reading taken for a cluster since deleted and created again is not the new one's), under
-    its lock; see the module docstring."""
+    its lock; see the module docstring. `consecutive`: whether this process made the decision
+    of the interval before (the one whose streak status holds). When not (a new operator process, or decisions
+    missed while the API server or this process stalled), the move it wanted loses its
+    confirmations: confirmIntervals counts intervals in a row, and a stale streak would let a
+    move through on one fresh reading."""
     with cluster_lock(namespace, name):
-        return retry_on_conflict(lambda: _step(kube, namespace, name, reading, now, uid))
+        return retry_on_conflict(lambda: _step(kube, namespace, name, reading, now, uid, consecutive))
 
 
 def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float,
-          uid: str | None) -> StepOutcome:
+          uid: str | None, consecutive: bool) -> StepOutcome:
     live = kube.get(cr_ref(namespace, name))
     if is_gone(live, uid):
         return StepOutcome()
@@ -157,7 +162,10 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     members = {g: [p for p in plan.groups[g] if p in present] for g in GROUPS}
     # In-flight work per pod is not exported per pod yet: all equal, so ties (the highest
     # ordinal) choose among the pods out of cooldown.
-    decision = decide(members, reading.totals, {}, state_from_status(old), now, config_of(spec))
+    state = state_from_status(old)
+    if not consecutive:
+        state = replace(state, wanted=None, streak=0)
+    decision = decide(members, reading.totals, {}, state, now, config_of(spec))
     status = allocation_status(old, plan.groups, reading, decision, now)
     if not contains(old, _without_times(status)):
         patch_status(kube, namespace, name, status, live["metadata"].get("resourceVersion"))
@@ -229,6 +237,7 @@ class AllocationLoop:
         self.clock, self.wall = clock, wall
         self.window = pressure.GatewayWindow()
         self.last_decision: float | None = None
+        self.decided: float | None = None   # clock() of the last decision this process completed
 
     def tick(self) -> tuple[float | None, StepOutcome | None]:
         """(seconds to the next tick or None when the cluster is gone, the step's outcome if one ran)."""
@@ -240,7 +249,7 @@ class AllocationLoop:
         except InvalidSpecError:
             return OFF_RECHECK_S, None
         if not active(spec):
-            self.window, self.last_decision = pressure.GatewayWindow(), None
+            self.window, self.last_decision, self.decided = pressure.GatewayWindow(), None, None
             metrics.record_pressure(self.namespace, self.name, self.uid, None)
             if not stood_down(live.get("status"), self.wall()):
                 stand_down(self.kube, self.namespace, self.name, self.wall(), self.uid)
@@ -261,7 +270,10 @@ class AllocationLoop:
             reading = pressure.query_prometheus(url, query, self.wall(), max_age_s=2 * window)
         else:
             reading = self.window.take()
-        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid)
+        # Two intervals: a decision that comes a little late (a slow query) still follows the last.
+        consecutive = self.decided is not None and now - self.decided <= 2 * interval
+        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid, consecutive)
+        self.decided = now
         self.last_decision = max(due, now - interval)   # no burst of catch-up decisions after a stall
         until_due = max(0.0, self.last_decision + interval - self.clock())
         return (min(until_due, SAMPLE_S) if not url else until_due), outcome

@@ -142,13 +142,18 @@ def sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | N
 
 
 def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | None:
+    # Pods first, then the recording: every writer records a group before it labels a pod, so
+    # the recording read second covers every label seen. The other order could plan from a
+    # recording older than a label another operator process (two overlap while a drained node's
+    # operator runs out its grace period) just wrote, and put its moved pod back.
+    pods = prefill_pods(kube, ref)
     live = kube.get(cr_ref(ref.namespace, ref.name))
     if is_gone(live, ref.uid):
         return None
     recorded = ((live.get("status") or {}).get("groups")) or {}
     alloc = spec.laps.allocation
     # minPerGroup is the allocation loop's floor; without the loop each group keeps one pod.
-    plan = plan_groups(ref.prefill, spec.prefill.replicas, prefill_pods(kube, ref), recorded,
+    plan = plan_groups(ref.prefill, spec.prefill.replicas, pods, recorded,
                        alloc.min_per_group if alloc.enabled else 1)
     wanted = groups_status(plan.groups)
     if not contains(live.get("status") or {}, wanted):
