@@ -14,7 +14,8 @@ def _pods_that_got_one(prefills, before: list[int]) -> list[int]:
     return [i for i, (_, engine) in enumerate(prefills) if len(engine.requests) > before[i]]
 
 
-def test_conversations_stick_to_the_pod_that_holds_them(stub_engines, gateway_server):
+def _two_short_two_long(stub_engines, gateway_server):
+    """A gateway over prefill stubs 0-1 (short group) and 2-3 (long group) and a decode stub."""
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
 
     handoff = KVHandoff()  # the decode stub answers only after its prefill stub has the request
@@ -26,6 +27,11 @@ def test_conversations_stick_to_the_pod_that_holds_them(stub_engines, gateway_se
     gateway = gateway_server(discovery, engine_load_poll=False)
     poll(lambda: sum(len(g) for g in discovery.membership().groups.values()) == 4,
          message="all four prefill stubs")
+    return gateway, prefills
+
+
+def test_conversations_stick_to_the_pod_that_holds_them(stub_engines, gateway_server):
+    gateway, prefills = _two_short_two_long(stub_engines, gateway_server)
     served: dict[int, list[int]] = {}
     with httpx.Client(base_url=gateway.url, timeout=30) as client:
         for turn in range(4):
@@ -53,3 +59,24 @@ def test_conversations_stick_to_the_pod_that_holds_them(stub_engines, gateway_se
     # ...and the long conversations' later turns, ~500 tokens in all but a few new ones, were
     # classified short on their long pods.
     assert metric_value(metrics, "laps_gateway_requests_total", **{"class": "short", "group": "long"}) == 9
+
+
+def test_long_prompts_sharing_a_system_prompt_with_short_ones_go_to_the_long_group(stub_engines, gateway_server):
+    gateway, prefills = _two_short_two_long(stub_engines, gateway_server)
+    system = {"role": "system", "content": "You are a helpful assistant. Answer briefly. " * 4}
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        # Every user of the service has the same system prompt; a short question puts it on a
+        # short pod first, then other users ask long questions (~500 tokens).
+        first = client.post("/v1/chat/completions", json={
+            "messages": [system, {"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert first.status_code == 200, first.text
+        for user in range(4):
+            before = [len(engine.requests) for _, engine in prefills]
+            question = f"user {user} asks " + "about many long words " * 100
+            reply = client.post("/v1/chat/completions", json={
+                "messages": [system, {"role": "user", "content": question}], "max_tokens": 2})
+            assert reply.status_code == 200, reply.text
+            assert _pods_that_got_one(prefills, before)[0] >= 2, f"user {user}'s long prompt went to a short pod"
+        metrics = client.get("/metrics").text
+    assert metric_value(metrics, "laps_gateway_requests_total", **{"class": "long", "group": "long"}) == 4
+    assert metric_value(metrics, "laps_gateway_requests_total", **{"class": "long", "group": "short"}) == 0

@@ -107,6 +107,25 @@ def test_the_record_is_a_bounded_lru_that_evicts_the_oldest_tails_first():
     assert record.held("other", a) == 0
 
 
+
+def test_many_distinct_conversations_over_restarting_pods_keep_the_record_bounded():
+    from laps_agent.gateway.affinity import CacheAffinity
+    from laps_agent.gateway.discovery import Membership
+    from laps_agent.gateway.metrics import GatewayMetrics
+
+    record = PrefixRecord(blocks_per_pod=200)
+    affinity = CacheAffinity(record, 256, GatewayMetrics())
+    for generation in range(10):     # every pod restarted under a new name (a rollout), each time
+        pods = [ep(f"g{generation}-p{i}") for i in range(3)]
+        affinity.follow(Membership(groups={"short": pods[:1], "long": pods[1:]}, decode=DECODE))
+        for conv in range(300):      # 900 blocks per pod sent, 200 remembered
+            chain = prefix_chain(chat(f"conversation {generation}/{conv} " * 20, "answer", "question"),
+                                 "chat", 200)
+            record.record(pods[conv % 3].name, chain)
+        assert record.pods() == {p.name for p in pods}
+        assert [record.blocks(p.name) for p in pods] == [200, 200, 200]
+        assert record.held_blocks(pods[299 % 3].name, chain) == 3   # the newest is held whole
+
 def test_chains_share_prefixes_exactly_when_the_prompts_do():
     text = "w" * (BLOCK_CHARS * 4 + 10)
     short, longer = prefix_chain({"prompt": text}, "completion", 100), prefix_chain({"prompt": text + "more" * 200}, "completion", 300)
@@ -175,6 +194,22 @@ def test_a_long_turn_stays_on_the_short_pod_that_holds_its_conversation():
     assert route(record, later, 950)[0].prefill.name == "l2"
     fresh, _ = route(PrefixRecord(), later, 950)
     assert (fresh.group, fresh.cls, fresh.cached) == ("long", "long", 0)
+
+
+def test_a_shared_system_prompt_on_a_short_pod_does_not_pull_long_prompts_into_the_short_group():
+    record = PrefixRecord()
+    system = {"role": "system", "content": "You are a helpful assistant. Answer briefly. " * 4}
+    first = {"messages": [system, {"role": "user", "content": "hi"}]}       # ~60 tokens: short
+    d, chain = route(record, first, 60)
+    assert d.group == "short"
+    record.record(d.prefill.name, chain)
+    # Other users, the same system prompt (~45 tokens), long questions: the short pod would save
+    # only the system prompt, less than a short prompt's work; the long group serves them.
+    for user in range(3):
+        body = {"messages": [system, {"role": "user", "content": f"user {user} " + "lorem ipsum " * 300}]}
+        d, chain = route(record, body, 900)
+        assert (d.group, d.cls, d.fallback) == ("long", "long", False), user
+        record.record(d.prefill.name, chain)
 
 
 def test_with_warmed_answers_the_previous_answer_counts_as_held_where_its_turn_was_served():
