@@ -23,7 +23,8 @@ import signal
 import sys
 from pathlib import Path
 
-from laps_agent.cli_args import positive, slo_seconds
+from laps_agent.bench.run import RESULTS_DIR
+from laps_agent.cli_args import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 from laps_agent.local_process import LocalProcess
 from laps_agent.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.results.turns import summarize_turns, turns_report
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps bench compare", description=__doc__.split("\n\n")[0],
                                 epilog="Other flags are passed to every engine of every system.")
     p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
-    p.add_argument("--systems", default="vanilla-pd,reference,laps",
+    p.add_argument("--systems", type=names, default=["vanilla-pd", "reference", "laps"],
                    help=f"comma-separated; ratios are against the first ({', '.join(SYSTEMS)})")
     p.add_argument("--engine", choices=("emulated", "builtin"), default="emulated")
     p.add_argument("--profile", default=None, help="emulated engines' profile (default cpu-smollm2); "
@@ -49,11 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--load", type=positive(float), default=None, help="mean rate as a fraction of vanilla-pd's capacity")
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--max-requests", type=positive(int), default=None)
-    p.add_argument("--warmup-s", type=float, default=30.0, help="warm-up seconds per system (0: none)")
+    p.add_argument("--warmup-s", type=non_negative(float), default=30.0, help="warm-up seconds per system (0: none)")
     p.add_argument("--slo", type=slo_seconds, default=None, help="per-class TTFT SLOs, e.g. short=0.3,long=2")
-    p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout, seconds")
+    p.add_argument("--timeout", type=positive(float, finite=False), default=300.0, help="per-request timeout, seconds")
     p.add_argument("--startup-timeout", type=positive(float), default=600.0)
-    p.add_argument("--out", type=Path, default=None, help="default bench-results/<time>-compare")
+    p.add_argument("--out", type=output_dir, default=None, help="default bench-results/<time>-compare")
     return p
 
 
@@ -111,9 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_workload(args.workload)
         if args.seed is not None:
             spec = spec.model_copy(update={"seed": args.seed})
-        systems = [system(name.strip()) for name in args.systems.split(",") if name.strip()]
+        systems = [system(name) for name in args.systems]
     except (WorkloadError, ValueError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or RESULTS_DIR / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
+    if problem := unwritable_dir(out):  # found now, not after every system has run
+        print(f"laps bench compare: error: cannot write the results to {out}: {problem} (give --out DIR)",
+              file=sys.stderr)
         return 2
     from laps_agent.emulated.profile import ProfileError, load_profile
     from laps_agent.engine.model_files import default_model_path
@@ -122,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     from laps_agent.workload import plan_requests
 
     rate_scale = args.rate_scale or 1.0
-    tokenizer = load_tokenizer(args.model or default_model_path())
+    try:  # as `laps bench run` says a tokenizer it cannot read (a bad --model)
+        tokenizer = load_tokenizer(args.model or default_model_path())
+    except (ValueError, OSError) as exc:  # TokenizerError is a ValueError
+        print(f"laps bench compare: error: cannot load the tokenizer: {exc}", file=sys.stderr)
+        return 2
     try:  # planned once, before any system starts (a bad jsonl line, a phase too large: refused
         # here), and the same plan serves every system
         # The profile is read here too, so a bad one is not met in every system's engine logs.
@@ -141,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ProfileError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("bench-results") / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
     labelled, turns = [], []
     for sys_config in systems:
         local = LocalProcess(local_args(args, sys_config, engine_args), out / sys_config.name / "local")

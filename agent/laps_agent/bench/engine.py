@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from laps_agent.cli_args import non_negative, positive
 from laps_agent.engine.engine_config import DTYPE_CHOICES
 from laps_agent.engine.requests import EngineOutput, GenerateWork
 from laps_agent.engine.sampling import SamplingParams
@@ -33,20 +34,24 @@ class RunResult:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="laps bench engine", description=__doc__)
     p.add_argument("--model", default=None, help="GGUF or HF dir (default: SmolLM2-135M)")
-    p.add_argument("--long-tokens", type=int, default=2048)
-    p.add_argument("--short-count", type=int, default=8)
-    p.add_argument("--short-min", type=int, default=32)
-    p.add_argument("--short-max", type=int, default=100)
-    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--torch-threads", type=int, default=None)
+    # Checked as parsed, before the model loads: they used to fail after it, in a traceback.
+    p.add_argument("--long-tokens", type=positive(int), default=2048)
+    p.add_argument("--short-count", type=positive(int), default=8)
+    p.add_argument("--short-min", type=positive(int), default=32)
+    p.add_argument("--short-max", type=positive(int), default=100)
+    p.add_argument("--length-threshold", type=non_negative(int), default=DEFAULT_LENGTH_THRESHOLD)
+    p.add_argument("--repeats", type=positive(int), default=3)
+    p.add_argument("--torch-threads", type=positive(int), default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="as `laps engine --dtype` (auto: bfloat16 on CUDA, float32 on CPU)")
-    p.add_argument("--max-batch", type=int, default=8, help="requests per prefill batch (both schedulers)")
+    p.add_argument("--max-batch", type=positive(int), default=8, help="requests per prefill batch (both schedulers)")
     p.add_argument("--part", choices=("all", "ttft", "throughput"), default="all")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.short_min > args.short_max:
+        p.error(f"--short-min ({args.short_min}) must be <= --short-max ({args.short_max})")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"laps bench engine: error: --device cuda, but torch {torch.__version__} sees no CUDA device",
+              file=sys.stderr)
+        return 2
     path = args.model or str(default_model_path())
     t0 = time.monotonic()
     dtype = resolve_dtype(args.dtype, device)  # auto: bf16 on CUDA (the flash-attn path), fp32 on CPU
@@ -75,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2  # as laps engine and argparse say a bad argument
     print(f"model {loaded.name} on {device} in {str(dtype).removeprefix('torch.')} "
           f"({torch.get_num_threads()} threads), loaded in {time.monotonic() - t0:.1f}s")
+    context = loaded.config.max_position_embeddings
+    if max(args.long_tokens, args.short_max) >= context:  # +1 generated token; the engine refuses
+        # it in its thread, which this benchmark met as a traceback and an abort
+        print(f"laps bench engine: error: --long-tokens/--short-max must be < the model's context "
+              f"({context} tokens)", file=sys.stderr)
+        return 2
     rng = random.Random(args.seed)
     vocab = loaded.config.vocab_size
     low = min(100, vocab // 4)  # skip the special tokens at the start of most vocabularies

@@ -209,6 +209,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra `laps gateway` flag (repeatable), e.g. --gateway-arg=--no-engine-load-poll")
     p.add_argument("--json", action="store_true", help="print one JSON object per result")
     args = p.parse_args(argv)
+    try:
+        rows = _measure_all(args)
+    except RuntimeError as exc:  # a process that did not start (a bad --gateway-arg: its own
+        # error is printed above), a request that failed
+        print(f"laps bench gateway: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # the processes are stopped; the table is printed only at the end
+        print("laps bench gateway: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(table(rows))
+    return 0
+
+
+def _measure_all(args: argparse.Namespace) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="laps-bench-gateway-"))
     tokenizer = word_tokenizer(workdir / "tokenizer", (w.strip() for w in _WORDS))
     prefill = spawn_engine("prefill", tokenizer)
@@ -225,12 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_scale_out:
         rows.append(_scale_out_over_stubs(args))
     rows.append(_routing_rate())
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-    else:
-        print(table(rows))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

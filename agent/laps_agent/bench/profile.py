@@ -22,11 +22,13 @@ import datetime
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import yaml
+
+from laps_agent.cli_args import at_least, output_file, positive
 
 _PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 _PREFILL_BATCHES = (1, 2, 4, 8)
@@ -152,18 +154,26 @@ def _report(name: str, errs: dict[str, list[float]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="laps bench profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="GGUF or HF dir (default: SmolLM2-135M)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-batch-tokens", type=int, default=4096)
-    p.add_argument("--torch-threads", type=int, default=None)
+    # Checked before minutes of measurement, as --against and --write are: they used to fail
+    # after it, in a traceback, and the measurements were lost.
+    p.add_argument("--repeats", type=positive(int), default=3)
+    p.add_argument("--max-batch-tokens", type=at_least(int, _PREFILL_LENGTHS[0]), default=4096,
+                   help=f"largest prefill batch measured (>= {_PREFILL_LENGTHS[0]}, the shortest prompt)")
+    p.add_argument("--torch-threads", type=positive(int), default=None)
     p.add_argument("--against", default="cpu-smollm2", help="profile to check (name or YAML file)")
-    p.add_argument("--write", type=Path, help="write the fitted profile YAML here")
+    p.add_argument("--write", type=output_file, help="write the fitted profile YAML here")
     p.add_argument("--name", default="cpu-smollm2", help="name of the written profile")
     args = p.parse_args(argv)
 
-    from laps_agent.emulated.profile import load_profile, parse_profile
+    from laps_agent.emulated.profile import ProfileError, load_profile, parse_profile
+    from laps_agent.engine.model_files import ModelLoadError
 
-    data = measure(args)
-    against = load_profile(args.against)
+    try:
+        against = load_profile(args.against)
+        data = measure(args)
+    except (ProfileError, ModelLoadError) as exc:
+        print(f"laps bench profile: error: {exc}", file=sys.stderr)
+        return 2
     fitted = fit(data)
     meta = data["meta"][0]
     doc = against.model_dump(exclude_none=True)

@@ -9,7 +9,8 @@ its groups and pending work are sampled once a second. Prompts are built lazily 
 with exact token counts in the tokenizer (default: SmolLM2's, what `laps local` serves).
 
 Exit codes: 0 the run completed (failed requests are part of the result), 2 bad arguments, bad
-workload, unreadable tokenizer or unreachable target, 130 interrupted (partial results saved).
+workload, unreadable tokenizer, unreachable target or a result directory that cannot be created,
+1 results that cannot be written, 130 interrupted (partial results saved).
 """
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laps_agent.cli_args import positive, slo_seconds
+from laps_agent.cli_args import output_dir, positive, slo_seconds, unwritable_dir
 from laps_agent.bench._client import StreamClient
 from laps_agent.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
 from laps_agent.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
+
+
+RESULTS_DIR = Path("bench-results")  # where results go without --out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", help="base URL of an OpenAI-compatible server (http://host:port or .../v1)")
     p.add_argument("--workload", required=True,
                    help=f"workload YAML file or built-in name ({', '.join(available_workloads())})")
-    p.add_argument("--out", type=Path, help="result directory (default bench-results/<time>-<label>)")
+    p.add_argument("--out", type=output_dir, help="result directory (default bench-results/<time>-<label>)")
     p.add_argument("--seed", type=int, help="override the workload's seed")
     p.add_argument("--rate-scale", type=positive(float), default=1.0, help="multiply every phase's rate")
     p.add_argument("--max-requests", type=positive(int), help="stop the plan after N requests")
@@ -42,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "default SmolLM2's; 'none': approximate (one word = one token)")
     p.add_argument("--model", help="model name to send (default: the first of GET /v1/models)")
     p.add_argument("--slo", type=slo_seconds, default={}, help="TTFT SLOs in seconds, e.g. short=0.5,long=4")
-    p.add_argument("--timeout", type=positive(float), default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--timeout", type=positive(float, finite=False), default=300.0,
+                   help="seconds per request (default 300; inf: none)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="Bearer key for a gateway with API keys (default: $OPENAI_API_KEY, as the "
                         "openai client)")
@@ -94,10 +99,14 @@ async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
         return _error(str(exc))
     result.meta["slo"] = args.slo
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = args.out or Path("bench-results") / f"{stamp}-{label}"
+    out = args.out or RESULTS_DIR / f"{stamp}-{label}"
     from laps_agent.results import markdown, save, summarize
 
-    paths = save(result, out, slo=args.slo)
+    try:
+        paths = save(result, out, slo=args.slo)
+    except OSError as exc:  # a full disk; where it cannot be created was refused before the run
+        print(f"laps bench run: error: cannot write the results to {out}: {exc}", file=sys.stderr)
+        return 1
     by_phase = len(result.meta["phases"]) > 1
     print()
     print(markdown(summarize(result, slo=args.slo, by_phase=by_phase)))
@@ -124,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         StreamClient(args.url)
     except ValueError as exc:
         return _error(str(exc))
+    if args.out is None and (problem := unwritable_dir(RESULTS_DIR)):  # --out is checked as parsed
+        return _error(f"cannot write the results to {RESULTS_DIR}/: {problem} (give --out DIR)")
     try:
         import uvloop  # cheaper event loop for the client; part of the serve extra
         runner = uvloop.run

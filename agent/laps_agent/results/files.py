@@ -112,7 +112,14 @@ def save(result: RunResult, out_dir: str | Path, *, slo: dict[str, float] | None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / RESULTS_JSON, "markdown": out / RESULTS_MD}
-    paths["json"].write_text(to_json(result))
+    # Written beside and renamed into place: a run stopped while writing (a second Ctrl-C, a
+    # full disk) leaves the previous file or none, never a cut JSON that load_result chokes on.
+    partial = paths["json"].with_name(RESULTS_JSON + ".partial")
+    try:
+        partial.write_text(to_json(result))
+        partial.replace(paths["json"])
+    finally:
+        partial.unlink(missing_ok=True)
     slo = slo if slo is not None else result.meta.get("slo")
     summary = summarize(result, slo=slo, by_phase=len(result.meta.get("phases") or []) > 1)
     paths["markdown"].write_text(markdown(summary) + "\n")

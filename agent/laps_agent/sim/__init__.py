@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from laps_agent.cli_args import slo_seconds
+from laps_agent.cli_args import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
 from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
                                 phases_markdown, save, summarize)
@@ -159,61 +159,55 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Other flags are passed to every engine model (as the emulated engine takes them: --context-length, --kv-pages, ...).")
     p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
     p.add_argument("--profile", default="cpu-smollm2", help="engine profile name or YAML file")
-    p.add_argument("--prefill", type=int, default=8)
-    p.add_argument("--decode", type=int, default=2)
-    p.add_argument("--systems", default="laps", help=f"comma-separated, the first is the baseline "
+    p.add_argument("--prefill", type=positive(int), default=8)
+    p.add_argument("--decode", type=positive(int), default=2)
+    p.add_argument("--systems", type=names, default=["laps"], help=f"comma-separated, the first is the baseline "
                    f"of the comparison ({', '.join(SYSTEMS)}; and {ORACLE.name}: a reference with an "
                    f"unlimited prefix cache shared by all prefill pods, for multi-turn workloads)")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--rate-scale", type=float, default=None, help="multiply every phase's rate")
-    load.add_argument("--load", type=float, default=None,
+    load.add_argument("--rate-scale", type=positive(float), default=None, help="multiply every phase's rate")
+    load.add_argument("--load", type=positive(float), default=None,
                       help="set the mean rate to this fraction of vanilla-pd's simulated capacity")
-    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--max-requests", type=positive(int), default=None)
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
-    p.add_argument("--threshold", type=int, default=None, help="default: the workload's (256)")
+    # 0 is a threshold of 0 (every prompt long), not "not given"
+    p.add_argument("--threshold", type=non_negative(int), default=None, help="default: the workload's (256)")
     p.add_argument("--allocation", choices=("laps", "reference", "none"), default=None,
                    help="override the systems' allocation (as `laps local --allocation`)")
     p.add_argument("--slo", type=slo_seconds, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")
-    p.add_argument("--out", type=Path, default=None, help="result directory (default sim-results/<time>)")
+    p.add_argument("--out", type=output_dir, default=None, help="result directory (default sim-results/<time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (large runs)")
-    p.add_argument("--hop-ms", type=float, default=HOP_S * 1000,
+    p.add_argument("--hop-ms", type=non_negative(float), default=HOP_S * 1000,
                    help="one network hop (5 on a request's way to its first token); default 1 ms")
-    p.add_argument("--warmup-s", type=float, default=0.0,
+    p.add_argument("--warmup-s", type=non_negative(float), default=0.0,
                    help="replay the first phase this long first, as `laps bench compare` does")
     return p
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    """Flag values that cannot describe a run, refused before minutes of simulation (a zero or
-    negative value would otherwise be dropped for the default or fail deep inside)."""
-    problems = [f"--{name} must be {rule}, got {value}" for name, value, ok, rule in (
-        ("prefill", args.prefill, args.prefill >= 1, ">= 1"),
-        ("decode", args.decode, args.decode >= 1, ">= 1"),
-        ("threshold", args.threshold, args.threshold is None or args.threshold >= 0, ">= 0"),
-        ("rate-scale", args.rate_scale, args.rate_scale is None or args.rate_scale > 0, "> 0"),
-        ("load", args.load, args.load is None or args.load > 0, "> 0"),
-        ("max-requests", args.max_requests, args.max_requests is None or args.max_requests >= 1, ">= 1"),
-        ("hop-ms", args.hop_ms, args.hop_ms >= 0, ">= 0"),
-        ("warmup-s", args.warmup_s, args.warmup_s >= 0, ">= 0"),
-    ) if not ok]
-    if problems:
-        raise ValueError("; ".join(problems))
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args, engine_args = p.parse_known_args(argv)
+    args, engine_args = build_parser().parse_known_args(argv)
     try:
-        _check_numbers(args)
+        return _main(args, engine_args)
+    except KeyboardInterrupt:  # while planning or measuring the capacity: nothing simulated yet
+        print("laps sim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace, engine_args: list[str]) -> int:
+    try:
         spec = load_workload(args.workload)
         if args.seed is not None:
             spec = spec.model_copy(update={"seed": args.seed})
         profile = load_profile(args.profile)
-        systems = [sim_system(name.strip()) for name in args.systems.split(",") if name.strip()]
+        systems = [sim_system(name.strip()) for name in args.systems]
         if args.allocation is not None:
             systems = [dataclasses.replace(s, allocation=args.allocation) for s in systems]
     except (WorkloadError, ProfileError, ValueError) as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if problem := unwritable_dir(out):  # found now, not after minutes of simulation
+        print(f"laps sim: error: cannot write the results to {out}: {problem} (give --out DIR)", file=sys.stderr)
         return 2
     threshold = spec.threshold if args.threshold is None else args.threshold
     rate_scale = 1.0 if args.rate_scale is None else args.rate_scale
@@ -229,8 +223,31 @@ def main(argv: list[str] | None = None) -> int:
     except WorkloadError as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     labelled, turns = [], []
+    try:
+        _simulate_all(args, engine_args, plan, warmup, profile, systems, threshold, out, labelled, turns)
+    except KeyboardInterrupt:  # the systems simulated before are saved (one directory each)
+        print(f"laps sim: interrupted after {len(labelled)} of {len(systems)} system(s)"
+              + (f"; theirs are saved in {out}" if labelled else ""), file=sys.stderr)
+        return 130
+    except OSError as exc:  # a full disk, a directory removed under the run
+        print(f"laps sim: error: cannot write the results: {exc}", file=sys.stderr)
+        return 1
+    if len(labelled) > 1:
+        print("\n" + compare_markdown([(label, summary) for label, summary, _ in labelled]))
+        per_phase = phases_markdown(labelled)
+        if per_phase:
+            print("\n## per phase\n\n" + per_phase)
+    if (plan.conversation >= 0).any():
+        print_turns(turns)
+    return 0
+
+
+def _simulate_all(args: argparse.Namespace, engine_args: list[str], plan: Plan, warmup: Plan | None,
+                  profile: Profile, systems: list[SystemConfig], threshold: int, out: Path,
+                  labelled: list, turns: list) -> None:
+    """Simulate and save each system in turn; `labelled` and `turns` get one entry per system
+    done (what main reports, also after Ctrl-C)."""
     for sys_config in systems:
         result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
                           threshold=threshold, engine_args=tuple(engine_args), warmup=warmup,
@@ -245,15 +262,7 @@ def main(argv: list[str] | None = None) -> int:
               f"profile {profile.name}; simulated {result.meta['duration_s']:.0f} s in "
               f"{result.meta['sim_wall_s']:.1f} s\n")
         print(markdown(summary))
-        print(f"\nfiles: {', '.join(str(v) for v in paths.values())}")
-    if len(labelled) > 1:
-        print("\n" + compare_markdown([(label, summary) for label, summary, _ in labelled]))
-        per_phase = phases_markdown(labelled)
-        if per_phase:
-            print("\n## per phase\n\n" + per_phase)
-    if (plan.conversation >= 0).any():
-        print_turns(turns)
-    return 0
+        print(f"\nfiles: {', '.join(str(v) for v in paths.values())}", flush=True)
 
 
 def print_turns(turns: list) -> None:

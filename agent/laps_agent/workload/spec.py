@@ -44,7 +44,9 @@ class WorkloadError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # `.inf` is valid YAML and > 0, but no rate, duration or length: an infinite rate was an
+    # OverflowError deep in planning.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Dist(_Strict):

@@ -35,6 +35,8 @@ def _message(err: dict) -> tuple[str, str]:
         return "", f"must be > {ctx.get('gt'):g}"
     if kind == "greater_than_equal":
         return "", f"must be >= {ctx.get('ge'):g}"
+    if kind == "finite_number":
+        return "", "must be a finite number"
     if kind == "extra_forbidden":
         return "", "unknown key"
     if kind == "missing":

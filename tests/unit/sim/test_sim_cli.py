@@ -1,33 +1,79 @@
 """`laps sim`'s flags: values that cannot describe a run are refused with one line naming the
-flag (they used to be a traceback, or silently replaced by the default), and a threshold of 0
-is a threshold of 0 (every prompt long), not the workload's."""
+flag (they used to be a traceback, or silently replaced by the default), a threshold of 0
+is a threshold of 0 (every prompt long), not the workload's, and Ctrl-C keeps what was done."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 
+from laps_agent.results import load_result
 from laps_agent.sim import main
 
 RUN = ["--workload", "lmsys-steady", "--no-plots", "--max-requests", "20"]
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--prefill", "0", "--prefill must be >= 1, got 0"),
-    ("--decode", "-1", "--decode must be >= 1, got -1"),
-    ("--threshold", "-1", "--threshold must be >= 0, got -1"),
-    ("--rate-scale", "0", "--rate-scale must be > 0, got 0.0"),
-    ("--load", "0", "--load must be > 0, got 0.0"),
-    ("--max-requests", "0", "--max-requests must be >= 1, got 0"),
-    ("--hop-ms", "-1", "--hop-ms must be >= 0, got -1.0"),
-    ("--warmup-s", "-2", "--warmup-s must be >= 0, got -2.0"),
+    ("--prefill", "0", "argument --prefill: must be > 0, got 0"),
+    ("--decode", "-1", "argument --decode: must be > 0, got -1"),
+    ("--threshold", "-1", "argument --threshold: must be >= 0, got -1"),
+    ("--rate-scale", "0", "argument --rate-scale: must be > 0, got 0"),
+    ("--load", "0", "argument --load: must be > 0, got 0"),
+    ("--max-requests", "0", "argument --max-requests: must be > 0, got 0"),
+    ("--hop-ms", "-1", "argument --hop-ms: must be >= 0, got -1"),
+    ("--warmup-s", "-2", "argument --warmup-s: must be >= 0, got -2"),
+    # infinity used to be an OverflowError (rate) or a simulation that never ended (hop)
+    ("--rate-scale", "inf", "argument --rate-scale: must be a finite number, got inf"),
+    ("--hop-ms", "inf", "argument --hop-ms: must be a finite number, got inf"),
+    # no system used to simulate nothing and exit 0
+    ("--systems", ",", "argument --systems: expected comma-separated names, got ','"),
 ])
 def test_impossible_values_are_refused_naming_the_flag(tmp_path, capsys, flag, value, message):
     args = [a for a in RUN if a not in ("--max-requests", "20")] if flag == "--max-requests" else RUN
-    assert main([*args, "--out", str(tmp_path), flag, value]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--out", str(tmp_path), flag, value])
+    assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("laps sim: error: ") and message in err and "Traceback" not in err
+    assert f"laps sim: error: {message}" in err and "Traceback" not in err
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("out, message", [
+    ("file", "argument --out: {tmp}/file: exists and is not a directory"),
+    ("file/run", "argument --out: {tmp}/file/run: {tmp}/file is not a directory"),
+])
+def test_an_output_directory_that_cannot_be_made_is_refused_before_simulating(tmp_path, capsys, out, message):
+    """It used to be a FileExistsError traceback after the whole simulation."""
+    (tmp_path / "file").write_text("not a directory\n")
+    with pytest.raises(SystemExit) as exit_:
+        main([*RUN, "--out", str(tmp_path / out)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"laps sim: error: {message.format(tmp=tmp_path)}" in err and "Traceback" not in err
+    assert "## laps" not in capsys.readouterr().out
+
+
+def test_ctrl_c_keeps_the_systems_simulated_and_says_so(tmp_path):
+    """Ctrl-C after the first of two systems: exit 130, one line, the first system's results
+    saved and complete (it used to be a KeyboardInterrupt traceback)."""
+    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "sim", "--workload", "lmsys-million",
+                             "--max-requests", "300000", "--no-plots", "--systems", "laps,vanilla-pd",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # the first system's files are written: interrupt the second
+            if line.startswith("files:"):
+                proc.send_signal(signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip() == f"laps sim: interrupted after 1 of 2 system(s); theirs are saved in {tmp_path}"
+    assert load_result(tmp_path / "laps").meta["system"] == "laps"
+    assert not (tmp_path / "vanilla-pd" / "results.json").exists()
 
 
 def test_threshold_zero_is_honoured(tmp_path, capsys):

@@ -73,6 +73,12 @@ def test_the_documented_example_loads_with_defaults(tmp_path):
     (("{process: poisson, rate: 40}", "{process: steady, rate: 40}"),
      "workload.yaml: phases[0].arrival.process: unknown process 'steady'"),
     (("name: burst", "name: warm"), "workload.yaml: phases[1].name: duplicate phase name 'warm'"),
+    # `.inf` is YAML's infinity: it passed "> 0" and planning met it as an OverflowError
+    (("{process: poisson, rate: 40}", "{process: poisson, rate: .inf}"),
+     "workload.yaml: phases[0].arrival.rate: must be a finite number"),
+    (("duration_s: 20", "duration_s: .inf"), "workload.yaml: phases[0].duration_s: must be a finite number"),
+    (("median: 1500", "median: .nan"),
+     "workload.yaml: phases[1].prompt_tokens.components[1].median: must be a finite number"),
 ])
 def test_invalid_fields_are_named_with_the_file(tmp_path, change, expected):
     old, new = change

@@ -1,0 +1,132 @@
+"""The measurement kit's command line under a user's mistakes: a result directory that cannot be
+made, an empty system list, a negative warm-up, a tokenizer, profile or model that is not there,
+numbers that cannot describe a run. Each is refused with one line naming what is wrong and exit
+code 2 before anything is measured (no request sent, no `laps local` started, no model loaded);
+a helper process that fails is one line and exit code 1. They used to be Python tracebacks, most
+of them after the run, with its measurements lost."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+SMALL = """\
+name: small
+phases:
+  - name: steady
+    requests: 3
+    arrival: {process: constant, rate: 50}
+    prompt_tokens: {distribution: fixed, value: 8}
+    output_tokens: {distribution: fixed, value: 2}
+"""
+
+
+def _laps(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "laps_agent.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+
+
+def _refused(done: subprocess.CompletedProcess, line: str, code: int = 2) -> None:
+    """Exit `code`, stderr ending in exactly `line`, no traceback."""
+    assert done.returncode == code, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == line and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.fixture
+def workload(tmp_path) -> str:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return str(path)
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "a-file"
+    path.write_text("not a directory\n")
+    return path
+
+
+@pytest.fixture
+def engine(engine_launcher, tiny_engine_model):
+    """One emulated engine at zero cost: the target of `bench run`."""
+    return engine_launcher(tiny_engine_model, "mixed", ("--backend", "emulated", "--profile", "instant"))
+
+
+def served(engine) -> int:
+    page = httpx.get(engine.url + "/metrics", timeout=10).text
+    return int(sum(s.value for f in text_string_to_metric_families(page) for s in f.samples
+                   if s.name == "laps_engine_class_total"))
+
+
+def test_bench_run_refuses_a_result_directory_it_cannot_make_before_sending(tmp_path, engine, workload, a_file):
+    """--out naming a file, and the default bench-results/ being a file: refused before the run
+    (it used to be a FileExistsError traceback after it, the measurements lost)."""
+    run = ("bench", "run", engine.url, "--workload", workload, "--tokenizer", "none", "--no-progress")
+    _refused(_laps(*run, "--out", str(a_file)),
+             f"laps bench run: error: argument --out: {a_file}: exists and is not a directory")
+    (tmp_path / "bench-results").write_text("")
+    _refused(_laps(*run, cwd=tmp_path), "laps bench run: error: cannot write the results to bench-results/: "
+             "exists and is not a directory (give --out DIR)")
+    assert served(engine) == 0
+
+
+@pytest.mark.parametrize("args, line", [
+    # ran nothing and said "interrupted"
+    (("--systems", ","), "argument --systems: expected comma-separated names, got ','"),
+    (("--warmup-s", "-1"), "argument --warmup-s: must be >= 0, got -1"),  # silently no warm-up
+    (("--warmup-s", "nan"), "argument --warmup-s: must be >= 0, got nan"),
+    (("--model", "/nonexistent"), "cannot load the tokenizer: /nonexistent: expected a .gguf file or a "
+                                  "Hugging Face model directory"),  # a traceback
+    (("--out", "{a_file}"), "argument --out: {a_file}: exists and is not a directory"),  # `laps local` failed
+])
+def test_compare_refuses_bad_input_before_starting_a_system(workload, a_file, args, line):
+    done = _laps("bench", "compare", "--workload", workload, *(a.format(a_file=a_file) for a in args))
+    _refused(done, "laps bench compare: error: " + line.format(a_file=a_file))
+    assert "starting laps local" not in done.stdout
+
+
+@pytest.mark.parametrize("args, line", [
+    (("--repeats", "0"), "argument --repeats: must be > 0, got 0"),
+    (("--short-count", "0"), "argument --short-count: must be > 0, got 0"),
+    (("--short-min", "10", "--short-max", "5"), "--short-min (10) must be <= --short-max (5)"),
+    (("--device", "gpu"), "argument --device: invalid choice: 'gpu' (choose from 'auto', 'cpu', 'cuda')"),
+])
+def test_bench_engine_refuses_impossible_values_before_loading_the_model(args, line):
+    """They used to fail after the model loaded, in a traceback (a StatisticsError for 0 repeats)."""
+    done = _laps("bench", "engine", "--model", "/nonexistent", *args)
+    _refused(done, "laps bench engine: error: " + line)
+
+
+def test_bench_engine_refuses_a_prompt_longer_than_the_models_context(tiny_engine_model):
+    """It used to fail in the engine's thread: a traceback and an abort (exit code 134)."""
+    done = _laps("bench", "engine", "--model", str(tiny_engine_model), "--device", "cpu", "--long-tokens", "100000")
+    _refused(done, "laps bench engine: error: --long-tokens/--short-max must be < the model's context "
+             "(4096 tokens)")
+
+
+@pytest.mark.parametrize("args, line", [
+    (("--against", "nope"), "unknown profile 'nope'; shipped profiles: "),
+    (("--write", "{tmp}/no-such-dir/p.yaml"), "argument --write: {tmp}/no-such-dir/p.yaml: no such directory "
+                                               "{tmp}/no-such-dir"),
+    (("--repeats", "0"), "argument --repeats: must be > 0, got 0"),
+    (("--max-batch-tokens", "8"), "argument --max-batch-tokens: must be >= 16, got 8"),
+])
+def test_bench_profile_refuses_bad_input_before_measuring(tmp_path, tiny_engine_model, args, line):
+    """All of them used to be tracebacks after minutes of measurement (--against, --write) or
+    at its first sample."""
+    done = _laps("bench", "profile", "--model", str(tiny_engine_model), *(a.format(tmp=tmp_path) for a in args))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("laps bench profile: error: " + line.format(tmp=tmp_path))
+    assert "prefill" not in done.stdout  # nothing measured
+
+
+def test_bench_gateway_says_which_process_did_not_start():
+    """A bad --gateway-arg: the gateway's own error, then one line (it used to be a traceback)."""
+    done = _laps("bench", "gateway", "--seconds", "0.1", "--sizes", "1", "--clients", "1", "--no-scale-out",
+                 "--gateway-arg=--no-such-flag")
+    assert "laps gateway: error: unrecognized arguments: --no-such-flag" in done.stderr
+    _refused(done, "laps bench gateway: error: laps gateway exited before listening (rc=2)", code=1)
