@@ -237,7 +237,7 @@ class AllocationLoop:
         self.clock, self.wall = clock, wall
         self.window = pressure.GatewayWindow()
         self.last_decision: float | None = None
-        self.decided: float | None = None   # clock() of the last decision this process completed
+        self.decided: float | None = None   # clock() when this process last finished a decision
 
     def tick(self) -> tuple[float | None, StepOutcome | None]:
         """(seconds to the next tick or None when the cluster is gone, the step's outcome if one ran)."""
@@ -270,10 +270,12 @@ class AllocationLoop:
             reading = pressure.query_prometheus(url, query, self.wall(), max_age_s=2 * window)
         else:
             reading = self.window.take()
-        # Two intervals: a decision that comes a little late (a slow query) still follows the last.
+        # Measured from the end of the last decision, so a slow query or write (which delays the
+        # next one by as much) never counts as a missed interval; a second interval of slack
+        # covers the rest.
         consecutive = self.decided is not None and now - self.decided <= 2 * interval
         outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid, consecutive)
-        self.decided = now
+        self.decided = self.clock()
         self.last_decision = max(due, now - interval)   # no burst of catch-up decisions after a stall
         until_due = max(0.0, self.last_decision + interval - self.clock())
         return (min(until_due, SAMPLE_S) if not url else until_due), outcome

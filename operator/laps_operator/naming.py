@@ -15,6 +15,7 @@ BOOTSTRAP_PORT = 8998
 # What the gateway container listens on, whatever spec.gateway.port (the Service's port) says:
 # unprivileged, since the pods run as non-root without NET_BIND_SERVICE (pod_security.py).
 GATEWAY_PORT = 8000
+HTTP_PORT_NAME = "http"   # every pod's HTTP container port: Services, probes, monitors, the gateway policy name it
 OPERATOR_METRICS_PORT = 8080
 OPERATOR_LIVENESS_PORT = 8081
 LABELS_FILE = "/etc/podinfo/labels"

@@ -5,7 +5,7 @@ gateway reaches the API server and the engines, and DNS must work):
 
 - prefill: its `http` and `bootstrap` ports from the cluster's own gateway and engine pods;
 - decode: its `http` port from the same pods;
-- gateway: its port (naming.GATEWAY_PORT, whatever the Service's) from
+- gateway: its pods' `http` port (naming.GATEWAY_PORT, whatever the Service's) from
   spec.networkPolicy.gatewayIngress (empty: from anywhere);
 - the HTTP ports (engines' and gateway's, where /metrics is served) also from
   spec.networkPolicy.metricsFrom, and the gateway's from the operator when it reads the
@@ -21,7 +21,7 @@ from .naming import (
     BOOTSTRAP_PORT,
     CLUSTER_LABEL,
     ENGINE_PORT,
-    GATEWAY_PORT,
+    HTTP_PORT_NAME,
     OPERATOR_POD_LABELS,
     ROLE_LABEL,
     ClusterRef,
@@ -87,7 +87,10 @@ def _engine_rules(cluster: ClusterRef, spec: ClusterSpec, role: str) -> list[dic
 
 def _gateway_rules(spec: ClusterSpec, operator_namespace: str | None) -> list[dict[str, Any]]:
     policy = spec.network_policy
-    port = _ports(GATEWAY_PORT)  # the pods' port: a policy never sees the Service's gateway.port
+    # The pods' port, by its name: a policy never sees the Service's gateway.port, and the name
+    # also covers gateway pods of an older operator, which listened on gateway.port itself, so
+    # the policy applied before their rollout ends does not shut them off.
+    port = [{"protocol": "TCP", "port": HTTP_PORT_NAME}]
     if not policy.gateway_ingress:
         return [{"ports": port}]  # no `from`: every source, on this port only
     peers = _peers((*policy.gateway_ingress, *policy.metrics_from))

@@ -16,7 +16,13 @@ from typing import Any
 from .engine_args import owned_engine_flags, plugin_env_fields
 from .naming import ClusterRef
 from .spec import ClusterSpec
-from .workloads import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset, operator_env
+from .workloads import (
+    USER_OVERRIDABLE_ENV,
+    build_decode_deployment,
+    build_gateway_deployment,
+    build_prefill_statefulset,
+    operator_env,
+)
 
 ROLES = ("prefill", "decode")
 
@@ -26,16 +32,37 @@ def _flag_name(arg: str) -> str | None:
     return arg.partition("=")[0] if arg.startswith("-") else None
 
 
+def _as_given(args: list[str], i: int, rendered: tuple[str, ...]) -> tuple[str, ...]:
+    """extraArgs[i] with its value, shaped as the operator renders the flag: (`--x`,) for a
+    switch, (`--x`, value) for an option, from `--x value` or `--x=value`."""
+    name, eq, value = args[i].partition("=")
+    if eq:
+        return (name, value)
+    if len(rendered) == 2 and i + 1 < len(args):
+        return (name, args[i + 1])
+    return (name,)
+
+
 def extra_args_problem(spec: ClusterSpec) -> str | None:
-    """engine.extraArgs naming a flag the operator sets on either role (extraArgs go to both)."""
-    owned = {name: flag for role in ROLES for flag in owned_engine_flags(spec, role) for name in flag.names}
-    for arg in spec.engine.extra_args:
+    """engine.extraArgs naming a flag the operator sets on either role (extraArgs go to both),
+    unless with the very value it renders there: `--enable-metrics` or `--host 0.0.0.0` written
+    out as well is harmless, and such specs ran before this check existed."""
+    owned: dict[str, list] = {}
+    for role in ROLES:
+        for flag in owned_engine_flags(spec, role):
+            for name in flag.names:
+                owned.setdefault(name, []).append(flag)
+    args = list(spec.engine.extra_args)
+    for i, arg in enumerate(args):
         if (name := _flag_name(arg)) not in owned:
             continue
-        flag = owned[name]
+        flags = owned[name]
+        if all(f.tokens and _as_given(args, i, f.tokens) == f.tokens for f in flags):
+            continue
+        flag, rendered = flags[0], " ".join(next((f.tokens for f in flags if f.tokens), ()))
         if flag.field is None:
-            return (f"engine.extraArgs: {name} is set by the operator, and its Services, probes and pods "
-                    "rely on the value it sets: remove it")
+            sets = f"sets {rendered} itself" if rendered else "sets it itself"
+            return f"engine.extraArgs: {name} is not yours to change: the operator {sets}; remove it"
         return f"engine.extraArgs: {name} is set by the operator from {flag.field}: set that instead"
     return None
 
@@ -43,7 +70,7 @@ def extra_args_problem(spec: ClusterSpec) -> str | None:
 def env_problem(spec: ClusterSpec) -> str | None:
     """engine.env naming a variable the operator sets on either role's engines."""
     fields = {name: field for name, (field, _) in plugin_env_fields(spec).items()}
-    owned = {e["name"] for role in ROLES for e in operator_env(spec, role)}
+    owned = {e["name"] for role in ROLES for e in operator_env(spec, role)} - USER_OVERRIDABLE_ENV
     for entry in spec.engine.env:
         name = entry["name"]
         if name not in owned:

@@ -18,6 +18,7 @@ from .naming import (
     BOOTSTRAP_PORT,
     ENGINE_PORT,
     GATEWAY_PORT,
+    HTTP_PORT_NAME,
     ClusterRef,
     component_labels,
     object_meta as _meta,
@@ -96,9 +97,16 @@ def _pod_spec(spec: ClusterSpec, placement: PlacementSpec, **fields: Any) -> dic
     return pod_spec
 
 
+# Set by the operator, yet engine.env may replace them: a default nothing else relies on.
+# SGLANG_HOST_IP: the address SGLang's KV transfer advertises, the pod IP unless a multi-NIC or
+# RDMA node needs another.
+USER_OVERRIDABLE_ENV = frozenset({"SGLANG_HOST_IP"})
+
+
 def operator_env(spec: ClusterSpec, role: str) -> list[dict[str, Any]]:
     """The engine container's variables the operator sets. engine.env comes after them and may
-    not name one (overrides.py): the last of a name wins and would silently undo the CR."""
+    not name one but USER_OVERRIDABLE_ENV (overrides.py): the last of a name wins and would
+    silently undo the CR."""
     return [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
@@ -114,7 +122,9 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
     ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
     if role == "prefill":
         ports.append({"name": "bootstrap", "containerPort": BOOTSTRAP_PORT, "protocol": "TCP"})
-    env = [*operator_env(spec, role), *(dict(e) for e in spec.engine.env)]
+    user_env = [dict(e) for e in spec.engine.env]
+    given = {e["name"] for e in user_env}   # only USER_OVERRIDABLE_ENV can be among them
+    env = [*(e for e in operator_env(spec, role) if e["name"] not in given), *user_env]
     volumes, mounts = _model_volume(spec)
     if role == "prefill":
         # The engine learns its group from its own labels, which the operator rewrites in place.
@@ -200,7 +210,7 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
         "command": command,
         "args": args,
         # The Service's port is spec.gateway.port, with this one as its target (naming.GATEWAY_PORT).
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
         "env": [_field_env("POD_NAMESPACE", "metadata.namespace")],
         "volumeMounts": mounts,
         "resources": _resources(spec.gateway.resources),

@@ -16,7 +16,7 @@ among the pods within the load bound (`AffinityBound`), else the least-loaded po
 2. else the long group's candidate does (a long pod holds the conversation: its new turn is
    short work for that pod, whose own dual queue serves it as short) -> short, on that pod;
 3. else -> long, on the long group's candidate, or on the short group's where that one holds
-   at least `threshold` tokens more of the prompt. A conversation held on a short pod
+   more of the prompt, and at least `threshold` tokens more. A conversation held on a short pod
    whose new turn is long work even there (a long message) stays on it, as long work in that
    pod's own long queue: on a long pod holding nothing it would be the whole conversation
    recomputed, and every later turn would find its prefix on two pods. Below that margin the
@@ -168,7 +168,7 @@ def _affine_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[End
     long_, long_held = _affine(groups.get(LONG, ()), load, exclude, tiebreak, held, bound)
     if long_ is not None:
         cls = length_class(tokens - long_held, threshold)
-        if cls == LONG and short is not None and short_held - long_held >= threshold:
+        if cls == LONG and short is not None and short_held > long_held and short_held - long_held >= threshold:
             return LONG, SHORT, short, False, short_held   # rule 3: where much more of it is held
         # A short request on a long pod is a fallback only if no short pod could take it at all.
         return cls, LONG, long_, cls == SHORT and short is None, long_held

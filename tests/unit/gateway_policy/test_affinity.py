@@ -212,6 +212,13 @@ def test_a_shared_system_prompt_on_a_short_pod_does_not_pull_long_prompts_into_t
         record.record(d.prefill.name, chain)
 
 
+def test_at_threshold_zero_nothing_held_anywhere_sends_long_work_to_the_long_group():
+    # Threshold 0 (every prompt long: `laps gateway --length-threshold 0`, `laps sim`): a margin of
+    # "at least 0 more" must not make a short pod holding nothing as good a home as a long one.
+    d = choose_route(900, 0, GROUPS, DECODE, {}, tiebreak=0, held=lambda e: 0, bound=AffinityBound())
+    assert (d.group, d.cls, d.fallback) == ("long", "long", False)
+
+
 def test_with_warmed_answers_the_previous_answer_counts_as_held_where_its_turn_was_served():
     warm, cold = PrefixRecord(answers_warmed=True), PrefixRecord()
     question = "please summarise this document: " + "lorem ipsum " * 300   # ~1000 tokens

@@ -169,6 +169,28 @@ def test_the_loop_follows_an_interval_change_at_its_next_tick():
     assert loop.tick() == (None, None)            # gone: the loop ends
 
 
+def test_decisions_slower_than_two_intervals_still_confirm_a_move(monkeypatch):
+    """A Prometheus answering in 5 s with a 2 s interval: each decision starts as soon as the
+    last ended. Counted from the start of the last decision, every one looked like a missed
+    interval, the streak never passed 1 of 2 and no move was ever made."""
+    kube = make_kube(allocation={"intervalSeconds": 2, "confirmIntervals": 2})
+    kube.objects[("LAPSCluster", "ns", "c")]["spec"]["monitoring"] = {"prometheusURL": "http://prometheus:9090"}
+    clock = [1000.0]
+
+    def slow_prometheus(url, query, now, max_age_s):
+        clock[0] += 5.0
+        return LONG_HEAVY
+
+    monkeypatch.setattr("laps_operator.allocate.pressure.query_prometheus", slow_prometheus)
+    loop = AllocationLoop(kube, "ns", "c", "uid-1", clock=lambda: clock[0], wall=lambda: NOW)
+    moves = []
+    for _ in range(4):
+        delay, outcome = loop.tick()
+        clock[0] += delay
+        moves += [outcome.move] if outcome is not None and outcome.move else []
+    assert moves[:1] == [Move("c-prefill-1", "short", "long")]
+
+
 def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
     """Off after it ran with pressure known: `kubectl get laps -o wide` had gone on showing the
     last pressure, lastDecision the last decision, the gauge the last value, and a move wanted

@@ -19,12 +19,12 @@ def policies(**overrides) -> dict[str, dict]:
     return {p["metadata"]["labels"]["laps.io/role"]: p for p in built}
 
 
-def ports(rule: dict) -> set[int] | None:
+def ports(rule: dict) -> set[int | str] | None:
     return None if "ports" not in rule else {p["port"] for p in rule["ports"]}
 
 
-def admitted(policy: dict, port: int) -> list[dict] | None:
-    """The peers allowed to `port` (None: every source)."""
+def admitted(policy: dict, port: int | str) -> list[dict] | None:
+    """The peers allowed to `port`, a number or a container port's name (None: every source)."""
     peers = []
     for rule in policy["spec"]["ingress"]:
         if ports(rule) is None or port in ports(rule):
@@ -70,28 +70,31 @@ def test_gateway_is_open_on_its_port_only_by_default():
     spec = {**BASE, "gateway": {"port": 8080}}
     gateway = policies(gateway={"port": 8080})["gateway"]
     # A policy sees the pods' port, the one the container listens on, not the Service's 8080.
+    # By the port's name: new pods listen on 8000, pods of an older operator still rolling out
+    # on 8080, and the policy, applied first, must shut off neither.
     deployment = next(c for c in build_children(CLUSTER, parse_spec(spec)) if c["metadata"]["name"] == "demo-gateway"
                       and c["kind"] == "Deployment")
-    pod_port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
-    assert admitted(gateway, pod_port) is None
+    (pod_port,) = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert admitted(gateway, pod_port["name"]) is None
+    assert pod_port["containerPort"] == 8000
     assert admitted(gateway, 30000) == []
 
 
 def test_gateway_ingress_restricts_the_gateway_and_keeps_metrics_and_the_operator_in():
     ingress = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
     gateway = policies(networkPolicy={"gatewayIngress": [ingress]})["gateway"]
-    assert admitted(gateway, 8000) == [ingress, PROMETHEUS, OPERATOR]
+    assert admitted(gateway, "http") == [ingress, PROMETHEUS, OPERATOR]
     # With Prometheus the operator reads pressure from it, not from the gateways.
     gateway = policies(networkPolicy={"gatewayIngress": [ingress]},
                        monitoring={"prometheusURL": "http://prometheus:9090"})["gateway"]
-    assert admitted(gateway, 8000) == [ingress, PROMETHEUS]
+    assert admitted(gateway, "http") == [ingress, PROMETHEUS]
 
 
 def test_the_operator_is_let_in_from_its_own_namespace_only_when_it_knows_it():
     ingress = {"podSelector": {"matchLabels": {"app": "edge"}}}
     spec = parse_spec({**BASE, "networkPolicy": {"gatewayIngress": [ingress]}})
     gateway = build_network_policies(CLUSTER, spec, operator_namespace="laps-system")[-1]
-    assert admitted(gateway, 8000)[-1] == {
+    assert admitted(gateway, "http")[-1] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "laps-system"}},
         "podSelector": OPERATOR["podSelector"]}
 

@@ -26,8 +26,9 @@ def refused(says: str, **spec: object) -> None:
 
 
 OWNED_FLAGS = [
-    ({}, ["--port", "9000"], "--port is set by the operator, and its Services, probes and pods rely on"),
-    ({}, ["--port=9000"], "--port is set by the operator"),
+    ({}, ["--port", "9000"], "--port is not yours to change: the operator sets --port 30000 itself; remove it"),
+    ({}, ["--port=9000"], "--port is not yours to change"),
+    (SGLANG, ["--enable-metrics=false"], "--enable-metrics is not yours to change: the operator sets --enable-metrics"),
     ({}, ["--no-prefix-cache"], "--no-prefix-cache is set by the operator from laps.prefixCache: set that instead"),
     # Prefill-only flags too: extraArgs go to both roles.
     ({}, ["--wait-window-ms", "3"], "--wait-window-ms is set by the operator from laps.scheduler.waitWindowMs"),
@@ -35,8 +36,8 @@ OWNED_FLAGS = [
     ({}, ["--max-queued-requests", "5"], "--max-queued-requests is set by the operator from engine.maxQueuedRequests"),
     (SGLANG, ["--model", "/elsewhere"], "--model is set by the operator from model.path"),
     (SGLANG, ["--tensor-parallel-size=2"], "--tensor-parallel-size is set by the operator from prefill.tensorParallelSize"),
-    (SGLANG, ["--disaggregation-mode", "null"], "--disaggregation-mode is set by the operator"),
-    (SGLANG, ["--disaggregation-bootstrap-port", "9999"], "--disaggregation-bootstrap-port is set by the operator"),
+    (SGLANG, ["--disaggregation-mode", "null"], "--disaggregation-mode is not yours to change"),
+    (SGLANG, ["--disaggregation-bootstrap-port", "9999"], "--disaggregation-bootstrap-port is not yours to change"),
     (SGLANG, ["--disable-radix-cache"], "--disable-radix-cache is set by the operator from laps.prefixCache"),
     (SGLANG, ["--cuda-graph-config", "{}"], "--cuda-graph-config is set by the operator from laps.batchPrefillGraphs"),
     (SGLANG | {"device": "cpu"}, ["--device", "cuda"], "--device is set by the operator from engine.device"),
@@ -48,16 +49,34 @@ def test_extra_args_may_not_override_a_flag_the_operator_sets(engine, extra_args
     refused(f"spec.engine.extraArgs: {says}", engine=engine | {"extraArgs": extra_args})
 
 
-@pytest.mark.parametrize("engine", [{}, SGLANG, SGLANG | {"device": "cpu"}], ids=["builtin", "sglang", "sglang-cpu"])
-def test_every_flag_the_operator_renders_is_refused_in_extra_args_and_no_other(engine):
-    # The refused set is what the builders render, nothing kept beside them.
-    for role, workload in workloads(spec_of(engine=engine)).items():
-        if role.endswith("gateway"):
+def _rendered(spec) -> dict[str, set[tuple[str, ...]]]:
+    """Each flag of the engines' args -> how it is written there, on every role: (flag,) or
+    (flag, value)."""
+    forms: dict[str, set[tuple[str, ...]]] = {}
+    for name, workload in workloads(spec).items():
+        if name.endswith("gateway"):
             continue
-        for arg in container(workload)["args"]:
+        args = container(workload)["args"]
+        for i, arg in enumerate(args):
             if arg.startswith("--"):
-                refused(f"spec.engine.extraArgs: {arg} is set by the operator",
-                        engine=engine | {"extraArgs": [arg, "1"]})
+                value = args[i + 1:i + 2] if i + 1 < len(args) and not args[i + 1].startswith("--") else []
+                forms.setdefault(arg, set()).add((arg, *value))
+    return forms
+
+
+@pytest.mark.parametrize("engine", [{}, SGLANG, SGLANG | {"device": "cpu"}], ids=["builtin", "sglang", "sglang-cpu"])
+def test_every_flag_the_operator_renders_is_refused_in_extra_args_with_another_value(engine):
+    # The refused set is what the builders render, nothing kept beside them.
+    rendered = _rendered(spec_of(engine=engine))
+    assert "--port" in rendered and ("--model" in rendered or "--model-path" in rendered)
+    for arg, forms in rendered.items():
+        for form in forms:
+            other = [arg, form[1] + "0"] if len(form) == 2 else [f"{arg}=0"]
+            refused(f"spec.engine.extraArgs: {arg} is ", engine=engine | {"extraArgs": other})
+        if len(forms) == 1:
+            # Written out with the value the operator renders (on every role it renders it),
+            # it changes nothing: accepted, as it was before the check (an upgrade keeps such a CR).
+            spec_of(engine=engine | {"extraArgs": list(*forms)})
     # The engine's other flags pass through, last.
     extra = ["--backend", "emulated", "--kv-pages=64"] if not engine else ["--pp-size", "2", "--mem-fraction-static=0.8"]
     spec = spec_of(engine=engine | {"extraArgs": extra})
@@ -67,13 +86,23 @@ def test_every_flag_the_operator_renders_is_refused_in_extra_args_and_no_other(e
                 laps={"batchPrefillGraphs": {"enabled": False}})
 
 
+def test_a_flag_written_out_with_the_operators_value_is_accepted_but_one_per_role_is_not():
+    spec_of(engine=SGLANG | {"extraArgs": ["--enable-metrics", "--host=0.0.0.0", "--port", "30000"]})
+    # The role differs per pool, and extraArgs go to both: no value of it is the operator's.
+    refused("spec.engine.extraArgs: --disaggregation-mode is not yours to change",
+            engine=SGLANG | {"extraArgs": ["--disaggregation-mode", "prefill"]})
+
+
 def test_env_may_not_override_a_variable_the_operator_sets():
     refused("spec.engine.env: LAPS_LENGTH_THRESHOLD is set by the operator from laps.lengthThreshold: set that instead",
             engine=SGLANG | {"env": [{"name": "LAPS_LENGTH_THRESHOLD", "value": "64"}]})
     refused("spec.engine.env: POD_IP is set by the operator, and the engines rely on",
             engine={"env": [{"name": "POD_IP", "value": "10.0.0.1"}]})
-    refused("spec.engine.env: SGLANG_HOST_IP is set by the operator",
-            engine=SGLANG | {"env": [{"name": "SGLANG_HOST_IP", "value": "10.0.0.1"}]})
+    # SGLang's advertised KV-transfer address defaults to the pod IP; a multi-NIC or RDMA node
+    # may need another, and nothing else relies on it: the user's entry replaces the operator's.
+    spec = spec_of(engine=SGLANG | {"env": [{"name": "SGLANG_HOST_IP", "value": "192.168.7.2"}]})
+    env = container(workloads(spec)["demo-decode"])["env"]
+    assert [e for e in env if e["name"] == "SGLANG_HOST_IP"] == [{"name": "SGLANG_HOST_IP", "value": "192.168.7.2"}]
     spec = spec_of(engine=SGLANG | {"env": [{"name": "OMP_NUM_THREADS", "value": "4"}]})
     assert {"name": "OMP_NUM_THREADS", "value": "4"} in container(workloads(spec)["demo-prefill"])["env"]
 
@@ -103,7 +132,7 @@ def test_a_gateway_service_on_a_privileged_port_targets_an_unprivileged_containe
     assert http >= 1024 and flag(gateway["args"], "--port") == str(http)
     policy = next(c for c in build_children(CLUSTER, spec) if c["kind"] == "NetworkPolicy"
                   and c["metadata"]["name"] == "demo-gateway")
-    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": http}]}]
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": "http"}]}]   # the pods' port, by name
 
 
 MOUNT_CLASHES = [
