@@ -8,14 +8,12 @@ again under the same name getting the old one's pressure and decision in its sta
 """
 from __future__ import annotations
 
-import asyncio
 import http.server
 import json
 import threading
 import time
 import types
 
-import kmock
 import kubernetes
 import prometheus_client
 import pytest
@@ -24,6 +22,7 @@ from laps_operator.kube import Kube
 from laps_operator.reconcile import reconcile
 
 from tests.e2e.operator.conftest import CRD
+from tests.support.kube_gates import ApiGate
 from tests.support.waiting import poll
 
 NS = "default"
@@ -66,22 +65,6 @@ class HeldPrometheus:
         self.server.server_close()
 
 
-class PodPatchGate:
-    """Holds every PATCH of a pod at the API server until opened: a label write on its way
-    while the cluster is deleted (the API server is slow to answer it)."""
-
-    def __init__(self, kube_api) -> None:
-        self.opened = threading.Event()
-        self.held = 0
-
-        async def hold():
-            self.held += 1
-            await asyncio.to_thread(self.opened.wait, 30)
-            # No content: not an answer, so the emulator serves the request as usual.
-
-        kube_api.call(lambda: kube_api.emulator["patch", kmock.resource("", "v1", "pods")] << hold)
-
-
 @pytest.fixture
 def memo(kube_api):
     """What the operator keeps for its handlers (kopf's memo), against the emulator; every
@@ -103,8 +86,8 @@ def held(memo, kube_api):
         made.append(HeldPrometheus(short, long))
         return made[-1]
 
-    def pod_patches() -> PodPatchGate:
-        made.append(PodPatchGate(kube_api))
+    def pod_patches() -> ApiGate:
+        made.append(ApiGate(kube_api, "patch", "pods"))
         return made[-1]
 
     try:

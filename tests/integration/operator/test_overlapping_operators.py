@@ -11,39 +11,22 @@ its old group for a moment (its EndpointSlices and the gateways following it the
 """
 from __future__ import annotations
 
-import asyncio
 import threading
 import types
 
-import kmock
 import kubernetes
 import pytest
 from laps_operator.kube import Kube
 from laps_operator.reconcile import reconcile, sync_groups_of
 
 from tests.e2e.operator.conftest import CRD
+from tests.support.kube_gates import ApiGate
 from tests.support.waiting import poll
 
 NS = "default"
 GROUP, VERSION, PLURAL = "laps.io", "v1alpha1", "lapsclusters"
 GROUP_LABEL = "laps.io/prefill-group"
 MERGE = "application/merge-patch+json"
-
-
-class PodListGate:
-    """Holds every LIST of pods at the API server until opened (the first process is slow to
-    get its answer); what it then answers is the store as of then."""
-
-    def __init__(self, kube_api) -> None:
-        self.opened = threading.Event()
-        self.held = 0
-
-        async def hold():
-            self.held += 1
-            await asyncio.to_thread(self.opened.wait, 30)
-            # No content: not an answer, so the emulator serves the request as usual.
-
-        kube_api.call(lambda: kube_api.emulator["list", kmock.resource("", "v1", "pods")] << hold)
 
 
 @pytest.fixture
@@ -64,7 +47,7 @@ def test_a_group_sync_never_puts_back_a_move_the_other_operator_made_meanwhile(k
             "spec": {"containers": [{"name": "engine", "image": "x"}]}})
     reconcile(kube.ops, NS, "c")   # both processes agree: 0 and 1 short, 2 and 3 long
 
-    gate = PodListGate(kube_api)
+    gate = ApiGate(kube_api, "list", "pods")
     sync = threading.Thread(target=sync_groups_of, args=(kube.ops, NS, "c"), name="the new process's sync")
     sync.start()
     poll(lambda: gate.held, message="the new process's group sync under way")
