@@ -218,21 +218,26 @@ def _terminate_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def args_problem(args: argparse.Namespace, engine_args: list[str]) -> str | None:
+    """Why these flags cannot start a stack, one line, or None (`bench compare` checks with it too)."""
+    if args.prefill < 1 or args.decode < 1:
+        return "need at least one prefill and one decode engine"
+    if not args.allocation_interval > 0 or not args.allocation_ratio >= 1 or args.min_per_group < 1:
+        return "--allocation-interval must be > 0, --allocation-ratio >= 1, --min-per-group >= 1"
+    if args.allocation not in (None, "none") and args.prefill < 2 * args.min_per_group:
+        return (f"--allocation {args.allocation} needs at least {2 * args.min_per_group} prefill engines "
+                f"(--min-per-group {args.min_per_group} in each group), got --prefill {args.prefill}")
+    return unknown_engine_args(engine_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, engine_args = parser.parse_known_args(argv)
-    if args.prefill < 1 or args.decode < 1:
-        parser.error("need at least one prefill and one decode engine")
-    if not args.allocation_interval > 0 or not args.allocation_ratio >= 1 or args.min_per_group < 1:
-        parser.error("--allocation-interval must be > 0, --allocation-ratio >= 1, --min-per-group >= 1")
-    if args.allocation not in (None, "none") and args.prefill < 2 * args.min_per_group:
-        parser.error(f"--allocation needs at least {2 * args.min_per_group} prefill engines")
+    if problem := args_problem(args, engine_args):
+        parser.error(problem)
     from laps_agent.gateway.cli import check_auth_args
 
     check_auth_args(args, parser)  # before minutes of loading, not after
-    bad_engine_args = unknown_engine_args(engine_args)
-    if bad_engine_args:
-        parser.error(bad_engine_args)
     from laps_agent.serving import ListenError, bind_listening_socket
 
     try:  # the gateway's port too: a port in use is said at once, not after the loading

@@ -15,6 +15,7 @@ from laps_agent.bench._conversations import (PodLoad, busy_ratios, converse, pre
 from laps_agent.results import RequestRecord, RunResult, TimelineSample
 from laps_agent.scheduling.classes import length_class
 from laps_agent.workload import Plan, PromptBuilder, WorkloadSpec, plan_requests
+from laps_agent.workload.plan import require_requests
 
 PROBE_TIMEOUT_S = 5.0
 STATUS_INTERVAL_S = 1.0
@@ -232,13 +233,15 @@ async def run_workload(url: str, spec: WorkloadSpec, *, seed: int | None = None,
     requests in flight are cut (error "interrupted") and meta["interrupted"] is true.
     `on_record` is called with every finished request (live displays, early stops). `plan`: one
     already made of `spec` with these rate_scale, max_requests and tokenizer (`laps bench compare`
-    plans once for all its systems); by default it is made here."""
+    plans once for all its systems); by default it is made here, and a WorkloadError when it
+    holds no request (nothing is sent)."""
     target = target or await probe(url, model=model)
     if seed is not None and seed != spec.seed:
         spec = spec.model_copy(update={"seed": seed})
     threshold = threshold or spec.threshold
     if plan is None:
-        plan = plan_requests(spec, rate_scale=rate_scale, max_requests=max_requests, tokenizer=tokenizer)
+        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=max_requests,
+                                              tokenizer=tokenizer))
     builder = PromptBuilder(tokenizer, spec.seed)
     run = _Run(target, spec, plan, builder, tokenizer, threshold, timeout)
     run.on_record = on_record

@@ -30,7 +30,7 @@ from laps_agent.results import compare_markdown, markdown, moves_by_phase, phase
 from laps_agent.results.turns import summarize_turns, turns_report
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload import Plan, WorkloadError, WorkloadSpec, load_workload
-from laps_agent.workload.plan import warmup_spec
+from laps_agent.workload.plan import require_requests, warmup_spec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +66,21 @@ def local_args(args: argparse.Namespace, sys_config: SystemConfig, engine_args: 
     if args.model:
         out += ["--model", args.model]
     return out + engine_args
+
+
+def local_problem(args: argparse.Namespace, sys_config: SystemConfig, engine_args: list[str]) -> str | None:
+    """Why `laps local` would refuse this system's command line (local.args_problem: `--prefill 1`
+    for a system that moves pods, a flag no engine takes, a bad value of one of `laps local`'s own
+    flags passed through), found before the first system starts, not after the earlier ones ran."""
+    from laps_agent import local
+
+    parser = local.build_parser()
+    parser.exit_on_error = False  # a bad value raises, rather than printing laps local's usage
+    try:
+        local_ns, rest = parser.parse_known_args(local_args(args, sys_config, engine_args))
+    except argparse.ArgumentError as err:
+        return str(err)
+    return local.args_problem(local_ns, rest)
 
 
 async def _measure(url: str, spec: WorkloadSpec, plans: tuple[Plan, Plan | None], rate_scale: float, args,
@@ -116,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ValueError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
         return 2
+    for sys_config in systems:
+        if problem := local_problem(args, sys_config, engine_args):
+            print(f"laps bench compare: error: system {sys_config.name}: {problem}", file=sys.stderr)
+            return 2
     out = args.out or RESULTS_DIR / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
     if problem := unwritable_dir(out):  # found now, not after every system has run
         print(f"laps bench compare: error: cannot write the results to {out}: {problem} (give --out DIR)",
@@ -138,14 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         # The profile is read here too, so a bad one is not met in every system's engine logs.
         profile = load_profile(args.profile) if args.engine == "emulated" or args.load is not None else None
         if args.load is not None:
+            rate = mean_rate(spec)  # first: a workload that plans nothing has no mix to measure
             capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
                                         threshold=spec.threshold, engine_args=tuple(engine_args))
-            rate_scale = args.load * capacity / mean_rate(spec)
+            rate_scale = args.load * capacity / rate
             how = "exact for these engines" if args.engine == "emulated" else "an estimate for real engines"
             print(f"[compare] capacity of vanilla-pd on this mix (simulated with profile {profile.name}, {how}): "
                   f"{capacity:.1f} req/s; running at {args.load:.0%} = {args.load * capacity:.1f} req/s "
                   f"(rate x{rate_scale:.3f})", flush=True)
-        plans = (plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests, tokenizer=tokenizer),
+        plans = (require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests,
+                                                tokenizer=tokenizer)),
                  plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale, tokenizer=tokenizer)
                  if args.warmup_s > 0 else None)
     except (WorkloadError, ProfileError) as exc:

@@ -26,7 +26,7 @@ from laps_agent.scheduling.classes import LONG, SHORT, is_short
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.results.turns import ORACLE_LABEL, pod_load, summarize_turns, turns_report
 from laps_agent.workload.conversations import oracle_cached_tokens
-from laps_agent.workload.plan import Plan, plan_requests, warmup_spec
+from laps_agent.workload.plan import Plan, plan_requests, require_requests, warmup_spec
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
 
 from .cluster import HOP_S, SimCluster, chars4_estimate
@@ -150,7 +150,7 @@ def measure_capacity(spec: WorkloadSpec, profile: Profile, *, prefill: int, deco
 
 
 def mean_rate(spec: WorkloadSpec) -> float:
-    plan = plan_requests(spec)
+    plan = require_requests(plan_requests(spec))  # --load scales this rate: 0 cannot be scaled
     return len(plan) / plan.duration_s if plan.duration_s > 0 else float("inf")
 
 
@@ -213,12 +213,13 @@ def _main(args: argparse.Namespace, engine_args: list[str]) -> int:
     rate_scale = 1.0 if args.rate_scale is None else args.rate_scale
     try:  # planning reads the jsonl files and sizes the phases: their errors, not tracebacks
         if args.load is not None:
+            rate = mean_rate(spec)  # first: a workload that plans nothing has no mix to measure
             capacity = measure_capacity(spec, profile, prefill=args.prefill, decode=args.decode,
                                         threshold=threshold, engine_args=tuple(engine_args))
-            rate_scale = args.load * capacity / mean_rate(spec)
+            rate_scale = args.load * capacity / rate
             print(f"capacity of vanilla-pd on this mix: {capacity:.1f} req/s; running at {args.load:.0%} "
                   f"= {args.load * capacity:.1f} req/s (rate x{rate_scale:.3f})")
-        plan = plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests)
+        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests))
         warmup = plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale) if args.warmup_s > 0 else None
     except WorkloadError as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)

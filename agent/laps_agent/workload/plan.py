@@ -209,6 +209,18 @@ def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: 
                 conv, turn, new, history)
 
 
+def require_requests(plan: Plan) -> Plan:
+    """`plan` when it holds a request; else a WorkloadError naming each phase's rate and duration
+    and what to change. A run of nothing measures nothing, yet wrote an empty result with exit 0.
+    (Only phases given by duration_s can plan none: `requests` is >= 1.)"""
+    if len(plan):
+        return plan
+    phases = ", ".join(f"phases[{w.index}] {w.name!r}: {w.mean_rate:g} req/s for {w.end_s - w.start_s:g} s"
+                       for w in plan.phases)
+    raise WorkloadError(f"{plan.spec.origin}: plans no request: {phases}; lengthen duration_s or raise the "
+                        "rate (arrival.rate, --rate-scale, --load), or give requests: N")
+
+
 def warmup_spec(spec: WorkloadSpec, seconds: float) -> WorkloadSpec:
     """What `laps bench compare` and `laps sim` replay before a measured run: the workload's first
     phase for `seconds`, with another seed (connections, queues and the allocation loop settle on

@@ -14,6 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.unit.sim.test_sim_cli import NO_REQUEST, QUIET
+
 SMALL = """\
 name: small
 phases:
@@ -82,11 +84,39 @@ def test_bench_run_refuses_a_result_directory_it_cannot_make_before_sending(tmp_
     (("--model", "/nonexistent"), "cannot load the tokenizer: /nonexistent: expected a .gguf file or a "
                                   "Hugging Face model directory"),  # a traceback
     (("--out", "{a_file}"), "argument --out: {a_file}: exists and is not a directory"),  # `laps local` failed
+    # `laps local` refused these once started, behind its usage text, with exit code 1:
+    (("--systems", "laps", "--prefill", "1"),  # a system that moves pods needs one in each group
+     "system laps: --allocation laps needs at least 2 prefill engines (--min-per-group 1 in each group), "
+     "got --prefill 1"),
+    # vanilla-pd (one pool) moves nothing: reference is the first refused, after --min-per-group,
+    # a `laps local` flag passed through
+    (("--prefill", "3", "--min-per-group", "2"),
+     "system reference: --allocation reference needs at least 4 prefill engines (--min-per-group 2 in each "
+     "group), got --prefill 3"),
+    (("--wait-windw-ms", "3"),
+     "system vanilla-pd: unrecognized arguments: --wait-windw-ms 3 (neither laps local's flags nor laps engine's)"),
+    (("--allocation-interval", "soon"),
+     "system vanilla-pd: argument --allocation-interval: invalid float value: 'soon'"),
 ])
 def test_compare_refuses_bad_input_before_starting_a_system(workload, a_file, args, line):
     done = _laps("bench", "compare", "--workload", workload, *(a.format(a_file=a_file) for a in args))
     _refused(done, "laps bench compare: error: " + line.format(a_file=a_file))
     assert "starting laps local" not in done.stdout
+
+
+def test_a_workload_that_plans_no_request_is_refused_before_sending(tmp_path, engine):
+    """`bench run` used to send nothing, write an empty result and exit 0; `bench compare` started
+    every system to measure nothing."""
+    quiet = tmp_path / "quiet.yaml"
+    quiet.write_text(QUIET)
+    out = tmp_path / "results"
+    _refused(_laps("bench", "run", engine.url, "--workload", str(quiet), "--tokenizer", "none", "--no-progress",
+                   "--out", str(out)), f"laps bench run: error: {NO_REQUEST}")
+    assert not out.exists() and served(engine) == 0
+    done = _laps("bench", "compare", "--workload", str(quiet), "--systems", "vanilla-pd", "--warmup-s", "0",
+                 "--out", str(out))
+    _refused(done, f"laps bench compare: error: {NO_REQUEST}")
+    assert "starting laps local" not in done.stdout and not out.exists()
 
 
 @pytest.mark.parametrize("args, line", [

@@ -166,3 +166,43 @@ def test_aggregation_value_must_be_a_boolean():
     with pytest.raises(helm_python.HelmValuesError) as err:
         render({"rbac": {"aggregateToDefaultRoles": "yes"}})
     assert "/rbac/aggregateToDefaultRoles" in str(err.value)
+
+
+def test_env_reaches_the_operator_container_after_the_charts_own():
+    """The operator reads settings from its environment (LAPS_OPERATOR_RESYNC_SECONDS, ...:
+    docs/contracts.md), which the chart gave no way to set."""
+    env = [{"name": "LAPS_OPERATOR_RESYNC_SECONDS", "value": "30"},
+           {"name": "HTTPS_PROXY", "valueFrom": {"secretKeyRef": {"name": "proxy", "key": "url"}}},
+           {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    docs = render({"env": env})
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    (ctr,) = _pod(docs)["spec"]["containers"]
+    assert ctr["env"] == [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                          *env]
+    (ctr,) = _pod(render())["spec"]["containers"]
+    assert [e["name"] for e in ctr["env"]] == ["POD_NAMESPACE"]
+
+
+def test_env_may_not_replace_the_operators_namespace():
+    # A later duplicate wins: the gateways' NetworkPolicy would then admit the operator's pods
+    # from another namespace than theirs, cutting the operator off from the pressure it reads.
+    with pytest.raises(helm_python.HelmError) as err:
+        render({"env": [{"name": "POD_NAMESPACE", "value": "elsewhere"}]})
+    assert "env: POD_NAMESPACE is set by the chart" in str(err.value)
+
+
+@pytest.mark.parametrize(("entry", "fragment"), [
+    # The API server refuses a number (`value: 30` in YAML): the install would fail at apply time.
+    ({"name": "LAPS_OPERATOR_RESYNC_SECONDS", "value": 30}, "/env/0/value"),
+    # Misspelt, the field would be dropped: the variable set empty.
+    ({"name": "TOKEN", "valueForm": {"secretKeyRef": {"name": "s", "key": "k"}}}, "/env/0"),
+    ({"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s"}}}, "/env/0/valueFrom/secretKeyRef"),
+    ({"name": "TOKEN", "valueFrom": {"secretRef": {"name": "s", "key": "k"}}}, "/env/0/valueFrom"),
+    ({"value": "30"}, "/env/0"),
+    ({"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}, "/env/0"),
+])
+def test_env_entries_that_are_not_kubernetes_env_vars_are_refused_naming_them(entry, fragment):
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render({"env": [entry]})
+    assert fragment in str(err.value)

@@ -81,3 +81,27 @@ def test_threshold_zero_is_honoured(tmp_path, capsys):
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["meta"]["threshold"] == 0
     assert "| short | 0 |" in capsys.readouterr().out  # every prompt is long at threshold 0
+
+
+QUIET = """\
+name: quiet
+phases:
+  - name: idle
+    duration_s: 0.5
+    arrival: {process: constant, rate: 1}
+    prompt_tokens: {distribution: fixed, value: 8}
+    output_tokens: {distribution: fixed, value: 2}
+"""
+NO_REQUEST = ("quiet.yaml: plans no request: phases[0] 'idle': 1 req/s for 0.5 s; lengthen duration_s or raise "
+              "the rate (arrival.rate, --rate-scale, --load), or give requests: N")
+
+
+@pytest.mark.parametrize("extra", [(), ("--load", "0.5")], ids=["as-given", "load"])
+def test_a_workload_that_plans_no_request_is_refused_naming_its_phase(tmp_path, capsys, extra):
+    """It used to simulate nothing, write an empty result and exit 0; with --load, a
+    ZeroDivisionError traceback."""
+    (tmp_path / "quiet.yaml").write_text(QUIET)
+    out = tmp_path / "out"
+    assert main(["--workload", str(tmp_path / "quiet.yaml"), "--no-plots", "--out", str(out), *extra]) == 2
+    assert capsys.readouterr().err.strip() == f"laps sim: error: {NO_REQUEST}"
+    assert not out.exists()
