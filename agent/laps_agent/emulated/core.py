@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from laps_agent.engine.engine_config import PrefillRecord, kv_reservation
 from laps_agent.engine.prefix_warm import Warm, WarmQueue
+from laps_agent.prompt_rules import over_context_message
 from laps_agent.scheduling.buckets import BucketGrid
 from laps_agent.scheduling.config import SchedulerConfig
 from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
@@ -86,9 +87,11 @@ class EngineModel:
             return [Event(req.rid, "error", now, error=f"request id {req.rid!r} is already in use")]
         if req.kind not in KINDS:
             return [Event(req.rid, "error", now, error=f"unknown request kind {req.kind!r}")]
-        if not 1 <= req.prompt_tokens <= self.max_prompt_tokens():
-            return [Event(req.rid, "error", now, error=f"the prompt has {req.prompt_tokens} tokens; "
-                                                       f"this engine takes 1..{self.max_prompt_tokens()}")]
+        if req.prompt_tokens < 1:
+            return [Event(req.rid, "error", now, error="the prompt is empty")]
+        if req.prompt_tokens > self.max_prompt_tokens():  # the builtin engine's refusal, word for word
+            return [Event(req.rid, "error", now,
+                          error=over_context_message(req.prompt_tokens, self.max_prompt_tokens()))]
         reserve = kv_reservation(req.kind, req.prompt_tokens, req.max_new_tokens, self.context_len,
                                  self.capacity_tokens)
         # As the builtin engine: a sequence stops when prompt + output reaches its reservation

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from laps_agent.engine.api_error import ApiError
+from laps_agent.prompt_rules import template_role
 
 _TOOLS_REFUSED = ("tool calls are not supported by this engine (nor is `tools`): leave tool calls "
                   "and their results out of the history, or serve the model with the SGLang backend")
@@ -58,8 +59,5 @@ def clean_messages(messages: Any) -> list[dict]:
             content = ""  # OpenAI's API allows an assistant turn without content: it said nothing
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string or text parts")
-        # OpenAI's `developer` role is what `system` was; chat templates know only `system` (an
-        # unknown role is rendered as such, and the template adds its default system prompt).
-        role = "system" if m["role"] == "developer" else m["role"]
-        clean.append({"role": role, "content": content})
+        clean.append({"role": template_role(m["role"]), "content": content})
     return clean

@@ -11,6 +11,9 @@ rather than each by the requests it dispatched itself.
                       engine, or arrived and waiting for KV pages)
   max_running_requests  requests it decodes at once (its slots): the gateway bounds each
                       class's share of the decode pool by it (gateway/admission.py)
+  max_prompt_tokens   the longest prompt it takes (context minus one): a gateway that counts a
+                      prompt exactly refuses a longer one itself, as the engine would
+                      (gateway/context.py), so overload elsewhere never turns it into a 429
   held_by_class       {"short": n, "long": m}: work requests it holds, from their arrival to
                       the last byte of their answer, by the class the gateway sent with them
                       (X-LAPS-Class; a request without it counts in neither). On a decode
@@ -32,7 +35,8 @@ _HEADER = LAPS_CLASS_HEADER.lower().encode()
 
 def load_report(role: str, snapshot: dict[str, Any], fetching: int,
                 max_running: int | None = None,
-                held_by_class: dict[str, int] | None = None) -> dict[str, Any]:
+                held_by_class: dict[str, int] | None = None,
+                max_prompt_tokens: int | None = None) -> dict[str, Any]:
     queues = snapshot.get("queues") or {}
     prefilling_requests, prefilling_tokens = snapshot.get("prefilling") or (0, 0)
     report = {"role": role,
@@ -44,6 +48,8 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         report["max_running_requests"] = max_running
     if held_by_class is not None:
         report["held_by_class"] = dict(held_by_class)
+    if max_prompt_tokens is not None:
+        report["max_prompt_tokens"] = max_prompt_tokens
     return report
 
 

@@ -30,6 +30,7 @@ from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_p
 from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
 from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
 from laps_agent.engine.server_responses import final_body, sse_events
+from laps_agent.prompt_rules import CONTEXT_LENGTH_EXCEEDED, over_context_message
 from laps_agent.request_body import BODY_IDLE_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -107,9 +108,7 @@ class EngineServer:
             raise api.ApiError(400, "the prompt is empty")
         limit = self.engine.max_prompt_tokens()
         if len(ids) > limit:  # no room left for even one new token: refused up front, as SGLang
-            raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this engine takes at most {limit}: "
-                                    f"prompt + completion must fit in its context of {limit + 1} tokens",
-                               "context_length_exceeded")
+            raise api.ApiError(400, over_context_message(len(ids), limit), CONTEXT_LENGTH_EXCEEDED)
         vocab = self.tokenizer.vocab_size
         if any(t < 0 or t >= vocab for t in ids):
             raise api.ApiError(400, f"input_ids must be in [0, {vocab})")

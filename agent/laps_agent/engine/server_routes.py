@@ -98,7 +98,8 @@ def build_app(server: EngineServer) -> FastAPI:
         """What this engine holds now (engine/load_report.py); every gateway polls it, so it
         is answered as plain bytes (no response validation)."""
         return Response(json.dumps(load_report(s.role, engine.snapshot, server.fetching,
-                                               engine.config.max_running_requests, held)),
+                                               engine.config.max_running_requests, held,
+                                               engine.max_prompt_tokens())),
                         media_type="application/json")
 
     @app.get("/metrics")

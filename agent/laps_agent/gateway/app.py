@@ -16,11 +16,12 @@ from laps_agent.drain import Drain, DrainGuard, refusal_body
 from laps_agent.gateway.auth import install_auth
 from laps_agent.gateway.body import client_gone, read_body
 from laps_agent.gateway.config import GatewayConfig
+from laps_agent.gateway.context import engines_limit, refuse_over_context
 from laps_agent.gateway.deadline import RequestDeadline
 from laps_agent.gateway.discovery import Discovery
 from laps_agent.gateway.errors import (crash_response, error_response, install_error_handlers,
                                        validation_message)
-from laps_agent.gateway.estimate import TokenEstimator
+from laps_agent.gateway.estimate import PromptCount, TokenEstimator
 from laps_agent.gateway.failures import GatewayError, UpstreamStatus
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
@@ -87,7 +88,7 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
         except GatewayError as exc:
             metrics.errors.labels(exc.reason).inc()
             return error_response(exc.status, exc.message, retry_after=exc.retry_after,
-                                  no_retry=exc.no_retry)
+                                  no_retry=exc.no_retry, kind=exc.kind)
         except UpstreamStatus as exc:   # its body is JSON whatever the engine sent (failures.py)
             metrics.errors.labels("upstream_status").inc()
             return Response(exc.body, status_code=exc.status, media_type="application/json")
@@ -176,14 +177,18 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     estimator = gateway.estimator
     try:
         if estimator.exact:  # tokenizing a long prompt takes milliseconds: not on the event loop
-            tokens = await asyncio.to_thread(estimator.estimate, body, kind)
+            count = await asyncio.to_thread(estimator.count, body, kind)
         else:
-            tokens = estimator.estimate(body, kind)
+            count = estimator.count(body, kind)
     except (TypeError, UnicodeError) as exc:  # the tokenizer cannot encode it: nor can the engine
         raise GatewayError(400, "invalid_request", f"the tokenizer cannot encode the prompt: {exc}") from None
     except ValueError as exc:  # an estimate is advisory: never fail a valid request over it
         log.warning("token estimate failed (%s); using the body size", exc)
-        tokens = len(raw) // 4
+        count = PromptCount(len(raw) // 4, exact=False)
+    # Before admission: a prompt no engine takes gets their 400, never a retryable 429 (context.py).
+    refuse_over_context(count, engines_limit(gateway.discovery.membership(),
+                                             gateway.proxy.engine_loads.max_prompt_tokens))
+    tokens = count.tokens
     # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
     chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
     call = ProxyCall(path=request.scope["path"], body=PDPayload(raw, body), stream=bool(parsed.stream),

@@ -53,6 +53,7 @@ class LoadReport(NamedTuple):
     tokens: int
     slots: int | None = None                 # max running requests; None: not reported
     held: Mapping[str, int] | None = None    # requests held per class; None: not reported
+    max_prompt: int | None = None            # longest prompt it takes; None: not reported
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class _Pod:
     slots: int | None = None                  # requests it decodes at once, as last reported
     held: Mapping[str, int] | None = None     # its held_by_class in that answer, if it had one
     held_then: dict[str, int] = field(default_factory=dict)  # of which this gateway's, at most
+    max_prompt: int | None = None             # longest prompt it takes, as last reported
 
 
 class EngineLoads:
@@ -82,7 +84,8 @@ class EngineLoads:
         return own.pending_requests, own.pending_tokens, self._clock(), dict(own_held)
 
     def answered(self, name: str, mark: tuple, requests: int, tokens: int, slots: int | None = None,
-                 held: Mapping[str, int] | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
+                 held: Mapping[str, int] | None = None, max_prompt: int | None = None,
+                 own_held: OwnHeld = _NONE_HELD) -> None:
         """The answer to the poll `mark`: the pod's figures, and `own_held` as of now."""
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
@@ -90,6 +93,8 @@ class EngineLoads:
         pod.reported, pod.own_then, pod.asked_at = (requests, tokens), (mark[0], mark[1]), mark[2]
         if slots:
             pod.slots = slots
+        if max_prompt:
+            pod.max_prompt = max_prompt
         pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
     def slots(self, name: str) -> int | None:
@@ -97,6 +102,13 @@ class EngineLoads:
         long ago: a setting of the engine, not a load, so an old answer still holds."""
         pod = self._pods.get(name)
         return pod.slots if pod is not None else None
+
+    def max_prompt_tokens(self, names: Iterable[str]) -> int | None:
+        """The longest prompt any of the pods `names` takes, as they last reported it (a
+        setting, like slots); None while none has said. The largest, so that a prompt refused
+        on it would have been refused on every one of them."""
+        limits = [pod.max_prompt for name in names if (pod := self._pods.get(name)) and pod.max_prompt]
+        return max(limits) if limits else None
 
     def others_held(self, name: str, cls: str) -> int:
         """Requests of class `cls` that other gateway replicas hold on pod `name`, as of its
@@ -168,7 +180,8 @@ SGLANG_LOAD_PATH = "/v1/loads?include=core"
 def parse_report(body: bytes) -> LoadReport:
     """A /get_load answer, or SGLang's /v1/loads (summed over its ranks: requests waiting, in a
     KV transfer or running; uncached prompt tokens waiting; max running requests; it has no
-    classes); ValueError when it is neither. Fields an older engine lacks are None."""
+    classes, nor its longest prompt); ValueError when it is neither. Fields an older engine lacks
+    are None."""
     try:
         doc = json.loads(body)
         if "loads" in doc:
@@ -181,7 +194,8 @@ def parse_report(body: bytes) -> LoadReport:
         held = doc.get("held_by_class")   # absent from older engines' reports
         return LoadReport(requests, int(doc["pending_tokens"]),
                           int(doc.get("max_running_requests", 0)) or None,
-                          None if held is None else {str(cls): int(n) for cls, n in held.items()})
+                          None if held is None else {str(cls): int(n) for cls, n in held.items()},
+                          int(doc.get("max_prompt_tokens", 0)) or None)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a load report: {exc!r}") from None
 

@@ -28,7 +28,8 @@ NO_RETRY_HEADER = ("x-should-retry", "false")
 
 
 def error_response(status: int, message: str, *, retry_after: int | None = None,
-                   no_retry: bool = False, headers: dict[str, str] | None = None) -> JSONResponse:
+                   no_retry: bool = False, headers: dict[str, str] | None = None,
+                   kind: str | None = None) -> JSONResponse:
     headers = dict(headers or ())
     if retry_after is not None:
         headers["retry-after"] = str(retry_after)
@@ -36,7 +37,7 @@ def error_response(status: int, message: str, *, retry_after: int | None = None,
         headers[NO_RETRY_HEADER[0]] = NO_RETRY_HEADER[1]
     if status == 408:  # its body never came whole: the connection cannot carry another request
         headers["connection"] = "close"
-    return JSONResponse(error_body(status, message), status_code=status, headers=headers or None)
+    return JSONResponse(error_body(status, message, kind), status_code=status, headers=headers or None)
 
 
 def validation_message(errors: list[dict]) -> str:

@@ -16,6 +16,12 @@ chars/4 (table in estimate_report; the tests hold it under 12% / 15%, bias withi
 
 Batched inputs (a list of prompts) count the sum: it is the prefill work the pod receives.
 
+`count` also says whether the count is *exact*: one prompt, counted as the engine counts it
+(token ids; with the tokenizer, a text, or a chat whose template rendered). The engine may count
+a text one or two tokens more (the special tokens its tokenizer adds: a Llama's BOS), never
+fewer, so an exact count over the engines' limit is a prompt they refuse (gateway/context.py);
+a heuristic one only guesses at that and is never used to refuse.
+
 A text longer than EXACT_CHARS is not walked whole: the heuristic counts SAMPLE_WINDOWS evenly
 spaced windows of WINDOW_CHARS (the first and the last included) and scales by the length, so
 its cost stops growing with the prompt (a 40 KB prompt: ~0.15 ms counted whole, ~0.04 ms
@@ -26,9 +32,10 @@ heuristic's own error; tests/unit/gateway_policy/test_estimate.py holds it there
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 from laps_agent.gateway.failures import GatewayError
+from laps_agent.prompt_rules import template_role
 
 # Heuristic weights, fitted by estimate_report (see the module docstring).
 TOKENS_PER_WORD = 1.2
@@ -79,6 +86,11 @@ def chars4_tokens(text: str) -> int:
 class TokenizerLike(Protocol):
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+class PromptCount(NamedTuple):
+    tokens: int
+    exact: bool   # at most what the engine counts, and short of it by its special tokens alone
 
 
 class EstimateError(ValueError):
@@ -157,6 +169,10 @@ class TokenEstimator:
 
     def estimate(self, body: dict, kind: str) -> int:
         """Prompt tokens of a request body; kind is "chat" | "completion" | "generate"."""
+        return self.count(body, kind).tokens
+
+    def count(self, body: dict, kind: str) -> PromptCount:
+        """`estimate`, and whether it is exact (see the module docstring)."""
         if not isinstance(body, dict):
             raise EstimateError("request body must be a JSON object")
         if kind == "chat":
@@ -164,14 +180,19 @@ class TokenEstimator:
         if kind == "completion":
             if "prompt" not in body:
                 raise EstimateError("completion request needs `prompt`")
-            return self._prompt(body["prompt"], "prompt")
+            return self._single(body["prompt"], "prompt")
         if kind == "generate":
             if body.get("input_ids") is not None:
-                return self._prompt(body["input_ids"], "input_ids")
+                return self._single(body["input_ids"], "input_ids")
             if body.get("text") is not None:
-                return self._prompt(body["text"], "text")
+                return self._single(body["text"], "text")
             raise EstimateError("generate request needs `text` or `input_ids`")
         raise EstimateError(f"unknown request kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+    def _single(self, prompt: Any, field: str) -> PromptCount:
+        # A batch's sum is no prompt's length: only a single prompt's count can be exact.
+        exact = _is_token_ids(prompt) or (isinstance(prompt, str) and self.tokenizer is not None)
+        return PromptCount(self._prompt(prompt, field), exact)
 
     def _prompt(self, prompt: Any, field: str) -> int:
         if isinstance(prompt, str):
@@ -195,19 +216,20 @@ class TokenEstimator:
             raise GatewayError(400, "invalid_request", f"`{field}` holds token id "
                                f"{min(ids) if min(ids) < 0 else max(ids)}; token ids must be {bound}")
 
-    def _chat(self, messages: Any) -> int:
+    def _chat(self, messages: Any) -> PromptCount:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise EstimateError("chat request needs `messages`, a list of objects")
-        clean = [{"role": str(m.get("role", "user")), "content": message_text(m.get("content"))}
-                 for m in messages]
+        # The messages as the engine hands them to the template (engine/chat_messages.py).
+        clean = [{"role": template_role(str(m.get("role", "user"))),
+                  "content": message_text(m.get("content"))} for m in messages]
         if self.mode == "chars4":
-            return chars4_tokens("".join(m["content"] for m in clean))
+            return PromptCount(chars4_tokens("".join(m["content"] for m in clean)), False)
         if self.tokenizer is not None:
             try:
-                return self._encode(self.tokenizer.apply_chat_template(clean))
+                return PromptCount(self._encode(self.tokenizer.apply_chat_template(clean)), True)
             except ValueError:  # no template, or it refused these messages: count the parts
                 pass
-        return self._chat_heuristic(clean)
+        return PromptCount(self._chat_heuristic(clean), False)
 
     def _chat_heuristic(self, clean: Sequence[dict]) -> int:
         return CHAT_TOKENS_PER_REQUEST + sum(

@@ -34,18 +34,19 @@ class GatewayError(Exception):
     """A request the gateway answers itself with `status` and an OpenAI-style error body."""
 
     def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None,
-                 *, no_retry: bool = False):
+                 *, no_retry: bool = False, kind: str | None = None):
         super().__init__(message)
         self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
+        self.kind = kind   # the body's error type, where it is not error_body's default
         # The same request again would cost as much and end the same way: SDK clients are told
         # not to resend it on their own (errors.NO_RETRY_HEADER), as they do any 5xx.
         self.no_retry = no_retry
 
 
-def error_body(status: int, message: str) -> dict:
+def error_body(status: int, message: str, kind: str | None = None) -> dict:
     """OpenAI's error shape, as the gateway writes it for an error it answers itself."""
-    kind = ("overloaded_error" if status == 429 else
-            "invalid_request_error" if status < 500 else "server_error")
+    kind = kind or ("overloaded_error" if status == 429 else
+                    "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "code": status}}
 
 

@@ -16,11 +16,17 @@ its count starts over.
 
 A pod that answered 503 `draining` is shutting down gracefully: it is out of routing for
 `eject_seconds` too, but that is no failure and no ejection cap applies (it refuses every new
-request anyway); when the time is up a pod that has gone fails fast, one that came back serves."""
+request anyway); when the time is up a pod that has gone fails fast, one that came back serves.
+
+Pods that leave the membership are forgotten (`follow`): with Kubernetes discovery every rollout
+brings new pod names, and a long-lived gateway kept an entry for each name it ever served. A pod
+that still holds requests of this gateway is forgotten when the last of them ends, so their
+counts stay right; a name that comes back after that starts afresh (a new pod: no failures, no
+ejection), as the prefix record treats it (affinity.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.gateway.config import ProxyConfig
@@ -74,6 +80,33 @@ class LoadTracker:
         self._held_on: dict[str, dict[str, list[int]]] = {}
         self._failures: dict[str, int] = {}
         self._ejected_until: dict[str, float] = {}
+        self._members: object | None = None   # the membership `follow` saw last
+        self._departed: set[str] = set()      # out of it, kept while requests run there
+
+    def follow(self, membership) -> None:
+        """Forget the pods that are not in `membership` (a discovery.Membership) and hold none of
+        this gateway's requests; the others once their last request ends. Discovery replaces
+        the membership object on every change, so an unchanged one costs one comparison."""
+        if membership is self._members:
+            return
+        self._members = membership
+        present = {e.name for e in _pods(membership)}
+        self._departed = {name for name in self.pods() if name not in present}
+        for name in list(self._departed):
+            self._forget_if_idle(name)
+
+    def pods(self) -> set[str]:
+        """Every pod this tracker keeps an entry for."""
+        return {*self._loads, *self._held_on, *self._failures, *self._ejected_until}
+
+    def _forget_if_idle(self, name: str) -> None:
+        # pending_requests counts the pod's prefill tickets and decode requests alike.
+        load = self._loads.get(name)
+        if load is not None and (load.pending_requests or load.pending_tokens):
+            return
+        for table in (self._loads, self._held_on, self._failures, self._ejected_until):
+            table.pop(name, None)
+        self._departed.discard(name)
 
     def _load(self, name: str) -> EndpointLoad:
         load = self._loads.get(name)
@@ -111,6 +144,8 @@ class LoadTracker:
         pending = self._groups[ticket.group]
         pending.requests -= 1
         pending.tokens -= ticket.tokens
+        if ticket.endpoint in self._departed:
+            self._forget_if_idle(ticket.endpoint)
 
     def begin_decode(self, endpoint: str, cls: str | None = None) -> None:
         self._load(endpoint).pending_requests += 1
@@ -125,6 +160,8 @@ class LoadTracker:
         if cls is not None:
             self._decode_held[cls] -= 1
             self._held_on[endpoint][cls][0] -= 1
+        if endpoint in self._departed:
+            self._forget_if_idle(endpoint)
 
     def decode_held(self, cls: str) -> int:
         """Requests of class `cls` this gateway holds on the decode pool (dispatch to last byte)."""
@@ -169,3 +206,9 @@ class LoadTracker:
 
 
 _HEALTHY = EndpointLoad()
+
+
+def _pods(membership) -> Iterable:
+    yield from membership.decode
+    for pods in membership.groups.values():
+        yield from pods

@@ -114,7 +114,8 @@ class PDProxy:
         held = self.affinity.held(call.prefix)
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
-            self.affinity.follow(membership)
+            self.affinity.follow(membership)   # both forget departed pods
+            self._tracker.follow(membership)
             # One view of the pods' loads (own + engine-reported) serves routing and admission.
             loads = self.engine_loads.merged(self._tracker.loads())
             try:

@@ -1,12 +1,13 @@
-"""The `/laps_status` document (threshold, groups with their pods, pending work and admission
-bound per group; the decode pool's pods, slots and each class's share of them) and readiness
-(can this gateway route at all)."""
+"""The `/laps_status` document (threshold, the engines' longest prompt, groups with their pods,
+pending work and admission bound per group; the decode pool's pods, slots and each class's share
+of them) and readiness (can this gateway route at all)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from laps_agent.gateway.admission import decode_held, decode_share_bound, decode_slots, group_bound
+from laps_agent.gateway.context import engines_limit
 from laps_agent.gateway.discovery import GROUP_NAMES, Membership
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
 from laps_agent.scheduling.classes import CLASSES
@@ -72,5 +73,7 @@ def laps_status(gateway: Gateway) -> dict:
     allocation = gateway.allocator.status() if gateway.allocator is not None else {"enabled": False}
     return {"enabled": True, "served_model_name": gateway.config.served_model_name,
             "threshold": gateway.config.length_threshold, "groups": groups,
+            # Longer prompts (counted exactly) are refused here, before admission (context.py).
+            "max_prompt_tokens": engines_limit(membership, gateway.proxy.engine_loads.max_prompt_tokens),
             "decode": _decode(gateway, membership, loads),
             "allocation": allocation}

@@ -107,3 +107,58 @@ def test_watch_resumes_after_timing_out(kube_api, stub_engines):
             await discovery.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_gateway_forgets_the_pods_of_past_rollouts(kube_api, stub_engines, gateway_server):
+    """Every rollout brings new pod names: a long-lived gateway keeps records only of the pods it
+    has now, and of departed ones while its requests still run there. Such a request finishes
+    cleanly, and a name that comes back starts from nothing in flight."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.stub_engine import KVHandoff
+
+    api = kubernetes.client.DiscoveryV1Api(kube_api.api_client())
+    gate, handoff = threading.Event(), KVHandoff(timeout_s=120)
+    held_pod, held_engine = stub_engines("prefill", handoff=handoff, prefill_gate=gate)
+    prefill, _ = stub_engines("prefill", handoff=handoff)
+    decode, _ = stub_engines("decode", handoff=handoff)
+
+    def roll_out(generation: int, prefill_url: str, *, first: bool = False) -> None:
+        """The pods of `generation` replace the previous ones (new names, as a rollout's)."""
+        for name, service, pod, url, bootstrap in (
+                ("short", SERVICES.prefill_short, f"pf-{generation}", prefill_url, 8998),
+                ("decode", SERVICES.decode, f"dc-{generation}", decode.url, None)):
+            body = _slice(name, service, pod, url, bootstrap=bootstrap)
+            if first:
+                api.create_namespaced_endpoint_slice(NS, body)
+            else:
+                api.patch_namespaced_endpoint_slice(name, NS, {"endpoints": body["endpoints"],
+                                                               "ports": body["ports"]})
+
+    roll_out(0, held_pod.url, first=True)
+    gateway = gateway_server(KubernetesDiscovery(SERVICES, namespace=NS, api_client=kube_api.api_client()),
+                             length_threshold=64)
+    tracker = gateway.gateway.tracker
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(httpx.post, f"{gateway.url}/v1/completions", json={"prompt": "hi"}, timeout=120)
+        poll(lambda: len(held_engine.requests) == 1, message="the request held on pf-0")
+        for generation in range(1, 11):
+            roll_out(generation, prefill.url)
+            pods = {"short": [f"pf-{generation}"], "long": [], "decode": [f"dc-{generation}"]}
+            poll(lambda: _groups(gateway) == pods, message=f"rollout {generation} to reach the gateway")
+            assert httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}).status_code == 200
+        # pf-0 and dc-0 left long ago but still hold the first request; every other one is gone.
+        assert set(tracker.loads()) == tracker.pods() == {"pf-0", "dc-0", "pf-10", "dc-10"}
+        gate.set()
+        assert held.result().status_code == 200
+    poll(lambda: tracker.pods() == {"pf-10", "dc-10"}, message="pf-0 and dc-0 forgotten once idle")
+
+    roll_out(0, prefill.url)   # the old names come back, as new pods
+    poll(lambda: _groups(gateway) == {"short": ["pf-0"], "long": [], "decode": ["dc-0"]},
+         message="pf-0 and dc-0 back")
+    assert httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}).status_code == 200
+    status = httpx.get(f"{gateway.url}/laps_status").json()
+    assert status["groups"]["short"]["pods"][0]["pending_requests"] == 0
+    assert status["decode"]["pods"][0]["pending_requests"] == 0
+    assert status["decode"]["held_here"] == {"short": 0, "long": 0}

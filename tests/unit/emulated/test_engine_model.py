@@ -172,7 +172,10 @@ def test_prompt_and_completion_never_pass_the_context(kind, limit):
     assert done == {"p63": 1, "p62": 2, "p50": 14}
     assert m.free_pages == m.num_pages
     [refused] = m.add(ModelRequest("full", kind, 64, 1, 0.0), 0.0)  # no room for one token
-    assert refused.kind == "error" and "takes 1..63" in refused.error
+    # The builtin engine's refusal, word for word (what a client of either engine reads).
+    assert refused.kind == "error" and refused.error == (
+        "the prompt has 64 tokens; this engine takes at most 63: prompt + completion must fit in "
+        "its context of 64 tokens")
 
 
 def test_too_long_a_prompt_is_refused():
