@@ -14,6 +14,7 @@ What the emulator cannot show, and who plays it here:
 """
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import subprocess
@@ -187,3 +188,33 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(30)
+
+
+class GatewayStandIn:
+    """A gateway pod's /metrics, with the pending tokens the test sets per group."""
+
+    def __init__(self) -> None:
+        self.pressure = {"short": 0.0, "long": 0.0}
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = "".join(f'laps_gateway_pending_tokens{{group="{g}"}} {v}\n'
+                               f'laps_gateway_pending_requests{{group="{g}"}} 0\n'
+                               for g, v in stand_in.pressure.items()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

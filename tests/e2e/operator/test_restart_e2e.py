@@ -9,7 +9,6 @@ the operator process.
 """
 from __future__ import annotations
 
-import http.server
 import signal
 import threading
 from collections.abc import Iterator
@@ -18,36 +17,10 @@ import kmock
 import pytest
 
 from tests.e2e.operator.conftest import wait_for
-from tests.e2e.operator.serving_stack import NS, pod_for, run_pod
+from tests.e2e.operator.serving_stack import NS, GatewayStandIn, pod_for, run_pod
 from tests.e2e.operator.test_operator_e2e import GROUP_LABEL, Cluster
 
 CR = "laps.io/v1alpha1/lapsclusters"
-
-
-class GatewayStandIn:
-    """A gateway pod's /metrics, with the pending tokens the test sets per group."""
-
-    def __init__(self) -> None:
-        self.pressure = {"short": 0.0, "long": 0.0}
-        stand_in = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                body = "".join(f'laps_gateway_pending_tokens{{group="{g}"}} {v}\n'
-                               f'laps_gateway_pending_requests{{group="{g}"}} 0\n'
-                               for g, v in stand_in.pressure.items()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 @pytest.fixture
@@ -56,8 +29,7 @@ def gateway() -> Iterator[GatewayStandIn]:
     try:
         yield stand_in
     finally:
-        stand_in.server.shutdown()
-        stand_in.server.server_close()
+        stand_in.close()
 
 
 def running(kube_api, gateway: GatewayStandIn, name: str, **allocation) -> Cluster:

@@ -10,35 +10,18 @@ from one group to the other after each move and keep the loop moving pods.
 """
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import kubernetes
 
 from tests.e2e.operator.conftest import wait_for
-from tests.e2e.operator.serving_stack import NS, pod_for, run_pod
+from tests.e2e.operator.serving_stack import NS, GatewayStandIn, pod_for, run_pod
 from tests.e2e.operator.test_operator_e2e import Cluster
 
 NAME = "race"
 GROUPS = ("short", "long")
 MOVES = 6
 UPDATES_PER_MOVE = 3
-
-
-class GatewayMetrics(http.server.BaseHTTPRequestHandler):
-    pressure = {"short": 0.0, "long": 0.0}
-
-    def do_GET(self) -> None:  # noqa: N802
-        body = "".join(f'laps_gateway_pending_tokens{{group="{g}"}} {v}\nlaps_gateway_pending_requests{{group="{g}"}} 0\n'
-                       for g, v in self.pressure.items())
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 def threshold_of(args: list[str]) -> int:
@@ -54,8 +37,7 @@ def cm_threshold(version: dict) -> int:
 
 
 def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_operator):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GatewayMetrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stand_in = GatewayStandIn()
     try:
         operator = start_operator(LAPS_OPERATOR_RESYNC_SECONDS="0.3")
         client = kube_api.api_client()
@@ -72,7 +54,7 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
         gateway = wait_for(lambda: apps.read_namespaced_deployment(f"{NAME}-gateway", NS), "the gateway")
         run_pod(core, pod_for(f"{NAME}-gateway-5c6d7e8f9-abcde", gateway.spec.template.metadata.labels,
                               ("ReplicaSet", f"{NAME}-gateway-5c6d7e8f9", gateway.metadata.uid),
-                              {"http": server.server_address[1]}))
+                              {"http": stand_in.port}))
         wait_for(lambda: sorted(cluster.pod_groups().values()) == ["long", "long", "short", "short"], "groups")
 
         def moves() -> int:
@@ -81,18 +63,18 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
 
         # After each move, pressure turns to the other group (a reversal: ratio^2 is cleared)
         # while spec changes arrive one after another.
-        GatewayMetrics.pressure = {"short": 0.0, "long": 8000.0}
+        stand_in.pressure = {"short": 0.0, "long": 8000.0}
         for done in range(1, MOVES + 1):
             wait_for(lambda: moves() >= done, f"move {done}", timeout=30)
             last = cluster.status()["allocation"]["history"][-1]
             hot = "short" if last["to"] == "long" else "long"
-            GatewayMetrics.pressure = {hot: 8000.0, ("long" if hot == "short" else "short"): 0.0}
+            stand_in.pressure = {hot: 8000.0, ("long" if hot == "short" else "short"): 0.0}
             for _ in range(UPDATES_PER_MOVE):
                 threshold += 1
                 cluster.patch_spec({"laps": {"lengthThreshold": threshold}})
 
         # Quiet: no pressure, so after two decisions on a quiet window nothing moves any more.
-        GatewayMetrics.pressure = {"short": 0.0, "long": 0.0}
+        stand_in.pressure = {"short": 0.0, "long": 0.0}
         held = operator.metric("laps_operator_allocation_decisions_total", cluster=f"default/{NAME}", result="held")
         wait_for(lambda: operator.metric("laps_operator_allocation_decisions_total", cluster=f"default/{NAME}",
                                          result="held") >= held + 2, "two decisions without pressure")
@@ -133,5 +115,4 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
         assert cluster.pod_groups()[last["pod"]] == last["to"]
         assert "Traceback" not in operator.log()
     finally:
-        server.shutdown()
-        server.server_close()
+        stand_in.close()

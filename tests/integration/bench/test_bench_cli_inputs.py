@@ -10,10 +10,9 @@ import os
 import subprocess
 import sys
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.bench.test_workload_errors import engine, served  # noqa: F401  (engine: a fixture)
 from tests.unit.sim.test_sim_cli import NO_REQUEST, QUIET
 
 SMALL = """\
@@ -50,18 +49,6 @@ def a_file(tmp_path):
     path = tmp_path / "a-file"
     path.write_text("not a directory\n")
     return path
-
-
-@pytest.fixture
-def engine(engine_launcher, tiny_engine_model):
-    """One emulated engine at zero cost: the target of `bench run`."""
-    return engine_launcher(tiny_engine_model, "mixed", ("--backend", "emulated", "--profile", "instant"))
-
-
-def served(engine) -> int:
-    page = httpx.get(engine.url + "/metrics", timeout=10).text
-    return int(sum(s.value for f in text_string_to_metric_families(page) for s in f.samples
-                   if s.name == "laps_engine_class_total"))
 
 
 def test_bench_run_refuses_a_result_directory_it_cannot_make_before_sending(tmp_path, engine, workload, a_file):
