@@ -186,8 +186,10 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
         log.warning("token estimate failed (%s); using the body size", exc)
         count = PromptCount(len(raw) // 4, exact=False)
     # Before admission: a prompt no engine takes gets their 400, never a retryable 429 (context.py).
-    refuse_over_context(count, engines_limit(gateway.discovery.membership(),
-                                             gateway.proxy.engine_loads.max_prompt_tokens))
+    # Only an exact count can refuse: the engines' limit (a walk over the pods) is read for it alone.
+    if count.exact:
+        refuse_over_context(count, engines_limit(gateway.discovery.membership(),
+                                                 gateway.proxy.engine_loads.max_prompt_tokens))
     tokens = count.tokens
     # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
     chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
