@@ -57,8 +57,12 @@ def build_services(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any
     services.append(_service(cluster, cluster.decode, "decode", role_selector(cluster.name, "decode"),
                              _engine_ports(False)))
     gateway_ports = [{"name": "http", "port": spec.gateway.port, "targetPort": "http", "protocol": "TCP"}]
-    services.append(_service(cluster, cluster.gateway, "gateway", role_selector(cluster.name, "gateway"),
-                             gateway_ports, type=spec.gateway.service_type))
+    gateway = _service(cluster, cluster.gateway, "gateway", role_selector(cluster.name, "gateway"),
+                       gateway_ports, type=spec.gateway.service_type)
+    if spec.gateway.service_annotations:
+        # On the Service alone (a cloud's load balancer reads them there): no pod restarts.
+        gateway["metadata"]["annotations"] = dict(spec.gateway.service_annotations)
+    services.append(gateway)
     return services
 
 

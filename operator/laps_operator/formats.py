@@ -20,14 +20,36 @@ QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 # A base URL: the allocation loop appends /api/v1/query.
 PROMETHEUS_URL_PATTERN = r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$"
-# A toleration's key is a label key (a qualified name: an optional DNS-subdomain prefix and '/',
-# then at most 63 characters), or empty (with operator Exists: every taint); its value a label
-# value. The lengths are checked apart (TOLERATION_KEY_MAX_LENGTH is the CRD's maxLength).
-TOLERATION_KEY_PATTERN = (r"^(([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                          r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+# A label key (and an annotation's) is a qualified name: an optional DNS-subdomain prefix (at most
+# 253 characters) and '/', then a name of at most 63. A toleration's key is one, or empty (with
+# operator Exists: every taint); its value a label value. The lengths are checked apart
+# (TOLERATION_KEY_MAX_LENGTH is the CRD's maxLength).
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_QUALIFIED_NAME = rf"({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"  # e.g. a PriorityClass's name, at most 253
+TOLERATION_KEY_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 TOLERATION_KEY_MAX_LENGTH = 253 + 1 + 63
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_VALUE_MAX_LENGTH = 63
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why the API server would refuse `key` as a label or annotation key, or None."""
+    prefix, slash, name = key.rpartition("/")
+    if not re.match(rf"^{_QUALIFIED_NAME}$", key):
+        return (f"{key!r} is not a label or annotation key (an optional DNS-subdomain prefix and '/', then "
+                "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)")
+    if len(name) > 63 or len(prefix) > 253:
+        return f"{key!r}: at most 253 characters before the '/' and 63 after it"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why the API server would refuse `value` as a label value, or None."""
+    if len(value) > LABEL_VALUE_MAX_LENGTH or not re.match(LABEL_VALUE_PATTERN, value):
+        return (f"{value!r} is not a label value (at most 63 letters, digits, '-', '_' or '.', starting and "
+                "ending with a letter or digit)")
+    return None
 
 
 def quantity_problem(value: int | str) -> str | None:

@@ -5,6 +5,9 @@ import re
 from dataclasses import dataclass
 
 MANAGER = "laps-operator"
+# The operator's own label and annotation keys (these labels, apply.LAST_APPLIED, kopf's state on
+# the LAPSCluster): a CR's podLabels, podAnnotations and serviceAnnotations may not use it.
+OPERATOR_KEY_PREFIX = "laps.io/"
 CLUSTER_LABEL = "laps.io/cluster"
 ROLE_LABEL = "laps.io/role"
 GROUP_LABEL = "laps.io/prefill-group"

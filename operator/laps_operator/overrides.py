@@ -1,9 +1,11 @@
 """What a LAPSCluster may not take back from the operator: the engines' flags it renders (an
 occurrence in engine.extraArgs comes last, and the last wins), the variables it sets (a repeated
-name in engine.env wins the same way) and the paths it mounts (model.mountPath on one of them).
+name in engine.env wins the same way), the paths it mounts (model.mountPath on one of them) and
+the labels and annotations it sets (podLabels, podAnnotations, gateway.serviceAnnotations).
 Each would be accepted and silently break the cluster: `--port 9000` leaves every Service and
 probe on 30000, `LAPS_LENGTH_THRESHOLD` splits short from long unlike the gateway, a model
-mounted at /tmp makes the API server refuse every pod.
+mounted at /tmp makes the API server refuse every pod, a `laps.io/prefill-group` in the template
+would put every prefill pod in one group and roll the pool on each move.
 
 Every answer is read off what the builders render (engine_args.py, workloads.py), so a flag or
 mount added there is covered here without a second list. parse_spec calls `override_problem`.
@@ -14,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .engine_args import owned_engine_flags, plugin_env_fields
-from .naming import ClusterRef
+from .naming import OPERATOR_KEY_PREFIX, ClusterRef, component_labels
 from .spec import ClusterSpec
 from .workloads import (
     USER_OVERRIDABLE_ENV,
@@ -122,5 +124,33 @@ def mount_problem(spec: ClusterSpec) -> str | None:
     return None
 
 
+def _owned_key_problem(field: str, key: str, operator_labels: dict[str, str]) -> str | None:
+    if key in operator_labels:
+        return (f"{field}: {key} is one of the labels the operator sets on these pods, which select and "
+                "group them (Services, the gateway's discovery, the workload's selector): remove it")
+    if key.startswith(OPERATOR_KEY_PREFIX):
+        return (f"{field}: {key}: keys under {OPERATOR_KEY_PREFIX} are the operator's (its labels, the "
+                f"short/long group it moves prefill pods between, {OPERATOR_KEY_PREFIX}last-applied): "
+                "choose another prefix")
+    return None
+
+
+def metadata_problem(spec: ClusterSpec) -> str | None:
+    """A pod label or annotation, or a gateway Service annotation, with a key the operator sets:
+    the operator's value would silently win (workloads.py merges its labels last)."""
+    for role in ("prefill", "decode", "gateway"):
+        placement = getattr(spec, role)
+        labels = component_labels("check", role)  # what the templates carry (workloads.py)
+        for field, keys, owned in (("podLabels", placement.pod_labels, labels),
+                                   ("podAnnotations", placement.pod_annotations, {})):
+            for key in keys:
+                if problem := _owned_key_problem(f"{role}.{field}", key, owned):
+                    return problem
+    for key in spec.gateway.service_annotations:
+        if problem := _owned_key_problem("gateway.serviceAnnotations", key, {}):
+            return problem
+    return None
+
+
 def override_problem(spec: ClusterSpec) -> str | None:
-    return extra_args_problem(spec) or env_problem(spec) or mount_problem(spec)
+    return extra_args_problem(spec) or env_problem(spec) or mount_problem(spec) or metadata_problem(spec)

@@ -26,6 +26,7 @@ from .spec_network import NetworkPolicySpec
 from .spec_pods import (
     EngineSpec,
     LocalObjectReference,
+    MetadataMap,
     ModelSpec,
     PlacementSpec,
     PoolSpec,
@@ -116,10 +117,12 @@ class ApiKeysSecretSpec(_Model):
     key: str = Field(default="api-keys", min_length=1)
 
 
-class GatewaySpec(PlacementSpec):  # placed like the engine pools (nodeSelector, tolerations, affinity)
+class GatewaySpec(PlacementSpec):  # placed and labelled like the engine pools
     replicas: int = Field(default=1, ge=0, le=64)
     image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    # The gateway Service's: what a cloud's load balancer is asked for (internal, ...).
+    service_annotations: MetadataMap = Field(default_factory=dict)
     port: int = Field(default=8000, ge=1, le=65535)
     resources: ResourcesSpec = ResourcesSpec()
     request_deadline_seconds: float = Field(default=600.0, ge=0)  # 0: none (--request-deadline-s)

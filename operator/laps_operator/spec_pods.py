@@ -1,20 +1,24 @@
 """The sections of a LAPSCluster's spec that say what its pods run and where: the model, the
 engine (image, backend), each pool's size and resources, and the placement (nodeSelector,
-tolerations, affinity) that the pools and the gateway share. spec.py assembles them with the
-LAPS knobs into ClusterSpec; the same camelCase aliases and strictness apply.
+tolerations, affinity, priority, topology spread) and pod labels and annotations that the pools
+and the gateway share. spec.py assembles them with the LAPS knobs into ClusterSpec; the same
+camelCase aliases and strictness apply.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .formats import (
+    DNS_SUBDOMAIN_PATTERN,
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
     TOLERATION_KEY_MAX_LENGTH,
     TOLERATION_KEY_PATTERN,
+    label_value_problem,
+    qualified_name_problem,
     requests_over_limits,
     resource_problem,
 )
@@ -202,11 +206,70 @@ class Affinity(SpecModel):
     pod_anti_affinity: PodAffinity | None = None
 
 
+class TopologySpreadConstraint(SpecModel):
+    """Kubernetes' TopologySpreadConstraint, its fields only and the API server's rules. Left out,
+    labelSelector is the role's own pods (workloads.py): Kubernetes would count no pod, and the
+    constraint would spread nothing."""
+    max_skew: int = Field(ge=1, le=2**31 - 1)
+    topology_key: str = Field(min_length=1)
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    label_selector: LabelSelector | None = None
+    min_domains: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
+    node_taints_policy: Literal["Honor", "Ignore"] | None = None
+    match_label_keys: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> TopologySpreadConstraint:
+        for key in (self.topology_key, *(self.match_label_keys or ())):
+            if problem := qualified_name_problem(key):
+                raise ValueError(problem)
+        if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
+            raise ValueError("minDomains needs whenUnsatisfiable DoNotSchedule")
+        return self
+
+
+def _metadata_keys(values: dict[str, str]) -> dict[str, str]:
+    # Keys the API server accepts: a bad one would get every write of the workload or Service
+    # refused, instead of an InvalidSpec naming it.
+    for key in values:
+        if problem := qualified_name_problem(key):
+            raise ValueError(problem)
+    return values
+
+
+# Labels or annotations of a pod or a Service.
+MetadataMap = Annotated[dict[str, str], AfterValidator(_metadata_keys)]
+
+
 class PlacementSpec(SpecModel):
-    """Where a role's pods may run, as in a pod spec: the engine pools and the gateway."""
+    """Where a role's pods may run and what they carry, as in a pod spec: the engine pools and the
+    gateway. Pod labels and annotations the operator sets are refused in overrides.py."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     affinity: Affinity | None = None
+    priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    topology_spread_constraints: tuple[TopologySpreadConstraint, ...] = ()
+    pod_labels: MetadataMap = Field(default_factory=dict)
+    pod_annotations: MetadataMap = Field(default_factory=dict)
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _label_values(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if problem := label_value_problem(value):
+                raise ValueError(f"{key}: {problem}")
+        return labels
+
+    @field_validator("topology_spread_constraints")
+    @classmethod
+    def _one_per_key_and_action(cls, constraints: tuple[TopologySpreadConstraint, ...]
+                                ) -> tuple[TopologySpreadConstraint, ...]:
+        # The API server's rule: a (topologyKey, whenUnsatisfiable) pair at most once.
+        pairs = [(c.topology_key, c.when_unsatisfiable) for c in constraints]
+        if len(set(pairs)) != len(pairs):
+            raise ValueError("must not repeat a topologyKey with the same whenUnsatisfiable")
+        return constraints
 
 
 class PoolSpec(PlacementSpec):

@@ -78,10 +78,20 @@ def _model_volume(spec: ClusterSpec) -> tuple[list[dict], list[dict]]:
     return [volume], [{"name": "model", "mountPath": spec.model.mount_path, "readOnly": True}]
 
 
-def _pod_spec(spec: ClusterSpec, placement: PlacementSpec, **fields: Any) -> dict[str, Any]:
+def _pod_spec(spec: ClusterSpec, placement: PlacementSpec, own_pods: dict[str, str], **fields: Any
+              ) -> dict[str, Any]:
     """The pod-level fields every pod of the cluster shares (pull secrets, grace period) and the
-    role's placement, around `fields` (containers, volumes, ...)."""
+    role's placement, around `fields` (containers, volumes, ...). `own_pods`: the role's selector."""
     pod_spec: dict[str, Any] = {**fields, "terminationGracePeriodSeconds": spec.drain.grace_period_seconds}
+    if placement.priority_class_name:
+        pod_spec["priorityClassName"] = placement.priority_class_name
+    if placement.topology_spread_constraints:
+        # A constraint without a selector counts no pod and so spreads nothing: it counts the
+        # role's own pods instead, which is what spreading replicas means.
+        pod_spec["topologySpreadConstraints"] = [
+            {"labelSelector": {"matchLabels": dict(own_pods)},
+             **c.model_dump(mode="json", by_alias=True, exclude_none=True)}
+            for c in placement.topology_spread_constraints]
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
     if placement.node_selector:
@@ -160,9 +170,19 @@ def _engine_pod(cluster: ClusterRef, spec: ClusterSpec, role: str, pool: PoolSpe
         **_pre_stop(spec),
     }
     # SGLang's image compiles kernels at run time into places we do not control.
-    pod_spec = restricted(_pod_spec(spec, pool, containers=[container], volumes=volumes),
+    pod_spec = restricted(_pod_spec(spec, pool, role_selector(cluster.name, role), containers=[container],
+                                    volumes=volumes),
                           read_only_root=spec.engine.backend != "sglang")
-    return {"metadata": {"labels": component_labels(cluster.name, role)}, "spec": pod_spec}
+    return _template(cluster, role, pool, pod_spec)
+
+
+def _template(cluster: ClusterRef, role: str, placement: PlacementSpec, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod template: the CR's podLabels and podAnnotations with the operator's labels, which win
+    (overrides.py refuses a CR that names one, so none is silently lost)."""
+    metadata: dict[str, Any] = {"labels": {**placement.pod_labels, **component_labels(cluster.name, role)}}
+    if placement.pod_annotations:
+        metadata["annotations"] = dict(placement.pod_annotations)
+    return {"metadata": metadata, "spec": pod_spec}
 
 
 def build_prefill_statefulset(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
@@ -230,10 +250,8 @@ def build_gateway_deployment(cluster: ClusterRef, spec: ClusterSpec) -> dict[str
             "replicas": spec.gateway.replicas,
             "strategy": {"type": "RollingUpdate"},
             "selector": {"matchLabels": role_selector(cluster.name, "gateway")},
-            "template": {
-                "metadata": {"labels": component_labels(cluster.name, "gateway")},
-                "spec": restricted(_pod_spec(spec, spec.gateway, serviceAccountName=cluster.gateway,
-                                             containers=[container], volumes=volumes)),
-            },
+            "template": _template(cluster, "gateway", spec.gateway, restricted(_pod_spec(
+                spec, spec.gateway, role_selector(cluster.name, "gateway"), serviceAccountName=cluster.gateway,
+                containers=[container], volumes=volumes))),
         },
     }

@@ -56,3 +56,40 @@ def test_fields_removed_from_the_spec_leave_the_statefulset_and_others_labels_st
     wait_for(lambda: cluster.statefulset().spec.template.spec.node_selector == {"pool": "big"},
              "the new nodeSelector on the StatefulSet")
     assert cluster.statefulset().metadata.labels["team"] == "ml"
+
+
+def test_service_and_pod_metadata_follow_the_spec_and_what_others_wrote_stays(kube_api, start_operator):
+    start_operator()
+    cluster = Cluster(kube_api, "meta")
+    internal = {"networking.gke.io/load-balancer-type": "Internal"}
+    no_mesh = {"sidecar.istio.io/inject": "false"}
+    body = example("meta")
+    body["spec"]["gateway"].update(serviceType="LoadBalancer", serviceAnnotations=internal)
+    body["spec"]["prefill"].update(podAnnotations=no_mesh, podLabels={"team": "ml"})
+    cluster.create(body)
+
+    service = wait_for(lambda: cluster.services().get("meta-gateway"), "the gateway Service")
+    assert service.spec.type == "LoadBalancer" and internal.items() <= service.metadata.annotations.items()
+    template = wait_for(cluster.statefulset, "the prefill StatefulSet").spec.template.metadata
+    assert template.annotations == no_mesh
+    assert template.labels["team"] == "ml" and template.labels["laps.io/role"] == "prefill"
+    gateway = wait_for(lambda: cluster.apps.read_namespaced_deployment("meta-gateway", NS), "the gateway")
+    # The cloud's controller records its load balancer on the Service.
+    cluster.core.patch_namespaced_service("meta-gateway", NS, {"metadata": {"annotations": {"example.com/lb-id": "7"}}})
+
+    cluster.patch_spec({"gateway": {"serviceAnnotations": None},
+                        "prefill": {"podAnnotations": None, "podLabels": None}})
+
+    def pruned():
+        annotations = cluster.services()["meta-gateway"].metadata.annotations
+        template = cluster.statefulset().spec.template.metadata
+        done = cluster.status().get("observedGeneration") == cluster.get()["metadata"]["generation"]
+        return (done and "networking.gke.io/load-balancer-type" not in annotations and not template.annotations
+                and "team" not in template.labels and annotations)
+
+    annotations = wait_for(pruned, "the annotations and label gone from the Service and the pod template")
+    assert annotations["example.com/lb-id"] == "7"
+    assert cluster.statefulset().spec.template.metadata.labels["laps.io/role"] == "prefill"
+    # The Service's annotations are not the gateway pods': they did not roll.
+    rolled = cluster.apps.read_namespaced_deployment("meta-gateway", NS).metadata.generation
+    assert rolled == gateway.metadata.generation

@@ -97,7 +97,8 @@ def test_the_gateway_is_placed_as_written_and_apart_from_the_pools():
 
 def test_the_gateway_takes_the_same_placement_fields_as_the_pools():
     props = SCHEMA["properties"]["spec"]["properties"]
-    fields = ("nodeSelector", "tolerations", "affinity")
+    fields = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "topologySpreadConstraints",
+              "podLabels", "podAnnotations")
     placement = [{f: props[role]["properties"][f] for f in fields} for role in ("prefill", "decode", "gateway")]
     assert placement[0] == placement[1] == placement[2]
 

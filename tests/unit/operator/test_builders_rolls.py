@@ -34,6 +34,13 @@ ROLLS = [
     ({"laps": {"scheduler": {"waitWindowMs": 9}}}, {"demo-prefill"}),
     ({"laps": {"batchPrefillGraphs": {"seqLengths": [32, 64]}}}, {"demo-prefill"}),
     ({"gateway": {"requestDeadlineSeconds": 5}}, {"demo-gateway"}),
+    # The gateway Service's annotations are the Service's alone; pod metadata and scheduling are
+    # their role's template.
+    ({"gateway": {"serviceType": "LoadBalancer", "serviceAnnotations": {"example.com/lb": "internal"}}}, set()),
+    ({"prefill": {"podAnnotations": {"sidecar.istio.io/inject": "false"}}}, {"demo-prefill"}),
+    ({"decode": {"podLabels": {"team": "ml"}, "priorityClassName": "gpu"}}, {"demo-decode"}),
+    ({"gateway": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                 "whenUnsatisfiable": "ScheduleAnyway"}]}}, {"demo-gateway"}),
 ]
 
 
