@@ -102,10 +102,9 @@ def _sglang_owned(spec: ClusterSpec, role: str) -> list[Owned]:
         Owned(("--disable-radix-cache",), "laps.prefixCache",
               () if spec.laps.prefix_cache else ("--disable-radix-cache",)),
     ]
-    if device != "auto":
-        # The pod holds GPUs for cuda and none for cpu (gpus.py): SGLang must use what it got.
-        # On auto SGLang picks, and engine.extraArgs may name another device.
-        owned.append(_opt("--device", device, "engine.device"))
+    # The pod holds GPUs on cuda and auto and none on cpu (gpus.py): SGLang must use what it got.
+    # On auto it is left to pick among them, so --device in extraArgs is refused on every device.
+    owned.append(Owned(("--device",), "engine.device", () if device == "auto" else ("--device", device)))
     if role == "prefill":
         owned.append(_opt("--disaggregation-bootstrap-port", BOOTSTRAP_PORT, None))
         graphs = spec.laps.batch_prefill_graphs

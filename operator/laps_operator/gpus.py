@@ -8,7 +8,7 @@ GPUs out whole (a request must equal the limit: formats.overcommittable), so a p
 cannot start its ranks and crash-loops, and a pod given more keeps GPUs on its node that nothing
 uses. The operator therefore holds a pool's GPU count to what its engine uses: unset, it becomes
 the limit; set otherwise, InvalidSpec names both fields. An engine on `device: cpu` (either
-backend) holds none.
+backend) holds none, and a count set for it is InvalidSpec too.
 """
 from __future__ import annotations
 
@@ -62,11 +62,14 @@ def engine_gpus(engine: EngineSpec, pool: PoolSpec) -> int | None:
 
 def gpu_count_problem(role: str, engine: EngineSpec, pool: PoolSpec) -> str | None:
     """Why the GPU count `pool` asks for is not the one its engine uses, or None. No count (the
-    operator then sets it, workloads.py) and CPU engines are fine."""
+    operator then sets it, workloads.py) is fine; a CPU engine uses none."""
     asked = pool.resources.limits.get(GPU, pool.resources.requests.get(GPU))
     used = engine_gpus(engine, pool)
-    if asked is None or used is None or quantity(asked) == used:
+    if asked is None or quantity(asked) == (used or 0):
         return None
+    if used is None:
+        return (f"{role}.resources {GPU} ({asked}) with engine.device cpu: the engine would run on the CPU "
+                f"while its GPUs sit idle on the node (leave {GPU} out, or set engine.device cuda)")
     how = "".join(f" x {flag} {value}" for flag, value in _multipliers(engine))
     how = f"{how} in engine.extraArgs = {used}" if how else ""
     return (f"{role}.resources {GPU} ({asked}) must equal {role}.tensorParallelSize ({pool.tensor_parallel_size})"

@@ -34,6 +34,17 @@ def _flag_name(arg: str) -> str | None:
     return arg.partition("=")[0] if arg.startswith("-") else None
 
 
+def _abbreviated(name: str, owned: Iterable[str]) -> list[str]:
+    """The owned flags `name` abbreviates: both engines' parsers (argparse) take any unambiguous
+    prefix of a flag for it, so `--po 9000` is `--port 9000`. Sound because no real flag of
+    either engine that is not owned itself is a prefix of an owned one (an exact flag wins
+    over an abbreviation; the unit tests check the builtin engine's parser, and SGLang 0.5.23's
+    own: only `--model`, owned, is a prefix of `--model-path`)."""
+    if not name.startswith("--") or name == "--":  # `--` ends the options: no flag
+        return []
+    return sorted(flag for flag in owned if flag.startswith(name) and flag != name)
+
+
 def _as_given(args: list[str], i: int, rendered: tuple[str, ...]) -> tuple[str, ...]:
     """extraArgs[i] with its value, shaped as the operator renders the flag: (`--x`,) for a
     switch, (`--x`, value) for an option, from `--x value` or `--x=value`."""
@@ -56,7 +67,12 @@ def extra_args_problem(spec: ClusterSpec) -> str | None:
                 owned.setdefault(name, []).append(flag)
     args = list(spec.engine.extra_args)
     for i, arg in enumerate(args):
-        if (name := _flag_name(arg)) not in owned:
+        if (name := _flag_name(arg)) is None:
+            continue
+        if name not in owned:
+            if flags := _abbreviated(name, owned):
+                return (f"engine.extraArgs: {name} would be read as {' or '.join(flags)} (the engine takes a "
+                        f"flag's abbreviations), which the operator sets: write out in full the flag you mean")
             continue
         flags = owned[name]
         if all(f.tokens and _as_given(args, i, f.tokens) == f.tokens for f in flags):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 from laps_operator.builders import build_children, build_services
+from laps_operator.engine_args import owned_engine_flags
 from laps_operator.pod_security import RUN_AS_ID
 from laps_operator.spec import InvalidSpecError, parse_spec
 
@@ -41,6 +42,13 @@ OWNED_FLAGS = [
     (SGLANG, ["--disable-radix-cache"], "--disable-radix-cache is set by the operator from laps.prefixCache"),
     (SGLANG, ["--cuda-graph-config", "{}"], "--cuda-graph-config is set by the operator from laps.batchPrefillGraphs"),
     (SGLANG | {"device": "cpu"}, ["--device", "cuda"], "--device is set by the operator from engine.device"),
+    # On auto nothing is rendered, yet the pods hold GPUs: SGLang on the CPU would leave them idle.
+    (SGLANG, ["--device", "cpu"], "--device is set by the operator from engine.device: set that instead"),
+    # argparse takes an unambiguous prefix for the flag: `--po 9000` is `--port 9000`.
+    ({}, ["--po", "9000"], "--po would be read as --port (the engine takes a flag's abbreviations), which the "
+                           "operator sets: write out in full the flag you mean"),
+    (SGLANG, ["--dev=cpu"], "--dev would be read as --device"),
+    (SGLANG, ["--tp", "2"], "--tp would be read as --tp-size"),
 ]
 
 
@@ -91,6 +99,31 @@ def test_a_flag_written_out_with_the_operators_value_is_accepted_but_one_per_rol
     # The role differs per pool, and extraArgs go to both: no value of it is the operator's.
     refused("spec.engine.extraArgs: --disaggregation-mode is not yours to change",
             engine=SGLANG | {"extraArgs": ["--disaggregation-mode", "prefill"]})
+
+
+def test_the_builtin_engine_reads_an_abbreviation_as_the_owned_flag_and_nothing_else_is_refused():
+    from laps_agent.engine.cli import build_parser
+
+    parser = build_parser()
+    # What the check stands on: the engine really takes `--po` for `--port`.
+    assert parser.parse_args(["--model", "m", "--po", "9000"]).port == 9000
+    spec = spec_of(laps={"scheduler": {"enabled": True}, "batchPrefillGraphs": {"enabled": True}})
+    owned = {name for role in ("prefill", "decode") for f in owned_engine_flags(spec, role) for name in f.names}
+    real = {option for option in parser._option_string_actions if option.startswith("--")}
+    assert owned <= real
+    # An exact flag wins over an abbreviation: none of the engine's own flags may be refused as one.
+    for option in sorted(real - owned):
+        spec_of(engine={"extraArgs": [f"{option}=1"]})
+
+
+def test_a_gpu_count_on_a_cpu_engine_is_refused_naming_the_pool():
+    gpus = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+    refused("spec: prefill.resources nvidia.com/gpu (1) with engine.device cpu: the engine would run on the CPU "
+            "while its GPUs sit idle", engine={"device": "cpu"}, prefill=gpus)
+    refused("spec: decode.resources nvidia.com/gpu (2) with engine.device cpu",
+            engine=SGLANG | {"device": "cpu"}, decode={"resources": {"requests": {"nvidia.com/gpu": "2"}}})
+    # None asked for is what a CPU engine holds anyway.
+    spec_of(engine={"device": "cpu"}, prefill={"resources": {"limits": {"nvidia.com/gpu": 0}}})
 
 
 def test_env_may_not_override_a_variable_the_operator_sets():
