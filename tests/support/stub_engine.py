@@ -97,7 +97,7 @@ class StubEngine:
                 await send({"type": "http.response.start", "status": status, "headers": [
                     (b"content-type", content_type.encode()), (b"content-length", b"%d" % len(raw))]})
                 return await send({"type": "http.response.body", "body": raw})
-            return await self._generate(path, bytes(body), receive, send)
+            return await self._generate(path, bytes(body), dict(scope["headers"]), receive, send)
         if path == "/health":
             return await _json(send, 200, {"status": "ok"})
         if path == "/get_server_info":
@@ -114,9 +114,9 @@ class StubEngine:
             return await _json(send, 200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
         return await _json(send, 404, {"error": {"message": f"no route {path}"}})
 
-    async def _generate(self, path: str, raw: bytes, receive, send) -> None:
+    async def _generate(self, path: str, raw: bytes, headers: dict[bytes, bytes], receive, send) -> None:
         # Like a real engine, notice a caller that hangs up and stop working for it.
-        work = asyncio.ensure_future(self._respond(path, raw, send))
+        work = asyncio.ensure_future(self._respond(path, raw, headers, send))
         hangup = asyncio.ensure_future(_until_disconnect(receive))
         await asyncio.wait((work, hangup), return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
@@ -125,7 +125,7 @@ class StubEngine:
         hangup.cancel()
         await asyncio.gather(work, hangup, return_exceptions=True)
 
-    async def _respond(self, path: str, raw: bytes, send) -> None:
+    async def _respond(self, path: str, raw: bytes, headers: dict[bytes, bytes], send) -> None:
         try:
             body = json.loads(raw)
             room = body["bootstrap_room"]
@@ -134,6 +134,7 @@ class StubEngine:
         self.requests.append({"path": path, "room": room, "role": self.role,
                               "bootstrap_host": body.get("bootstrap_host"),
                               "bootstrap_port": body.get("bootstrap_port"),
+                              "request_id": headers.get(b"x-request-id", b"").decode("latin-1"),
                               # top-level keys as sent, in order, duplicates included
                               "keys": [k for k, _ in json.loads(raw, object_pairs_hook=list)]})
         if self.role == "prefill":

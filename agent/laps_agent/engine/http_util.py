@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 from fastapi import Request
@@ -12,7 +13,10 @@ from starlette.requests import ClientDisconnect
 
 from laps_agent.engine import api_models as api
 from laps_agent.request_body import BodyRefused, read_request_body
+from laps_agent.request_id import shown
 from laps_agent.tokenizer import loads_json_text, unencodable_message, unencodable_text
+
+log = logging.getLogger(__name__)
 
 
 class ClientGone(Exception):
@@ -28,6 +32,17 @@ def error(exc: api.ApiError) -> JSONResponse:
     if exc.status == 408:  # its body never came whole: the connection cannot carry another request
         headers["connection"] = "close"
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
+
+
+def failed(request: Request, exc: api.ApiError) -> JSONResponse:
+    """`error(exc)` for a work request, logged with the request's id (X-Request-ID, which the
+    gateway forwards: laps_agent/request_id.py). A warning for the engine's own failures (5xx: a
+    KV hand-off that timed out, the engine loop failing); debug for refusals of the request (4xx)
+    and of load (queue_full, which can come by the thousand while the gateway retries elsewhere)."""
+    own = exc.status >= 500 and exc.type != "queue_full"
+    log.log(logging.WARNING if own else logging.DEBUG, "request %s failed with %d %s: %s",
+            shown(request.scope), exc.status, exc.type, exc.message)
+    return error(exc)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

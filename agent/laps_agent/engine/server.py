@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from laps_agent.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.engine import api_models as api
-from laps_agent.engine.http_util import ClientGone, error, read_json, until_disconnect, until_stream_end
+from laps_agent.engine.http_util import ClientGone, failed, read_json, until_disconnect, until_stream_end
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd_wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.prefix_warm import parse_warm_body, send_warm
@@ -32,6 +32,7 @@ from laps_agent.engine.requests import EngineOutput, GenerateWork, new_rid
 from laps_agent.engine.server_responses import final_body, sse_events
 from laps_agent.prompt_rules import CONTEXT_LENGTH_EXCEEDED, over_context_message
 from laps_agent.request_body import BODY_IDLE_TIMEOUT_S
+from laps_agent.request_id import shown
 
 if TYPE_CHECKING:
     from laps_agent.engine.engine import Engine
@@ -251,14 +252,15 @@ class EngineServer:
                                          media_type="text/event-stream")
             outs, last = await until_disconnect(request, self.collect(work, parsed.bootstrap))
         except api.ApiError as exc:
-            return error(exc)
+            return failed(request, exc)
         except BootstrapError as exc:
             # On a decode engine: its KV never came from the prefill engine (the prefill side is
             # overloaded or gone; the gateway blames the prefill pod for it). On a prefill
             # engine: no decode engine collected the KV. docs/contracts.md, engine errors.
-            return error(api.ApiError(504, str(exc), "bootstrap_error"))
+            return failed(request, api.ApiError(504, str(exc), "bootstrap_error"))
         except ClientGone:
             self.metrics.client_disconnects.inc()
+            log.debug("request %s: the client went away", shown(request.scope))
             return Response(status_code=499)
         return JSONResponse(final_body(work, parsed, outs, last, extra, started,
                                        self.settings.served_model_name))

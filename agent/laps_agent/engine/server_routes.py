@@ -16,6 +16,7 @@ from laps_agent.engine.load_report import HeldByClass, load_report
 from laps_agent.engine.metrics import read_group
 from laps_agent.engine.requests import GenerateWork, new_rid
 from laps_agent.engine.sampling_params import SamplingParams
+from laps_agent.request_id import RequestIdMiddleware
 from laps_agent.scheduling.classes import CLASSES
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ def build_app(server: EngineServer) -> FastAPI:
     # Inside DrainGuard: a draining engine's refusals hold nothing.
     app.add_middleware(HeldByClass, held=held)
     app.add_middleware(DrainGuard, drain=server.drain, who="engine")
+    # Outermost: every answer, a guard's refusal included, carries the request's id.
+    app.add_middleware(RequestIdMiddleware)
     s, engine = server.settings, server.engine
 
     @app.post("/generate")

@@ -32,6 +32,7 @@ from laps_agent.gateway.replies import Reply, StreamReply
 from laps_agent.gateway.relay import HangupGuard, RelayResponse
 from laps_agent.gateway.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
 from laps_agent.gateway.status import laps_status, readiness
+from laps_agent.request_id import SCOPE_KEY, shown, tagged
 
 log = logging.getLogger(__name__)
 _ERROR_STATUSES = (400, 401, 404, 408, 413, 415, 422, 429, 502, 503, 504)
@@ -87,14 +88,16 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             return deadline.bound(await deadline.run(_serve(gateway, request, model, kind)))
         except GatewayError as exc:
             metrics.errors.labels(exc.reason).inc()
+            _log_failure(request, exc.status, exc.message)
             return error_response(exc.status, exc.message, retry_after=exc.retry_after,
                                   no_retry=exc.no_retry, kind=exc.kind)
         except UpstreamStatus as exc:   # its body is JSON whatever the engine sent (failures.py)
             metrics.errors.labels("upstream_status").inc()
+            _log_failure(request, exc.status, f"{exc.who} answered it")
             return Response(exc.body, status_code=exc.status, media_type="application/json")
         except Exception as exc:   # noqa: BLE001 - a bug: still an OpenAI-shaped 500 (errors.py)
             metrics.errors.labels("internal_error").inc()
-            return crash_response(exc)
+            return crash_response(exc, shown(request.scope))
 
     def post(path: str, model: type[BaseModel], kind: str) -> None:
         async def endpoint(request: Request) -> Response:
@@ -194,7 +197,7 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
     chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
     call = ProxyCall(path=request.scope["path"], body=PDPayload(raw, body), stream=bool(parsed.stream),
-                     tokens=tokens, prefix=chain)
+                     tokens=tokens, request_id=request.scope[SCOPE_KEY], prefix=chain)
     reply = None
     async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls
         reply = await gateway.proxy.forward(call)
@@ -205,6 +208,14 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     if isinstance(reply, Reply):
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
     return RelayResponse(reply)
+
+
+def _log_failure(request: Request, status: int, message: str) -> None:
+    """One line per failed request, naming its id (request_id.py): a warning for the gateway's or
+    the pods' failures (5xx), debug for refusals of the request itself (4xx: a client's mistake,
+    or 429 load shedding, which can come by the thousand)."""
+    log.log(logging.WARNING if status >= 500 else logging.DEBUG, "request %s failed with %d: %s",
+            shown(request.scope), status, message)
 
 
 class GatewayApp(FastAPI):
@@ -218,8 +229,7 @@ class GatewayApp(FastAPI):
     A path with a trailing slash is served as the path without it. FastAPI redirected it (307
     to `http://<Host>/path`): wrong behind a TLS terminator or a proxy, and most clients do
     not send a POST's body again after a redirect. FastAPI-based servers (SGLang, vLLM) have
-    taught clients that `/v1/chat/completions/` works, so it is served rather than refused;
-    only a request that missed the exact lookup pays for the check."""
+    taught clients that `/v1/chat/completions/` works, so it is served rather than refused."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -227,17 +237,18 @@ class GatewayApp(FastAPI):
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
+            # Here, ahead of everything that may answer (routes, guards, error handlers), so
+            # that every response carries the request's id (request_id.py).
+            send = tagged(scope, send)
+            path = scope["path"]
+            if path[-1:] == "/" and path != "/":
+                scope = {**scope, "path": path.rstrip("/") or "/"}
             if scope["method"] == "POST":
                 handler = self.work.get(scope["path"])
                 if handler is not None:
                     scope["app"] = self
                     await handler(scope, receive, send)
                     return
-            path = scope["path"]
-            if path[-1:] == "/" and path != "/":
-                # Once: the stripped path no longer ends in "/" (or is "/").
-                await self({**scope, "path": path.rstrip("/") or "/"}, receive, send)
-                return
         await super().__call__(scope, receive, send)
 
 

@@ -91,8 +91,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _crash)
 
 
-def crash_response(exc: Exception) -> JSONResponse:
+def crash_response(exc: Exception, request_id: str = "-") -> JSONResponse:
     """An unexpected exception on the work routes' fast path, before any response byte: logged
     here (uvicorn would have), answered as the app's error middleware answers (_crash)."""
-    log.error("internal error serving a request", exc_info=exc)
+    log.error("internal error serving request %s", request_id, exc_info=exc)
     return _internal(exc)

@@ -43,6 +43,15 @@ class GatewayError(Exception):
         self.no_retry = no_retry
 
 
+class Retryable(Exception):
+    """An attempt failed in a way another pair of pods may not (proxy.py tries again elsewhere):
+    `endpoints` are the pods to leave out, `error` what the client hears if no retry succeeds."""
+
+    def __init__(self, endpoints: tuple[str, ...], error: GatewayError):
+        super().__init__(error.message)
+        self.endpoints, self.error = endpoints, error
+
+
 def error_body(status: int, message: str, kind: str | None = None) -> dict:
     """OpenAI's error shape, as the gateway writes it for an error it answers itself."""
     kind = kind or ("overloaded_error" if status == 429 else
@@ -56,6 +65,7 @@ class UpstreamStatus(Exception):
 
     def __init__(self, status: int, body: bytes, who: str = "the engine"):
         super().__init__(f"upstream answered {status}")
+        self.who = who
         self.status, self.body = relayed(status, body, who)
 
 

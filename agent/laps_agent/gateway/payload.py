@@ -49,12 +49,15 @@ class PDPayload:
             self._comma, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
 
 
-def class_header(cls: str) -> bytes:
-    """The header line telling both engines the class the gateway chose (X-LAPS-Class,
-    engine/api_models.py). A prefill engine counts where the gateway's expected uncached length
-    and its own split disagree (laps_engine_class_total); every engine reports the requests it
-    holds per class in /get_load, so that other gateway replicas see them (the decode share)."""
-    return b"x-laps-class: %s\r\n" % cls.encode()
+def upstream_headers(cls: str, request_id: bytes) -> bytes:
+    """The header lines both engines get with an attempt. X-LAPS-Class: the class the gateway
+    chose (engine/api_models.py); a prefill engine counts where the gateway's expected uncached
+    length and its own split disagree (laps_engine_class_total), and every engine reports the
+    requests it holds per class in /get_load, so that other gateway replicas see them (the decode
+    share). X-Request-ID: the request's id (laps_agent/request_id.py), which the engines name in
+    their logs; a stock SGLang ignores it. It is deliberately not SGLang's body `rid`: that must
+    be unique inside SGLang, and a client-chosen id may repeat (a retry, two clients alike)."""
+    return b"x-laps-class: %s\r\nx-request-id: %s\r\n" % (cls.encode(), request_id)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -27,10 +28,10 @@ from laps_agent.gateway.affinity import CacheAffinity
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery, Membership
 from laps_agent.gateway.engine_load import EngineLoadPoller, EngineLoads
-from laps_agent.gateway.failures import GatewayError, UpstreamStatus, judge_status
+from laps_agent.gateway.failures import GatewayError, Retryable, UpstreamStatus, judge_status
 from laps_agent.gateway.load import LoadTracker, PrefillTicket
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.payload import PDPayload, class_header
+from laps_agent.gateway.payload import PDPayload, upstream_headers
 from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
 from laps_agent.gateway.relay import Leftovers
 from laps_agent.gateway.replies import EventAligner, Reply, StreamReply, sse_error
@@ -39,11 +40,7 @@ from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError,
 from laps_agent.gateway.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
                                          UpstreamResponse, UpstreamTimeout, address)
 
-
-class _Retryable(Exception):
-    def __init__(self, endpoints: tuple[str, ...], error: GatewayError):
-        super().__init__(error.message)
-        self.endpoints, self.error = endpoints, error
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +49,7 @@ class ProxyCall:
     body: PDPayload           # the client's body, to which each attempt adds its PD fields
     stream: bool
     tokens: int               # estimated prompt tokens
+    request_id: bytes         # to both pods as X-Request-ID (payload.upstream_headers)
     started: float = field(default_factory=time.monotonic)
     prefix: PrefixChain | None = None    # the prompt's block chain (cache affinity)
     engine_checked: bool = False         # an engine's answer said how much it found cached
@@ -135,9 +133,11 @@ class PDProxy:
                 self._metrics.retries.inc()
             try:
                 return await self._attempt(call, decision)
-            except _Retryable as exc:
+            except Retryable as exc:
                 exclude.update(exc.endpoints)
                 failure = exc.error
+                log.warning("request %s: attempt %d failed: %s", call.request_id.decode(),
+                            attempt + 1, failure.message)
         raise failure
 
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
@@ -147,8 +147,9 @@ class PDProxy:
         ticket = self._tracker.begin_prefill(d.group, d.prefill.name, max(1, call.tokens - d.cached))
         self.affinity.sent(d, call.prefix)
         self._tracker.begin_decode(d.decode.name, d.cls)
-        prefill = asyncio.create_task(self._prefill(d, call, payload, ticket))
-        decode = asyncio.create_task(self._decode(d, call, payload))
+        headers = upstream_headers(d.cls, call.request_id)
+        prefill = asyncio.create_task(self._prefill(d, call, payload, headers, ticket))
+        decode = asyncio.create_task(self._decode(d, call, payload, headers))
         handed_over = False
         try:
             done, _ = await asyncio.wait((prefill, decode), return_when=asyncio.FIRST_COMPLETED)
@@ -182,10 +183,10 @@ class PDProxy:
             call.prefill_ended = time.monotonic()
 
     async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
-                       ticket: PrefillTicket) -> None:
+                       headers: bytes, ticket: PrefillTicket) -> None:
         pod = d.prefill
         try:
-            response = await self._pool.post(*address(pod.url), call.path, payload, class_header(d.cls))
+            response = await self._pool.post(*address(pod.url), call.path, payload, headers)
             body = await response.read()
         except UpstreamError as exc:
             raise self._transport_failure(d, "prefill", exc) from None
@@ -196,11 +197,12 @@ class PDProxy:
             call.engine_checked = self.affinity.engine_answer(d, body)
         self._end_prefill_phase(call, ticket)
 
-    async def _decode(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes]):
+    async def _decode(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
+                      headers: bytes):
         pod = d.decode
         response: UpstreamResponse | None = None
         try:
-            response = await self._pool.post(*address(pod.url), call.path, payload, class_header(d.cls))
+            response = await self._pool.post(*address(pod.url), call.path, payload, headers)
             if response.status != 200 or not call.stream:
                 body = await response.read()
                 if response.status >= 300:
@@ -235,7 +237,7 @@ class PDProxy:
             return GatewayError(504, "upstream_timeout", f"timed out waiting for {detail}")
         # Nothing reached the client yet, so even a response broken midway can be retried.
         kind = "upstream_connection" if isinstance(exc, UpstreamConnectError) else "upstream_broken"
-        return _Retryable((pod.name,), GatewayError(502, kind, detail))
+        return Retryable((pod.name,), GatewayError(502, kind, detail))
 
     def _status_failure(self, d: RouteDecision, role: str, status: int, body: bytes) -> Exception:
         blame = judge_status(role, status, body, prefill=d.prefill.name, group=d.group,
@@ -252,7 +254,7 @@ class PDProxy:
                 self._tracker.record_draining(pod.name, pool)
         error = GatewayError(blame.status, blame.reason, blame.message, self._config.retry_after_s
                              if blame.status == 503 else None, no_retry=not blame.retry)
-        return _Retryable((pod.name,), error) if blame.retry else error
+        return Retryable((pod.name,), error) if blame.retry else error
 
     def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,
                response: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes) -> StreamReply:
@@ -284,6 +286,8 @@ class PDProxy:
                 # Bytes already reached the client: no retry possible, so end with a clear event.
                 self._record_failure(d, "decode")
                 self._metrics.errors.labels("upstream_broken").inc()
+                log.warning("request %s: decode pod %s broke off the stream (%s)",
+                            call.request_id.decode(), d.decode.name, exc)
                 yield sse_error(f"decode pod {d.decode.name} broke off the stream: "
                                 f"{type(exc).__name__}")
             finally:
