@@ -224,6 +224,26 @@ def test_requests_pd_cannot_serve_get_a_clear_4xx_and_leave_the_servers_serving(
     poll(idle, timeout=30, message="the gateway's pending figures to be back at zero")
 
 
+def test_an_over_context_prompt_gets_sglangs_own_400_from_the_gateway(gateway, laps_prefill):
+    """Stock SGLang reports no prompt limit in its load: the gateway asks its context once
+    (/v1/models, /server_info) and answers a prompt SGLang would refuse for its length itself,
+    ahead of admission (never a 429 an SDK resends), in SGLang's own words."""
+    import openai
+
+    context = httpx.get(f"{laps_prefill.url}/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+    poll(lambda: httpx.get(f"{gateway}/laps_status", timeout=10).json()["max_prompt_tokens"] == context - 1,
+         timeout=90, message="the gateway to learn SGLang's context length")
+    over = {"model": "smollm2", "prompt": [28] * context, "max_tokens": 1}
+    own = httpx.post(f"{laps_prefill.url}/v1/completions", timeout=60, json=over)   # SGLang's answer
+    assert own.status_code == 400, own.text
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", timeout=60, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(**over)
+    assert refused.value.body["message"] == own.json()["message"]
+    metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
+    assert metric_value(metrics, "laps_gateway_errors_total", reason="context_length_exceeded") == 1
+
+
 def test_engine_info_follows_the_operator_relabelling_the_pod(laps_prefill):
     """The operator moves a prefill pod between the short and long groups by relabelling it; the
     kubelet rewrites the labels file, and `laps_engine_info{group}` follows, as the builtin

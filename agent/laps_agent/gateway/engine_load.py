@@ -25,7 +25,11 @@ there each gateway counts its own alone). Their own part is taken out more caref
 held when the poll was sent plus sent since, up to the answer: a request dispatched meanwhile
 may already be in the answer, and counted as another replica's it would refuse a request of
 a lone gateway at its bound (a short spurious 429). Counting it as possibly ours instead can
-only miss another replica's request for one interval."""
+only miss another replica's request for one interval.
+
+The longest prompt a pod takes (context.py refuses a longer one ahead of admission) is a setting
+kept here per pod too: our engines report it in every answer; stock SGLang's is asked once per
+pod, apart from the polls (sglang_limit.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +42,9 @@ from typing import NamedTuple
 
 from laps_agent.gateway.discovery import Discovery
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
+from laps_agent.gateway.sglang_limit import SGLangLimits
 from laps_agent.gateway.upstream import UpstreamError, UpstreamPool, address
+from laps_agent.prompt_rules import PromptLimit
 
 log = logging.getLogger(__name__)
 _IDLE = EndpointLoad()
@@ -64,7 +70,7 @@ class _Pod:
     slots: int | None = None                  # requests it decodes at once, as last reported
     held: Mapping[str, int] | None = None     # its held_by_class in that answer, if it had one
     held_then: dict[str, int] = field(default_factory=dict)  # of which this gateway's, at most
-    max_prompt: int | None = None             # longest prompt it takes, as last reported
+    max_prompt: PromptLimit | None = None     # longest prompt it takes, as last reported
 
 
 class EngineLoads:
@@ -94,7 +100,7 @@ class EngineLoads:
         if slots:
             pod.slots = slots
         if max_prompt:
-            pod.max_prompt = max_prompt
+            pod.max_prompt = PromptLimit(max_prompt)
         pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
     def slots(self, name: str) -> int | None:
@@ -103,12 +109,19 @@ class EngineLoads:
         pod = self._pods.get(name)
         return pod.slots if pod is not None else None
 
-    def max_prompt_tokens(self, names: Iterable[str]) -> int | None:
+    def learnt_limit(self, name: str, limit: PromptLimit | None) -> None:
+        """The longest prompt pod `name` takes, learnt apart from its load (stock SGLang's;
+        None: it refuses none by length alone)."""
+        pod = self._pods.get(name)
+        if pod is not None:   # else the pod left meanwhile
+            pod.max_prompt = limit
+
+    def max_prompt_tokens(self, names: Iterable[str]) -> PromptLimit | None:
         """The longest prompt any of the pods `names` takes, as they last reported it (a
         setting, like slots); None while none has said. The largest, so that a prompt refused
         on it would have been refused on every one of them."""
         limits = [pod.max_prompt for name in names if (pod := self._pods.get(name)) and pod.max_prompt]
-        return max(limits) if limits else None
+        return max(limits, key=lambda limit: limit.tokens) if limits else None
 
     def others_held(self, name: str, cls: str) -> int:
         """Requests of class `cls` that other gateway replicas hold on pod `name`, as of its
@@ -180,8 +193,8 @@ SGLANG_LOAD_PATH = "/v1/loads?include=core"
 def parse_report(body: bytes) -> LoadReport:
     """A /get_load answer, or SGLang's /v1/loads (summed over its ranks: requests waiting, in a
     KV transfer or running; uncached prompt tokens waiting; max running requests; it has no
-    classes, nor its longest prompt); ValueError when it is neither. Fields an older engine lacks
-    are None."""
+    classes, nor its longest prompt: SGLangLimits asks that); ValueError when it is neither.
+    Fields an older engine lacks are None."""
     try:
         doc = json.loads(body)
         if "loads" in doc:
@@ -215,6 +228,7 @@ class EngineLoadPoller:
                                   max_idle_per_host=2)
         self._task: asyncio.Task | None = None
         self._paths: dict[str, str] = {}   # pods that answered LOAD_PATH with 404: SGLang's route
+        self._sglang_limits = SGLangLimits(loads)
 
     async def start(self) -> None:
         if self._enabled:
@@ -224,6 +238,7 @@ class EngineLoadPoller:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self._sglang_limits.stop()
         await self._pool.aclose()
 
     async def _run(self) -> None:
@@ -236,6 +251,7 @@ class EngineLoadPoller:
             self.loads.keep_only(pods)
             for gone in [name for name in self._paths if name not in pods]:
                 del self._paths[gone]
+            self._sglang_limits.keep_only(pods)
             await asyncio.gather(*(self._poll(e) for e in pods.values()))
             next_at = max(next_at + self.loads.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
@@ -257,4 +273,6 @@ class EngineLoadPoller:
         except (UpstreamError, TimeoutError, ValueError) as exc:
             log.debug("no load report from %s: %s", endpoint.name, exc)
             return
+        if path == SGLANG_LOAD_PATH:   # stock SGLang, up: its limit is asked apart, once
+            self._sglang_limits.ask(endpoint)
         self.loads.answered(endpoint.name, mark, *report, own_held=self._own_held(endpoint.name))

@@ -71,9 +71,10 @@ def laps_status(gateway: Gateway) -> dict:
                          "max_pending_tokens": group_bound(
                              gateway.config.max_pending_tokens_per_pod, _usable(pods, loads))}
     allocation = gateway.allocator.status() if gateway.allocator is not None else {"enabled": False}
+    limit = engines_limit(membership, gateway.proxy.engine_loads.max_prompt_tokens)
     return {"enabled": True, "served_model_name": gateway.config.served_model_name,
             "threshold": gateway.config.length_threshold, "groups": groups,
             # Longer prompts (counted exactly) are refused here, before admission (context.py).
-            "max_prompt_tokens": engines_limit(membership, gateway.proxy.engine_loads.max_prompt_tokens),
+            "max_prompt_tokens": limit.tokens if limit is not None else None,
             "decode": _decode(gateway, membership, loads),
             "allocation": allocation}

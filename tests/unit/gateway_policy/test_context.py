@@ -8,13 +8,14 @@ import pytest
 from laps_agent.gateway.context import refuse_over_context
 from laps_agent.gateway.estimate import PromptCount, TokenEstimator
 from laps_agent.gateway.failures import GatewayError
+from laps_agent.prompt_rules import PromptLimit
 
 LIMIT = 511   # the engines' max_prompt_tokens (a context of 512)
 
 
 def _refused(estimator: TokenEstimator, body: dict, kind: str) -> bool:
     try:
-        refuse_over_context(estimator.count(body, kind), LIMIT)
+        refuse_over_context(estimator.count(body, kind), PromptLimit(LIMIT))
     except GatewayError as exc:
         assert (exc.status, exc.kind) == (400, "context_length_exceeded")
         assert exc.message.startswith(f"the prompt has {estimator.estimate(body, kind)} tokens; "
