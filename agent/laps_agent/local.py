@@ -22,11 +22,11 @@ from pathlib import Path
 
 import httpx
 
-from laps_agent.gateway.cli import decode_share
+from laps_agent.gateway.cli import auth_args_problem, decode_share
 from laps_agent.local_engines import (EngineChild, free_port, spawn_engine, stop_all, unknown_engine_args,
                                       write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.systems import SINGLE_POOL_THRESHOLD
+from laps_agent.systems import SINGLE_POOL_THRESHOLD, moves_pods
 from laps_operator.groups import initial_short_count
 
 _PROGRESS_EVERY_S = 5.0
@@ -195,7 +195,7 @@ def _example_curl(url: str, model: str, api_keys_file: str | None) -> str:
 
 def _allocator(args, children: list[EngineChild]):
     """The gateway's allocation loop over these engines, or None (see --allocation)."""
-    if args.allocation == "none" or args.single_pool or args.prefill < 2:
+    if not moves_pods(args.allocation, args.single_pool, args.prefill):
         return None
     from laps_agent.gateway.allocator import StaticAllocator
     from laps_operator.allocation import AllocationConfig
@@ -227,7 +227,8 @@ def args_problem(args: argparse.Namespace, engine_args: list[str]) -> str | None
     if args.allocation not in (None, "none") and args.prefill < 2 * args.min_per_group:
         return (f"--allocation {args.allocation} needs at least {2 * args.min_per_group} prefill engines "
                 f"(--min-per-group {args.min_per_group} in each group), got --prefill {args.prefill}")
-    return unknown_engine_args(engine_args)
+    # Before minutes of loading, not after (and in every system of `bench compare`).
+    return auth_args_problem(args) or unknown_engine_args(engine_args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,9 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     args, engine_args = parser.parse_known_args(argv)
     if problem := args_problem(args, engine_args):
         parser.error(problem)
-    from laps_agent.gateway.cli import check_auth_args
-
-    check_auth_args(args, parser)  # before minutes of loading, not after
     from laps_agent.serving import ListenError, bind_listening_socket
 
     try:  # the gateway's port too: a port in use is said at once, not after the loading

@@ -30,6 +30,12 @@ ESTIMATORS = ("auto", "heuristic", "chars4")  # the gateway's --estimator modes
 SINGLE_POOL_THRESHOLD = 2**62
 
 
+def moves_pods(allocation: str | None, single_pool: bool, prefill: int) -> bool:
+    """Whether `laps local` runs an allocation loop (its --allocation, default laps; --single-pool
+    has no groups, and one prefill engine none to move)."""
+    return allocation != "none" and not single_pool and prefill >= 2
+
+
 @dataclass(frozen=True)
 class SystemConfig:
     name: str

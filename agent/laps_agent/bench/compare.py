@@ -30,7 +30,7 @@ from laps_agent.results import compare_markdown, markdown, moves_by_phase, phase
 from laps_agent.results.turns import summarize_turns, turns_report
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload import Plan, WorkloadError, WorkloadSpec, load_workload
-from laps_agent.workload.plan import require_requests, warmup_spec
+from laps_agent.workload.plan import require_requests, warmup_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,14 +83,50 @@ def local_problem(args: argparse.Namespace, sys_config: SystemConfig, engine_arg
     return local.args_problem(local_ns, rest)
 
 
+# `laps local` flags that tune its allocation loop (dest -> flag).
+_ALLOCATION_KNOBS = {"min_per_group": "--min-per-group", "allocation_interval": "--allocation-interval",
+                     "allocation_ratio": "--allocation-ratio"}
+
+
+def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig],
+                            engine_args: list[str]) -> str | None:
+    """Allocation flags given when no system compared moves pods: silently ignored, they would
+    read as part of a comparison they took no part in."""
+    from laps_agent import local
+    from laps_agent.systems import moves_pods
+
+    parser = local.build_parser()
+    given = parser.parse_known_args(engine_args)[0]
+    knobs = [f"{flag} {getattr(given, dest):g}" for dest, flag in _ALLOCATION_KNOBS.items()
+             if getattr(given, dest) != parser.get_default(dest)]
+    for sys_config in systems:
+        ns = parser.parse_known_args(local_args(args, sys_config, engine_args))[0]
+        if not knobs or moves_pods(ns.allocation, ns.single_pool, ns.prefill):
+            return None
+    return (f"{', '.join(knobs)} {'tunes' if len(knobs) == 1 else 'tune'} the allocation loop, and none of the systems "
+            f"({', '.join(s.name for s in systems)}) runs one: leave it out, or add a system that does (laps)")
+
+
+def api_key(engine_args: list[str]) -> str | None:
+    """The key the load generator sends: the first in `--api-keys-file`, passed through to every
+    system's gateway (local_problem has checked it holds one)."""
+    from laps_agent import local
+    from laps_agent.gateway.auth import keys_in
+
+    keys_file = local.build_parser().parse_known_args(engine_args)[0].api_keys_file
+    return keys_in(Path(keys_file))[0] if keys_file else None
+
+
 async def _measure(url: str, spec: WorkloadSpec, plans: tuple[Plan, Plan | None], rate_scale: float, args,
-                   tokenizer, label: str):
+                   tokenizer, label: str, key: str | None = None):
     """Warm-up and measured run of one system; None when Ctrl-C/SIGTERM came during the warm-up,
     a result with meta["interrupted"] when it came during the measured run (kept, as
-    `laps bench run` keeps a partial run). `plans`: the measured run's and the warm-up's."""
-    from laps_agent.bench._runner import run_workload
+    `laps bench run` keeps a partial run). `plans`: the measured run's and the warm-up's; `key`:
+    the API key to send (api_key)."""
+    from laps_agent.bench._runner import probe, run_workload
 
     plan, warm_plan = plans
+    target = await probe(url, api_key=key)
     interrupted, warm_stop = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -109,13 +145,14 @@ async def _measure(url: str, spec: WorkloadSpec, plans: tuple[Plan, Plan | None]
             if spec.phases[0].conversation is not None:
                 loop.call_later(args.warmup_s, warm_stop.set)
             await run_workload(url, warm_plan.spec, rate_scale=rate_scale, tokenizer=tokenizer,
-                               timeout=args.timeout, label=f"{label}-warm-up", stop=warm_stop, plan=warm_plan)
+                               timeout=args.timeout, label=f"{label}-warm-up", stop=warm_stop, plan=warm_plan,
+                               target=target)
             if interrupted.is_set():
                 return None
         print(f"[compare] {label}: measuring", flush=True)
         return await run_workload(url, spec, rate_scale=rate_scale, max_requests=args.max_requests,
                                   tokenizer=tokenizer, timeout=args.timeout, label=label, progress="lines",
-                                  stop=interrupted, plan=plan)
+                                  stop=interrupted, plan=plan, target=target)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -135,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         if problem := local_problem(args, sys_config, engine_args):
             print(f"laps bench compare: error: system {sys_config.name}: {problem}", file=sys.stderr)
             return 2
+    if problem := idle_allocation_problem(args, systems, engine_args):
+        print(f"laps bench compare: error: {problem}", file=sys.stderr)
+        return 2
     out = args.out or RESULTS_DIR / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
     if problem := unwritable_dir(out):  # found now, not after every system has run
         print(f"laps bench compare: error: cannot write the results to {out}: {problem} (give --out DIR)",
@@ -167,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(rate x{rate_scale:.3f})", flush=True)
         plans = (require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests,
                                                 tokenizer=tokenizer)),
-                 plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale, tokenizer=tokenizer)
-                 if args.warmup_s > 0 else None)
+                 warmup_plan(spec, args.warmup_s, rate_scale=rate_scale, tokenizer=tokenizer))
     except (WorkloadError, ProfileError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
         return 2
@@ -178,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"[compare] {sys_config.name}: starting laps local", flush=True)
             local.wait_ready(args.startup_timeout)
-            result = asyncio.run(_measure(local.url, spec, plans, rate_scale, args, tokenizer, sys_config.name))
+            result = asyncio.run(_measure(local.url, spec, plans, rate_scale, args, tokenizer, sys_config.name,
+                                          api_key(engine_args)))
         except RuntimeError as exc:
             print(f"laps bench compare: {sys_config.name}: {exc}", file=sys.stderr)
             return 1

@@ -39,13 +39,19 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
+def keys_in(path: Path) -> list[str]:
+    """The keys in `path`, in order; ValueError when it holds none. (`laps bench compare` sends
+    the first to the gateways it starts with this file.)"""
+    keys = [line.strip() for line in path.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ValueError(f"{path} holds no API key")
+    return keys
+
+
 def read_keys(path: Path) -> list[bytes]:
     """Digests of the keys in `path`; ValueError when it holds none."""
-    digests = [_digest(line.strip()) for line in path.read_text().splitlines()
-               if line.strip() and not line.lstrip().startswith("#")]
-    if not digests:
-        raise ValueError(f"{path} holds no API key")
-    return digests
+    return [_digest(key) for key in keys_in(path)]
 
 
 class ApiKeys:

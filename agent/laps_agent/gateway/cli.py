@@ -160,22 +160,28 @@ def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParse
     return StaticDiscovery(spec)
 
 
-def check_auth_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """A keys file that cannot be used stops the gateway at start (rather than serving everyone
-    401, or everyone unauthenticated)."""
+def auth_args_problem(args: argparse.Namespace) -> str | None:
+    """Why the API-key flags cannot be used, one line, or None: a keys file that cannot be used
+    stops the gateway at start (rather than serving everyone 401, or everyone unauthenticated)."""
     if args.rate_limit_per_key > 0 and not args.api_keys_file:
-        parser.error("--rate-limit-per-key counts requests per API key: it needs --api-keys-file")
+        return "--rate-limit-per-key counts requests per API key: it needs --api-keys-file"
     if args.api_keys_file:
         from laps_agent.gateway.auth import read_keys
 
         try:
             read_keys(Path(args.api_keys_file))
         except OSError as exc:
-            parser.error(f"--api-keys-file {args.api_keys_file}: {exc.strerror}")
+            return f"--api-keys-file {args.api_keys_file}: {exc.strerror}"
         except UnicodeDecodeError:  # its message quotes file bytes: a key's, maybe
-            parser.error(f"--api-keys-file {args.api_keys_file}: not UTF-8 text")
+            return f"--api-keys-file {args.api_keys_file}: not UTF-8 text"
         except ValueError as exc:
-            parser.error(f"--api-keys-file: {exc}")
+            return f"--api-keys-file: {exc}"
+    return None
+
+
+def check_auth_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if problem := auth_args_problem(args):
+        parser.error(problem)
 
 
 def build_estimator(tokenizer_path: str | None, mode: str = "auto"):

@@ -26,7 +26,7 @@ from laps_agent.scheduling.classes import LONG, SHORT, is_short
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.results.turns import ORACLE_LABEL, pod_load, summarize_turns, turns_report
 from laps_agent.workload.conversations import oracle_cached_tokens
-from laps_agent.workload.plan import Plan, plan_requests, require_requests, warmup_spec
+from laps_agent.workload.plan import Plan, plan_requests, require_requests, warmup_plan
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
 
 from .cluster import HOP_S, SimCluster, chars4_estimate
@@ -220,7 +220,7 @@ def _main(args: argparse.Namespace, engine_args: list[str]) -> int:
             print(f"capacity of vanilla-pd on this mix: {capacity:.1f} req/s; running at {args.load:.0%} "
                   f"= {args.load * capacity:.1f} req/s (rate x{rate_scale:.3f})")
         plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=args.max_requests))
-        warmup = plan_requests(warmup_spec(spec, args.warmup_s), rate_scale=rate_scale) if args.warmup_s > 0 else None
+        warmup = warmup_plan(spec, args.warmup_s, rate_scale=rate_scale)
     except WorkloadError as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
         return 2

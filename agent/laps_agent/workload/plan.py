@@ -209,16 +209,24 @@ def plan_requests(spec: WorkloadSpec, *, rate_scale: float = 1.0, max_requests: 
                 conv, turn, new, history)
 
 
+def _phase_said(w: PhaseWindow) -> str:
+    return f"phases[{w.index}] {w.name!r}: {w.mean_rate:g} req/s for {w.end_s - w.start_s:g} s"
+
+
 def require_requests(plan: Plan) -> Plan:
-    """`plan` when it holds a request; else a WorkloadError naming each phase's rate and duration
-    and what to change. A run of nothing measures nothing, yet wrote an empty result with exit 0.
-    (Only phases given by duration_s can plan none: `requests` is >= 1.)"""
-    if len(plan):
+    """`plan` when each of its phases holds a request; else a WorkloadError naming the empty
+    phases' rate and duration and what to change. A run of nothing measures nothing, yet wrote an
+    empty result with exit 0; an empty phase among others ran as a silent pause, its row in every
+    per-phase table blank. (Only phases given by duration_s can plan none: `requests` is >= 1.)"""
+    empty = [w for w in plan.phases if w.requests == 0]
+    if not empty:
         return plan
-    phases = ", ".join(f"phases[{w.index}] {w.name!r}: {w.mean_rate:g} req/s for {w.end_s - w.start_s:g} s"
-                       for w in plan.phases)
-    raise WorkloadError(f"{plan.spec.origin}: plans no request: {phases}; lengthen duration_s or raise the "
-                        "rate (arrival.rate, --rate-scale, --load), or give requests: N")
+    how = "lengthen duration_s or raise the rate (arrival.rate, --rate-scale, --load), or give requests: N"
+    if not len(plan):
+        raise WorkloadError(f"{plan.spec.origin}: plans no request: {', '.join(map(_phase_said, empty))}; {how}")
+    verb = "plans" if len(empty) == 1 else "plan"
+    raise WorkloadError(f"{plan.spec.origin}: {', '.join(map(_phase_said, empty))} {verb} no request, unlike "
+                        f"the other phases; {how}")
 
 
 def warmup_spec(spec: WorkloadSpec, seconds: float) -> WorkloadSpec:
@@ -227,3 +235,18 @@ def warmup_spec(spec: WorkloadSpec, seconds: float) -> WorkloadSpec:
     the same kind of load, without seeing the measured requests)."""
     first = spec.phases[0].model_copy(update={"duration_s": seconds, "requests": None, "name": "warm-up"})
     return spec.model_copy(update={"phases": [first], "seed": spec.seed + 1, "name": f"{spec.name}-warm-up"})
+
+
+def warmup_plan(spec: WorkloadSpec, seconds: float, *, rate_scale: float = 1.0,
+                tokenizer: Any | None = None) -> Plan | None:
+    """The warm-up's plan (`warmup_spec`), None for none (`seconds` 0). A WorkloadError when it
+    holds no request: the systems would be measured cold after a warm-up said to have run."""
+    if seconds <= 0:
+        return None
+    plan = plan_requests(warmup_spec(spec, seconds), rate_scale=rate_scale, tokenizer=tokenizer)
+    if len(plan):
+        return plan
+    first = plan.phases[0]
+    raise WorkloadError(f"{spec.origin}: --warmup-s {seconds:g} plans no warm-up request (phases[0] "
+                        f"{spec.phases[0].name!r} at {first.mean_rate:g} req/s): give a longer --warmup-s, "
+                        "or --warmup-s 0 for no warm-up")

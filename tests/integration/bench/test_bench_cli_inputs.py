@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from laps_agent.results import load_result
+
 from tests.integration.bench.test_workload_errors import engine, served  # noqa: F401  (engine: a fixture)
 from tests.unit.sim.test_sim_cli import NO_REQUEST, QUIET
 
@@ -84,6 +86,17 @@ def test_bench_run_refuses_a_result_directory_it_cannot_make_before_sending(tmp_
      "system vanilla-pd: unrecognized arguments: --wait-windw-ms 3 (neither laps local's flags nor laps engine's)"),
     (("--allocation-interval", "soon"),
      "system vanilla-pd: argument --allocation-interval: invalid float value: 'soon'"),
+    # The gateways' API-key flags: `laps local` refused them once started, after loading.
+    (("--api-keys-file", "/nonexistent"), "system vanilla-pd: --api-keys-file /nonexistent: No such file or directory"),
+    (("--rate-limit-per-key", "5"),
+     "system vanilla-pd: --rate-limit-per-key counts requests per API key: it needs --api-keys-file"),
+    # Silently ignored: no system compared moves pods.
+    (("--systems", "vanilla-pd,laps-static", "--min-per-group", "2"),
+     "--min-per-group 2 tunes the allocation loop, and none of the systems (vanilla-pd, laps-static) runs one: "
+     "leave it out, or add a system that does (laps)"),
+    # A warm-up said to run 0.01 s and sending nothing: the systems were measured cold.
+    (("--warmup-s", "0.01"), "small.yaml: --warmup-s 0.01 plans no warm-up request (phases[0] 'steady' at 50 req/s): "
+                             "give a longer --warmup-s, or --warmup-s 0 for no warm-up"),
 ])
 def test_compare_refuses_bad_input_before_starting_a_system(workload, a_file, args, line):
     done = _laps("bench", "compare", "--workload", workload, *(a.format(a_file=a_file) for a in args))
@@ -104,6 +117,19 @@ def test_a_workload_that_plans_no_request_is_refused_before_sending(tmp_path, en
                  "--out", str(out))
     _refused(done, f"laps bench compare: error: {NO_REQUEST}")
     assert "starting laps local" not in done.stdout and not out.exists()
+
+
+def test_compare_sends_the_key_of_the_api_keys_file_it_gives_the_gateways(tmp_path, workload):
+    """The gateways `laps local` starts with --api-keys-file answer 401 without a key: compare
+    stopped at its first system saying to give an --api-key it does not take."""
+    keys = tmp_path / "keys"
+    keys.write_text("# the benchmark's key\nsecret-1\n")
+    out = tmp_path / "cmp"
+    done = _laps("bench", "compare", "--workload", workload, "--systems", "vanilla-pd", "--prefill", "2",
+                 "--decode", "1", "--warmup-s", "0", "--api-keys-file", str(keys), "--out", str(out), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = load_result(out / "vanilla-pd")
+    assert len(result.records) == 3 and all(r.ok for r in result.records)
 
 
 @pytest.mark.parametrize("args, line", [

@@ -105,3 +105,21 @@ def test_a_workload_that_plans_no_request_is_refused_naming_its_phase(tmp_path, 
     assert main(["--workload", str(tmp_path / "quiet.yaml"), "--no-plots", "--out", str(out), *extra]) == 2
     assert capsys.readouterr().err.strip() == f"laps sim: error: {NO_REQUEST}"
     assert not out.exists()
+
+
+def test_a_phase_that_plans_no_request_among_others_is_refused_naming_it(tmp_path, capsys):
+    """It ran as a silent pause, its row blank in every per-phase table."""
+    busy = """\
+  - name: busy
+    requests: 3
+    arrival: {process: constant, rate: 1}
+    prompt_tokens: {distribution: fixed, value: 8}
+    output_tokens: {distribution: fixed, value: 2}
+"""
+    (tmp_path / "gap.yaml").write_text(QUIET + busy)  # QUIET's phase first: 1 req/s for 0.5 s
+    out = tmp_path / "out"
+    assert main(["--workload", str(tmp_path / "gap.yaml"), "--no-plots", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "laps sim: error: gap.yaml: phases[0] 'idle': 1 req/s for 0.5 s plans no request, unlike the other phases; "
+        "lengthen duration_s or raise the rate (arrival.rate, --rate-scale, --load), or give requests: N")
+    assert not out.exists()
