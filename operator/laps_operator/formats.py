@@ -4,6 +4,10 @@ A quantity the API server refuses ("2 GB", "two", "-1") would get the workloads 
 write at a time, a Prometheus URL that does not parse would fail every allocation interval;
 checked when the spec is parsed, either gets the InvalidSpec condition naming the field. The
 CRD carries the same patterns (tests/unit/operator/test_crd.py compares them).
+
+The patterns are matched whole here (re.fullmatch): Python's `$` also matches before a final
+newline, so re.match would let `team\n` through, which the API server (Go's `$`: the end of the
+text; pydantic's `pattern=`, Rust's: the same) refuses.
 """
 from __future__ import annotations
 
@@ -20,9 +24,9 @@ QUANTITY_PATTERN = (r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 # A base URL: the allocation loop appends /api/v1/query.
 PROMETHEUS_URL_PATTERN = r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$"
-# A label key (and an annotation's) is a qualified name: an optional DNS-subdomain prefix (at most
-# 253 characters) and '/', then a name of at most 63. A toleration's key is one, or empty (with
-# operator Exists: every taint); its value a label value. The lengths are checked apart
+# A label key (and an annotation's, lower-cased) is a qualified name: an optional DNS-subdomain
+# prefix (at most 253 characters) and '/', then a name of at most 63. A toleration's key is one, or
+# empty (with operator Exists: every taint); its value a label value. The lengths are checked apart
 # (TOLERATION_KEY_MAX_LENGTH is the CRD's maxLength).
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED_NAME = rf"({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -31,12 +35,16 @@ TOLERATION_KEY_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 TOLERATION_KEY_MAX_LENGTH = 253 + 1 + 63
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LABEL_VALUE_MAX_LENGTH = 63
+# Kubernetes' TotalAnnotationSizeLimitB: the bytes of an object's annotation keys and values.
+ANNOTATIONS_MAX_BYTES = 256 * 1024
 
 
-def qualified_name_problem(key: str) -> str | None:
-    """Why the API server would refuse `key` as a label or annotation key, or None."""
+def qualified_name_problem(key: str, *, fold_case: bool = False) -> str | None:
+    """Why the API server would refuse `key` as a label key (or a topology key), or None. With
+    `fold_case`, as an annotation key: the API server lower-cases those first (ValidateAnnotations;
+    label keys it does not), so `Example.com/x` is a fine annotation but no label."""
     prefix, slash, name = key.rpartition("/")
-    if not re.match(rf"^{_QUALIFIED_NAME}$", key):
+    if not re.fullmatch(_QUALIFIED_NAME, key.lower() if fold_case else key):
         return (f"{key!r} is not a label or annotation key (an optional DNS-subdomain prefix and '/', then "
                 "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)")
     if len(name) > 63 or len(prefix) > 253:
@@ -44,9 +52,20 @@ def qualified_name_problem(key: str) -> str | None:
     return None
 
 
+def annotations_problem(annotations: dict[str, str]) -> str | None:
+    """Why the API server would refuse `annotations` on an object, or None."""
+    for key in annotations:
+        if problem := qualified_name_problem(key, fold_case=True):
+            return problem
+    size = sum(len(key.encode()) + len(value.encode()) for key, value in annotations.items())
+    if size > ANNOTATIONS_MAX_BYTES:
+        return f"{size} bytes of keys and values: Kubernetes takes at most {ANNOTATIONS_MAX_BYTES} (256 KiB)"
+    return None
+
+
 def label_value_problem(value: str) -> str | None:
     """Why the API server would refuse `value` as a label value, or None."""
-    if len(value) > LABEL_VALUE_MAX_LENGTH or not re.match(LABEL_VALUE_PATTERN, value):
+    if len(value) > LABEL_VALUE_MAX_LENGTH or not re.fullmatch(LABEL_VALUE_PATTERN, value):
         return (f"{value!r} is not a label value (at most 63 letters, digits, '-', '_' or '.', starting and "
                 "ending with a letter or digit)")
     return None
@@ -56,7 +75,7 @@ def quantity_problem(value: int | str) -> str | None:
     """Why `value` is no valid container resource quantity, or None."""
     if isinstance(value, bool) or (isinstance(value, int) and value < 0):
         return f"{value!r} is not a quantity (e.g. 500m, 2, 16Gi)"
-    if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
+    if isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value):
         return f"{value!r} is not a quantity (e.g. 500m, 2, 16Gi; no spaces, no sign)"
     return None
 
@@ -110,7 +129,7 @@ def url_problem(url: str) -> str | None:
         parts.port  # noqa: B018  (raises ValueError on a bad host or port)
     except ValueError as exc:
         return f"{url!r} is not a URL: {exc}"
-    if not re.match(PROMETHEUS_URL_PATTERN, url):
+    if not re.fullmatch(PROMETHEUS_URL_PATTERN, url):
         return (f"{url!r}: must be empty or an http:// or https:// base URL, e.g. "
                 "http://prometheus-operated.monitoring:9090 (no query or fragment)")
     return host_problem(url, parts.hostname or "")

@@ -144,7 +144,9 @@ def _owned_key_problem(field: str, key: str, operator_labels: dict[str, str]) ->
     if key in operator_labels:
         return (f"{field}: {key} is one of the labels the operator sets on these pods, which select and "
                 "group them (Services, the gateway's discovery, the workload's selector): remove it")
-    if key.startswith(OPERATOR_KEY_PREFIX):
+    # Lower-cased: a DNS name, whatever its case, and the API server's own check of annotation
+    # keys lower-cases them (label keys with capitals in the prefix never get this far).
+    if key.lower().startswith(OPERATOR_KEY_PREFIX):
         return (f"{field}: {key}: keys under {OPERATOR_KEY_PREFIX} are the operator's (its labels, the "
                 f"short/long group it moves prefill pods between, {OPERATOR_KEY_PREFIX}last-applied): "
                 "choose another prefix")

@@ -24,9 +24,9 @@ from .formats import url_problem
 from .gpus import gpu_count_problem
 from .spec_network import NetworkPolicySpec
 from .spec_pods import (
+    AnnotationMap,
     EngineSpec,
     LocalObjectReference,
-    MetadataMap,
     ModelSpec,
     PlacementSpec,
     PoolSpec,
@@ -122,7 +122,7 @@ class GatewaySpec(PlacementSpec):  # placed and labelled like the engine pools
     image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     # The gateway Service's: what a cloud's load balancer is asked for (internal, ...).
-    service_annotations: MetadataMap = Field(default_factory=dict)
+    service_annotations: AnnotationMap = Field(default_factory=dict)
     port: int = Field(default=8000, ge=1, le=65535)
     resources: ResourcesSpec = ResourcesSpec()
     request_deadline_seconds: float = Field(default=600.0, ge=0)  # 0: none (--request-deadline-s)

@@ -17,11 +17,13 @@ from .formats import (
     LABEL_VALUE_PATTERN,
     TOLERATION_KEY_MAX_LENGTH,
     TOLERATION_KEY_PATTERN,
+    annotations_problem,
     label_value_problem,
     qualified_name_problem,
     requests_over_limits,
     resource_problem,
 )
+from .naming import role_selector
 
 Quantity = int | str  # as the CRD: x-kubernetes-int-or-string
 
@@ -208,8 +210,7 @@ class Affinity(SpecModel):
 
 class TopologySpreadConstraint(SpecModel):
     """Kubernetes' TopologySpreadConstraint, its fields only and the API server's rules. Left out,
-    labelSelector is the role's own pods (workloads.py): Kubernetes would count no pod, and the
-    constraint would spread nothing."""
+    labelSelector is the role's own pods (in_pod)."""
     max_skew: int = Field(ge=1, le=2**31 - 1)
     topology_key: str = Field(min_length=1)
     when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
@@ -219,6 +220,12 @@ class TopologySpreadConstraint(SpecModel):
     node_taints_policy: Literal["Honor", "Ignore"] | None = None
     match_label_keys: tuple[str, ...] | None = None
 
+    def in_pod(self, own_pods: dict[str, str]) -> dict[str, Any]:
+        """As the role's pods carry it. Without a labelSelector Kubernetes would count no pod and
+        the constraint would spread nothing: it counts `own_pods`, the role's selector, instead."""
+        return {"labelSelector": {"matchLabels": dict(own_pods)},
+                **self.model_dump(mode="json", by_alias=True, exclude_none=True)}
+
     @model_validator(mode="after")
     def _kubernetes_rules(self) -> TopologySpreadConstraint:
         for key in (self.topology_key, *(self.match_label_keys or ())):
@@ -226,20 +233,39 @@ class TopologySpreadConstraint(SpecModel):
                 raise ValueError(problem)
         if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
             raise ValueError("minDomains needs whenUnsatisfiable DoNotSchedule")
+        # The API server refuses a matchLabelKeys key that the selector the pods get holds too
+        # (the workload, or since 1.34 each pod as it is created). Its keys, not its values,
+        # matter here: the role selector's are the same for every cluster and role.
+        selector = self.in_pod(role_selector("", ""))["labelSelector"]
+        keys = {*selector.get("matchLabels", {}), *(e["key"] for e in selector.get("matchExpressions", ()))}
+        for key in self.match_label_keys or ():
+            if key in keys:
+                given = "" if self.label_selector else f" (left out: the role's own pods, {', '.join(sorted(keys))})"
+                raise ValueError(f"matchLabelKeys: {key} is also a key of labelSelector{given}, which Kubernetes "
+                                 "refuses (matchLabelKeys adds the pod's own value of it): name it in one only")
         return self
 
 
-def _metadata_keys(values: dict[str, str]) -> dict[str, str]:
-    # Keys the API server accepts: a bad one would get every write of the workload or Service
+def _labels(labels: dict[str, str]) -> dict[str, str]:
+    # Keys and values the API server accepts: a bad one would get every write of the workload
     # refused, instead of an InvalidSpec naming it.
-    for key in values:
+    for key, value in labels.items():
         if problem := qualified_name_problem(key):
             raise ValueError(problem)
-    return values
+        if problem := label_value_problem(value):
+            raise ValueError(f"{key}: {problem}")
+    return labels
 
 
-# Labels or annotations of a pod or a Service.
-MetadataMap = Annotated[dict[str, str], AfterValidator(_metadata_keys)]
+def _annotations(annotations: dict[str, str]) -> dict[str, str]:
+    if problem := annotations_problem(annotations):
+        raise ValueError(problem)
+    return annotations
+
+
+# A pod's labels; a pod's or a Service's annotations (keys checked by rules of their own).
+LabelMap = Annotated[dict[str, str], AfterValidator(_labels)]
+AnnotationMap = Annotated[dict[str, str], AfterValidator(_annotations)]
 
 
 class PlacementSpec(SpecModel):
@@ -250,16 +276,8 @@ class PlacementSpec(SpecModel):
     affinity: Affinity | None = None
     priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     topology_spread_constraints: tuple[TopologySpreadConstraint, ...] = ()
-    pod_labels: MetadataMap = Field(default_factory=dict)
-    pod_annotations: MetadataMap = Field(default_factory=dict)
-
-    @field_validator("pod_labels")
-    @classmethod
-    def _label_values(cls, labels: dict[str, str]) -> dict[str, str]:
-        for key, value in labels.items():
-            if problem := label_value_problem(value):
-                raise ValueError(f"{key}: {problem}")
-        return labels
+    pod_labels: LabelMap = Field(default_factory=dict)
+    pod_annotations: AnnotationMap = Field(default_factory=dict)
 
     @field_validator("topology_spread_constraints")
     @classmethod

@@ -86,12 +86,9 @@ def _pod_spec(spec: ClusterSpec, placement: PlacementSpec, own_pods: dict[str, s
     if placement.priority_class_name:
         pod_spec["priorityClassName"] = placement.priority_class_name
     if placement.topology_spread_constraints:
-        # A constraint without a selector counts no pod and so spreads nothing: it counts the
-        # role's own pods instead, which is what spreading replicas means.
-        pod_spec["topologySpreadConstraints"] = [
-            {"labelSelector": {"matchLabels": dict(own_pods)},
-             **c.model_dump(mode="json", by_alias=True, exclude_none=True)}
-            for c in placement.topology_spread_constraints]
+        # Spreading replicas means counting the role's own pods: a constraint without a selector
+        # counts those.
+        pod_spec["topologySpreadConstraints"] = [c.in_pod(own_pods) for c in placement.topology_spread_constraints]
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": ref.name} for ref in spec.image_pull_secrets]
     if placement.node_selector:

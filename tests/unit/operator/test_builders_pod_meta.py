@@ -8,7 +8,12 @@ import re
 import kubernetes_validate
 import pytest
 from laps_operator.builders import build_children, build_services
-from laps_operator.formats import DNS_SUBDOMAIN_PATTERN, LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN
+from laps_operator.formats import (
+    ANNOTATIONS_MAX_BYTES,
+    DNS_SUBDOMAIN_PATTERN,
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
+)
 from laps_operator.spec import InvalidSpecError
 
 from tests.unit.operator.crd_jsonschema import apply_defaults, errors
@@ -102,6 +107,9 @@ OWNED = [
      "spec.decode.podAnnotations: laps.io/last-applied: keys under laps.io/ are the operator's"),
     ({"gateway": {"serviceAnnotations": {"laps.io/owner": "me"}}},
      "spec.gateway.serviceAnnotations: laps.io/owner: keys under laps.io/ are the operator's"),
+    # The API server takes annotation keys in any case: LAPS.IO/ is laps.io/.
+    ({"prefill": {"podAnnotations": {"LAPS.IO/last-applied": "{}"}}},
+     "spec.prefill.podAnnotations: LAPS.IO/last-applied: keys under laps.io/ are the operator's"),
 ]
 
 
@@ -118,9 +126,20 @@ def test_an_operator_label_name_is_a_fine_annotation_and_a_kubernetes_io_label_a
     assert templates(spec)["demo-prefill"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "search"
 
 
+def test_an_annotation_key_with_capitals_in_its_prefix_reaches_the_pods_and_the_service():
+    # The API server lower-cases annotation keys before checking them (label keys it does not).
+    spec = parsed(decode={"podAnnotations": {"Example.com/Owner": "ml"}},
+                  gateway={"serviceAnnotations": {"Cloud.Example.com/Internal": "true"}})
+    assert templates(spec)["demo-decode"]["metadata"]["annotations"] == {"Example.com/Owner": "ml"}
+    assert gateway_service(spec)["metadata"]["annotations"] == {"Cloud.Example.com/Internal": "true"}
+
+
 MALFORMED = [
     ({"podLabels": {"team name": "ml"}}, "spec.prefill.podLabels: 'team name' is not a label or annotation key"),
-    ({"podAnnotations": {"Example.com/x": "1"}}, "spec.prefill.podAnnotations: 'Example.com/x' is not a label"),
+    ({"podLabels": {"Example.com/x": "1"}}, "spec.prefill.podLabels: 'Example.com/x' is not a label"),
+    ({"podAnnotations": {"team name": "ml"}}, "spec.prefill.podAnnotations: 'team name' is not a label or annotation"),
+    ({"podAnnotations": {"big": "x" * ANNOTATIONS_MAX_BYTES}},
+     f"spec.prefill.podAnnotations: {ANNOTATIONS_MAX_BYTES + 3} bytes of keys and values: Kubernetes takes at most"),
     ({"podLabels": {"team": "machine learning"}},
      "spec.prefill.podLabels: team: 'machine learning' is not a label value"),
     ({"priorityClassName": "GPU_High"}, "spec.prefill.priorityClassName: String should match pattern"),
@@ -132,6 +151,17 @@ MALFORMED = [
      "spec.prefill.topologySpreadConstraints.0: 'zone name' is not a label or annotation key"),
     ({"topologySpreadConstraints": [ZONES | {"labelSelector": {"matchLabel": {"a": "b"}}}]},
      "spec.prefill.topologySpreadConstraints.0.labelSelector.matchLabel: Extra inputs are not permitted"),
+    # A key in both matchLabelKeys and the selector: the workload or each of its pods is refused,
+    # and left out, the selector is the operator's.
+    ({"topologySpreadConstraints": [ZONES | {"matchLabelKeys": ["laps.io/role"]}]},
+     "spec.prefill.topologySpreadConstraints.0: matchLabelKeys: laps.io/role is also a key of labelSelector "
+     "(left out: the role's own pods, laps.io/cluster, laps.io/role)"),
+    ({"topologySpreadConstraints": [ZONES | {"labelSelector": {"matchLabels": {"team": "ml"}},
+                                             "matchLabelKeys": ["pod-template-hash", "team"]}]},
+     "spec.prefill.topologySpreadConstraints.0: matchLabelKeys: team is also a key of labelSelector, which"),
+    ({"topologySpreadConstraints": [ZONES | {"matchLabelKeys": ["tier"], "labelSelector": {
+        "matchExpressions": [{"key": "tier", "operator": "Exists"}]}}]},
+     "spec.prefill.topologySpreadConstraints.0: matchLabelKeys: tier is also a key of labelSelector"),
 ]
 
 
@@ -139,6 +169,29 @@ MALFORMED = [
 def test_what_the_api_server_would_refuse_in_every_write_is_an_invalid_spec_naming_the_field(pool, says):
     with pytest.raises(InvalidSpecError, match=re.escape(says)):
         spec_of(prefill=pool)
+
+
+# Python's `$` matches before a final newline as well; the API server's (Go's) does not, and
+# refuses such a key or value in every write of the workload.
+TRAILING_NEWLINE = [
+    ({"prefill": {"podLabels": {"team\n": "ml"}}}, "spec.prefill.podLabels: 'team\\n' is not a label"),
+    ({"prefill": {"podLabels": {"team": "ml\n"}}}, "spec.prefill.podLabels: team: 'ml\\n' is not a label value"),
+    ({"decode": {"podAnnotations": {"team\n": "ml"}}}, "spec.decode.podAnnotations: 'team\\n' is not a label"),
+    ({"gateway": {"topologySpreadConstraints": [ZONES | {"topologyKey": "zone\n"}]}},
+     "spec.gateway.topologySpreadConstraints.0: 'zone\\n' is not a label or annotation key"),
+    ({"gateway": {"topologySpreadConstraints": [ZONES | {"matchLabelKeys": ["pod-template-hash\n"]}]}},
+     "spec.gateway.topologySpreadConstraints.0: 'pod-template-hash\\n' is not a label or annotation key"),
+    ({"decode": {"resources": {"limits": {"memory": "16Gi\n"}}}},
+     "spec.decode.resources.limits: memory: '16Gi\\n' is not a quantity"),
+    ({"monitoring": {"prometheusURL": "http://prometheus:9090\n"}},
+     "spec.monitoring.prometheusURL: 'http://prometheus:9090\\n': must be empty or an http:// or https:// base URL"),
+]
+
+
+@pytest.mark.parametrize(("spec", "says"), TRAILING_NEWLINE, ids=[s.split(":")[0] for _, s in TRAILING_NEWLINE])
+def test_a_key_or_value_ending_in_a_newline_is_an_invalid_spec_naming_it(spec, says):
+    with pytest.raises(InvalidSpecError, match=re.escape(says)):
+        spec_of(**spec)
 
 
 @pytest.mark.parametrize(("field", "value", "where"), [
