@@ -19,23 +19,44 @@ from .spec_pods import EngineSpec, PoolSpec
 
 GPU = "nvidia.com/gpu"
 
-# SGLang flags that multiply a pod's GPUs beyond --tp-size (with their aliases).
-_PIPELINE = ("--pp-size", "--pipeline-parallel-size")
-_DATA_PARALLEL = ("--dp-size", "--data-parallel-size")
-# The deprecated spelling of attention data parallelism (--dp-size N --enable-dp-attention):
-# there --dp-size splits the tensor-parallel GPUs instead of adding replicas.
-_DP_ATTENTION = "--enable-dp-attention"
+# What SGLang's parser reads as the options that decide its ranks beyond --tp-size, by SGLang's
+# own dest: each option string it has (aliases too) -> the shortest abbreviation it takes for it
+# (argparse takes any prefix no other SGLang option shares, and so every longer one: `--dp 2` is
+# `--dp-size 2`). Read off SGLang 0.5.23's parser; tests/sglang/test_server_args.py holds the
+# list to it, as the operator does not import SGLang.
+SGLANG_SPELLINGS: dict[str, dict[str, str]] = {
+    "pp_size": {"--pp-size": "--pp-s", "--pipeline-parallel-size": "--pi"},
+    "dp_size": {"--dp-size": "--dp", "--data-parallel-size": "--da"},
+    # Attention data parallelism, inside the tensor-parallel GPUs. Its deprecated spelling,
+    # --dp-size N --enable-dp-attention, makes --dp-size split those GPUs instead of adding
+    # replicas, unless --attn-dp-size is given too (SGLang's _handle_deprecated_dp_attention).
+    "attn_dp_size": {"--attn-dp-size": "--attn-d", "--attention-data-parallel-size": "--attention-d"},
+    "enable_dp_attention": {"--enable-dp-attention": "--enable-dp-attention"},
+}
 
 
-def _last_int(args: Sequence[str], names: tuple[str, ...]) -> tuple[str, int] | None:
-    """(flag, value) of the last of `names` in `args` (argparse keeps the last), `--f N` or `--f=N`."""
-    found = None
+def _dest(name: str) -> str | None:
+    """The SGLANG_SPELLINGS dest that option `name` (as written) sets, or None."""
+    for dest, spellings in SGLANG_SPELLINGS.items():
+        if any(full.startswith(name) and name.startswith(short) for full, short in spellings.items()):
+            return dest
+    return None
+
+
+def _given(args: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """dest -> (the flag as written, its value) for the last occurrence of each dest in `args`
+    (argparse keeps the last), `--f N` or `--f=N`; a switch's value is 1."""
+    found = {}
     for i, arg in enumerate(args):
         name, eq, value = arg.partition("=")
-        if name in names:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if value.isdigit():
-                found = (name, int(value))
+        if not name.startswith("--") or (dest := _dest(name)) is None:
+            continue
+        if dest == "enable_dp_attention":
+            found[dest] = (name, 1)
+            continue
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if value.isdigit():
+            found[dest] = (name, int(value))
     return found
 
 
@@ -43,9 +64,10 @@ def _multipliers(engine: EngineSpec) -> list[tuple[str, int]]:
     """The SGLang flags in engine.extraArgs that multiply a pod's GPUs, with their values."""
     if engine.backend != "sglang":
         return []
-    found = [_last_int(engine.extra_args, _PIPELINE)]
-    if _DP_ATTENTION not in engine.extra_args:
-        found.append(_last_int(engine.extra_args, _DATA_PARALLEL))
+    given = _given(engine.extra_args)
+    found = [given.get("pp_size")]
+    if "enable_dp_attention" not in given or given.get("attn_dp_size", ("", 1))[1] != 1:
+        found.append(given.get("dp_size"))
     return [(flag, value) for flag, value in filter(None, found) if value > 1]
 
 

@@ -65,3 +65,43 @@ def test_rendered_commands_parse_with_sglang_server_args():
         assert got["disable_radix_cache"] is (not spec.laps.prefix_cache), name
         if role == "prefill":
             assert got["disaggregation_bootstrap_port"] == 8998, name
+
+
+SPELLINGS = """
+import argparse, contextlib, io, json, sys
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()  # as prepare_server_args builds it: abbreviations taken
+ServerArgs.add_cli_args(parser)
+
+def parsed(argv):
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return vars(parser.parse_args(["--model-path", "m", *argv]))
+        except SystemExit:  # unknown or ambiguous
+            return None
+
+out = []
+for dest, spellings in json.loads(sys.argv[1] if len(sys.argv) > 1 else CASES).items():
+    switch = dest == "enable_dp_attention"
+    for full, shortest in spellings.items():
+        for n in range(len(shortest) - 1, len(full) + 1):
+            ns = parsed([full[:n]] if switch else [full[:n], "3"])
+            out.append([dest, shortest, full[:n], None if ns is None else ns.get(dest)])
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_the_operators_gpu_flag_spellings_are_sglangs():
+    """gpus.py reads the options that multiply a pod's GPUs under every spelling SGLang's parser
+    takes (`--dp 2` is `--dp-size 2`): each listed spelling, and every longer prefix of its
+    option, sets that dest; one character shorter no longer does (another option's, ambiguous
+    or unknown), so none is missing either."""
+    from laps_operator.gpus import SGLANG_SPELLINGS
+
+    require_sglang()
+    done = run_in_sglang_venv(SPELLINGS.replace("CASES", repr(json.dumps(SGLANG_SPELLINGS))))
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    for dest, shortest, spelling, value in json.loads(lines[-1][len("RESULT"):]):
+        taken = value == (True if dest == "enable_dp_attention" else 3)
+        assert taken is (len(spelling) >= len(shortest)), (dest, spelling, value)

@@ -156,6 +156,26 @@ def test_sglang_pods_hold_one_gpu_per_rank(extra_args, gpus):
     spec_of(engine=engine, decode={"tensorParallelSize": 2, "resources": {"limits": {"nvidia.com/gpu": gpus}}})
 
 
+@pytest.mark.parametrize(("extra_args", "gpus"), [
+    # SGLang's parser takes aliases and any abbreviation no other option of it shares: `--dp 2`
+    # left the pod one GPU short, and SGLang crash-looped on it.
+    (["--dp", "2"], "4"),
+    (["--dp=3"], "6"),
+    (["--data-parallel-size", "2"], "4"),
+    (["--data-parallel=2"], "4"),
+    (["--pp-s", "2"], "4"),
+    (["--pipeline-parallel", "3"], "6"),
+    (["--dp", "2", "--enable-dp-attention"], "2"),  # still attention DP, splitting the TP GPUs
+    # With --attn-dp-size as well, SGLang leaves --dp-size counting replicas.
+    (["--dp-size", "2", "--enable-dp-attention", "--attn-dp-size", "2"], "4"),
+    (["--pp-max-micro-batch-size", "4"], "2"),  # another option: no stages
+])
+def test_sglang_gpus_follow_every_spelling_sglang_takes(extra_args, gpus):
+    engine = SGLANG | {"extraArgs": extra_args}
+    implicit = spec_of(engine=engine, decode={"tensorParallelSize": 2})
+    assert container(build_decode_deployment(CLUSTER, implicit))["resources"]["limits"]["nvidia.com/gpu"] == gpus
+
+
 def test_a_gpu_request_other_than_its_limit_or_a_fraction_is_an_invalid_spec():
     unequal = {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 2}}
     with pytest.raises(InvalidSpecError, match=re.escape(
