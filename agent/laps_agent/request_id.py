@@ -59,16 +59,3 @@ def shown(scope: dict) -> str:
     """The request's id for a log line ("-" outside a tagged request)."""
     rid = scope.get(SCOPE_KEY)
     return rid.decode("ascii") if rid is not None else "-"
-
-
-class RequestIdMiddleware:
-    """ASGI middleware doing `tagged` for an app served through Starlette's middleware (the
-    engines); the gateway does it in GatewayApp, ahead of its fast path."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            send = tagged(scope, send)
-        await self.app(scope, receive, send)

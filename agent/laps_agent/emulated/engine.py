@@ -181,8 +181,8 @@ class EmulatedEngine:
             if ev.finished:
                 del self._live[ev.rid]
             if ev.kind == "error":
-                self._emit(sink, EngineOutput(ev.rid, finished=True, finish_reason="error", error=ev.error,
-                                              error_status=400))
+                self._emit(work, sink, EngineOutput(ev.rid, finished=True, finish_reason="error", error=ev.error,
+                                                    error_status=400))
                 continue
             out = self._output(work, ev)
             out.cached_tokens = work.cached_tokens if work.kind == "decode" else req.cached_tokens
@@ -190,7 +190,7 @@ class EmulatedEngine:
                 out.ttft_s = ev.time - work.arrival
                 if self.on_first_token is not None:
                     self.on_first_token(ev.cls, out.ttft_s)
-            self._emit(sink, out)
+            self._emit(work, sink, out)
 
     def _output(self, work: GenerateWork, ev: Event) -> EngineOutput:
         if ev.tokens == 1 and work.first_token is not None:
@@ -209,11 +209,12 @@ class EmulatedEngine:
     def _fail(self, rid: str, message: str) -> None:
         work, sink, _ = self._live.pop(rid)
         self.model.abort(rid)
-        self._emit(sink, EngineOutput(rid, finished=True, finish_reason="error", error=message))
+        self._emit(work, sink, EngineOutput(rid, finished=True, finish_reason="error", error=message))
 
     @staticmethod
-    def _emit(sink: OutputSink, out: EngineOutput) -> None:
+    def _emit(work: GenerateWork, sink: OutputSink, out: EngineOutput) -> None:
         try:
             sink(out)
         except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
-            log.exception("output sink failed for %s", out.rid)
+            # The client's id, which the gateway logs too; the rid is only this engine's.
+            log.exception("request %s: output sink failed (engine rid %s)", work.request_id, out.rid)

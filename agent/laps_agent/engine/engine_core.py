@@ -255,7 +255,8 @@ class EngineCore(PDSteps):
         try:
             live.sink(out)
         except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
-            log.exception("output sink failed for %s", out.rid)
+            # The client's id, which the gateway logs too; the rid is only this engine's.
+            log.exception("request %s: output sink failed (engine rid %s)", live.work.request_id, out.rid)
 
     def _decode_text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -35,14 +35,21 @@ def error(exc: api.ApiError) -> JSONResponse:
 
 
 def failed(request: Request, exc: api.ApiError) -> JSONResponse:
-    """`error(exc)` for a work request, logged with the request's id (X-Request-ID, which the
-    gateway forwards: laps_agent/request_id.py). A warning for the engine's own failures (5xx: a
-    KV hand-off that timed out, the engine loop failing); debug for refusals of the request (4xx)
-    and of load (queue_full, which can come by the thousand while the gateway retries elsewhere)."""
-    own = exc.status >= 500 and exc.type != "queue_full"
-    log.log(logging.WARNING if own else logging.DEBUG, "request %s failed with %d %s: %s",
-            shown(request.scope), exc.status, exc.type, exc.message)
+    """`error(exc)` for a work request, logged (`log_failure`)."""
+    log_failure(shown(request.scope), exc)
     return error(exc)
+
+
+def log_failure(request_id: str, exc: api.ApiError, *, mid_stream: bool = False) -> None:
+    """A work request's failure, logged with its id (X-Request-ID, which the gateway forwards:
+    laps_agent/request_id.py), whether it is answered with a status (`failed`) or as the error
+    event of a stream already under way (`mid_stream`). A warning for the engine's own failures
+    (5xx: a KV hand-off that timed out, the engine loop failing); debug for refusals of the
+    request (4xx) and of load (queue_full, which can come by the thousand while the gateway
+    retries elsewhere)."""
+    own = exc.status >= 500 and exc.type != "queue_full"
+    log.log(logging.WARNING if own else logging.DEBUG, "request %s failed%s with %d %s: %s", request_id,
+            " mid-stream" if mid_stream else "", exc.status, exc.type, exc.message)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

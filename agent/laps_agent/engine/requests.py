@@ -35,6 +35,9 @@ class GenerateWork:
     gateway_cls: str | None = None  # the class the gateway chose (X-LAPS-Class header), for metrics
     cached_tokens: int = 0          # decode: prompt tokens the prefill engine's prefix cache held
     warm_to: tuple[str, int] | None = None  # decode: the prefill engine's bootstrap address to warm
+    # The client's X-Request-ID (laps_agent/request_id.py), named by the failure log lines of the
+    # engine and its server; "-" for work no client sent (warms, the health probe).
+    request_id: str = "-"
 
 
 @dataclass

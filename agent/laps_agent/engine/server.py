@@ -180,7 +180,9 @@ class EngineServer:
         ids = await self.tokenize(parsed)
         rid = parsed.rid or new_rid()
         role, boot = self.settings.role, parsed.bootstrap
-        gateway_cls = api.gateway_class(request.headers.get(api.LAPS_CLASS_HEADER))
+        # Per request, whatever its kind: the class for metrics, the client's id for failure logs.
+        tags = {"gateway_cls": api.gateway_class(request.headers.get(api.LAPS_CLASS_HEADER)),
+                "request_id": shown(request.scope)}
         extra: dict[str, Any] = {}
         if role == "decode":
             if boot is None:
@@ -201,7 +203,7 @@ class EngineServer:
             extra["bootstrap_room"] = boot.room
             cached = (getattr(transfer, "meta", None) or {}).get("cached_tokens")
             return GenerateWork(rid, ids, parsed.params, kind="decode", kv=transfer.kv,
-                                first_token=transfer.first_token, gateway_cls=gateway_cls,
+                                first_token=transfer.first_token, **tags,
                                 cached_tokens=cached if isinstance(cached, int) else 0,
                                 warm_to=(boot.host, boot.port) if self.settings.prefix_warm else None), extra
         if role == "prefill" and boot is not None:
@@ -209,8 +211,8 @@ class EngineServer:
             # pd_wire.py hands out KV for rooms a request being served here announced).
             self.outbox.announce(boot.room)
             extra["bootstrap_room"] = boot.room
-            return GenerateWork(rid, ids, parsed.params, kind="prefill", gateway_cls=gateway_cls), extra
-        return GenerateWork(rid, ids, parsed.params, gateway_cls=gateway_cls), extra
+            return GenerateWork(rid, ids, parsed.params, kind="prefill", **tags), extra
+        return GenerateWork(rid, ids, parsed.params, **tags), extra
 
     async def hand_off(self, out: EngineOutput, boot: api.Bootstrap, input_ids: list[int]) -> None:
         """Park the prefilled KV for the decode engine and wait until it is collected."""

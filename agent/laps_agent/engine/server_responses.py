@@ -2,14 +2,15 @@
 and the SSE events of a streaming one, for /generate, /v1/completions and /v1/chat/completions.
 
 Separate from server.py because it is pure rendering: it only turns `EngineOutput`s into the API's
-bodies (api_models.py) and never touches the engine, the queue bound or the PD hand-off."""
+bodies (api_models.py), logging a failure a stream carries, and never touches the engine, the
+queue bound or the PD hand-off."""
 from __future__ import annotations
 
 import time
 from typing import AsyncGenerator, AsyncIterator
 
 from laps_agent.engine import api_models as api
-from laps_agent.engine.http_util import sse
+from laps_agent.engine.http_util import log_failure, sse
 from laps_agent.engine.requests import EngineOutput, GenerateWork
 
 
@@ -54,7 +55,11 @@ async def sse_events(work: GenerateWork, parsed: api.ParsedRequest,
         async for out in stream():
             last = out
             if out.error:
-                yield sse(api.ApiError(out.error_status, out.error, "engine_error").body())
+                # Past the status line: this event is all the client gets, so the log must name
+                # the request (up-front failures are logged by http_util.failed).
+                exc = api.ApiError(out.error_status, out.error, "engine_error")
+                log_failure(work.request_id, exc, mid_stream=True)
+                yield sse(exc.body())
                 break
             text += out.text
             ids += out.token_ids

@@ -16,11 +16,22 @@ from laps_agent.engine.load_report import HeldByClass, load_report
 from laps_agent.engine.metrics import read_group
 from laps_agent.engine.requests import GenerateWork, new_rid
 from laps_agent.engine.sampling_params import SamplingParams
-from laps_agent.request_id import RequestIdMiddleware
+from laps_agent.request_id import tagged
 from laps_agent.scheduling.classes import CLASSES
 
 if TYPE_CHECKING:
     from laps_agent.engine.server import EngineServer
+
+
+class _EngineApp(FastAPI):
+    """FastAPI giving each HTTP request its id (request_id.py) before anything else runs, so
+    that every answer carries it: a guard's refusal, and the 500 of Starlette's own error
+    middleware, which sits outside any middleware an app adds."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            send = tagged(scope, send)
+        await super().__call__(scope, receive, send)
 
 
 def build_app(server: EngineServer) -> FastAPI:
@@ -29,14 +40,12 @@ def build_app(server: EngineServer) -> FastAPI:
         yield
         await server.aclose()
 
-    app = FastAPI(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = _EngineApp(title="laps engine", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.add_exception_handler(HTTPException, http_error)   # 404/405 OpenAI-shaped
     held = dict.fromkeys(CLASSES, 0)   # work requests held per gateway class (/get_load)
     # Inside DrainGuard: a draining engine's refusals hold nothing.
     app.add_middleware(HeldByClass, held=held)
     app.add_middleware(DrainGuard, drain=server.drain, who="engine")
-    # Outermost: every answer, a guard's refusal included, carries the request's id.
-    app.add_middleware(RequestIdMiddleware)
     s, engine = server.settings, server.engine
 
     @app.post("/generate")

@@ -262,3 +262,18 @@ def test_the_load_report_counts_a_prefill_batch_while_its_forward_pass_runs(make
     assert collect(outs, 1)["held"][-1].completion_tokens == 2
     poll(lambda: load_report("mixed", engine.snapshot, fetching=0)["waiting_requests"] == 0,
          message="the report to drop the finished request")
+
+
+def test_a_broken_output_consumer_is_logged_with_the_clients_request_id(make_engine, caplog):
+    """The line named the engine's own rid only, which no client or gateway log knows."""
+    from tests.support.waiting import poll
+
+    engine, _ = make_engine()
+
+    def broken(out: EngineOutput) -> None:
+        raise RuntimeError("the consumer broke")
+
+    engine.submit(GenerateWork("engine-rid-2", prompt(8), SamplingParams(max_new_tokens=1, temperature=0.0),
+                               request_id="client-id-9"), broken)
+    poll(lambda: any(r.getMessage() == "request client-id-9: output sink failed (engine rid engine-rid-2)"
+                     for r in caplog.records), message="the sink failure logged with the request id")
