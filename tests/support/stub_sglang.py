@@ -17,12 +17,20 @@ class StubSGLang:
         self.engine, self.context_len = engine, context_len
         self.server_args = {"allow_auto_truncate": False, "speculative_algorithm": None, **(server_args or {})}
         self.asked: dict[str, int] = {}   # informational path -> times asked
+        # Informational path -> (status, raw body) answered instead of SGLang's: a server that
+        # is not quite SGLang, or an SGLang going away (a failed load poll).
+        self.answers: dict[str, tuple[int, bytes]] = {}
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope.get("path")
         if scope["type"] != "http" or scope["method"] != "GET" or path not in _ROUTES:
             return await self.engine(scope, receive, send)
         self.asked[path] = self.asked.get(path, 0) + 1
+        if path in self.answers:
+            status, body = self.answers[path]
+            await send({"type": "http.response.start", "status": status, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+            return await send({"type": "http.response.body", "body": body})
         if path == "/get_load":   # SGLang has no such route: FastAPI's 404
             return await _json(send, 404, {"detail": "Not Found"})
         return await _json(send, 200, getattr(self, _ROUTES[path])())

@@ -88,7 +88,7 @@ def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEsti
             return deadline.bound(await deadline.run(_serve(gateway, request, model, kind)))
         except GatewayError as exc:
             metrics.errors.labels(exc.reason).inc()
-            _log_failure(request, exc.status, exc.message)
+            _log_failure(request, exc.status, exc.message, exc.busy)
             return error_response(exc.status, exc.message, retry_after=exc.retry_after,
                                   no_retry=exc.no_retry, kind=exc.kind)
         except UpstreamStatus as exc:   # its body is JSON whatever the engine sent (failures.py)
@@ -210,12 +210,13 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     return RelayResponse(reply)
 
 
-def _log_failure(request: Request, status: int, message: str) -> None:
+def _log_failure(request: Request, status: int, message: str, busy: bool = False) -> None:
     """One line per failed request, naming its id (request_id.py): a warning for the gateway's or
     the pods' failures (5xx), debug for refusals of the request itself (4xx: a client's mistake,
-    or 429 load shedding, which can come by the thousand)."""
-    log.log(logging.WARNING if status >= 500 else logging.DEBUG, "request %s failed with %d: %s",
-            shown(request.scope), status, message)
+    or 429 load shedding) and for the pods' (`busy`: a 503 of full queues, draining pods or none
+    left to try), which an overload also brings by the thousand."""
+    log.log(logging.WARNING if status >= 500 and not busy else logging.DEBUG,
+            "request %s failed with %d: %s", shown(request.scope), status, message)
 
 
 class GatewayApp(FastAPI):

@@ -32,7 +32,8 @@ from laps_agent.prompt_rules import CONTEXT_LENGTH_EXCEEDED, PromptLimit
 def engines_limit(membership: Membership,
                   reported: Callable[[Iterable[str]], PromptLimit | None]) -> PromptLimit | None:
     """The longest prompt some prefill pod and some decode pod of `membership` both take, as far
-    as they reported it (`reported(names)`: the largest of those pods' limits); None: unknown."""
+    as they reported it (`reported(names)`: the largest of those pods' limits); None: unknown, or
+    any length."""
     prefill = reported(e.name for pods in membership.groups.values() for e in pods)
     decode = reported(e.name for e in membership.decode)
     known = [limit for limit in (prefill, decode) if limit is not None]

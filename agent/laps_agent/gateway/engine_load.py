@@ -29,7 +29,7 @@ only miss another replica's request for one interval.
 
 The longest prompt a pod takes (context.py refuses a longer one ahead of admission) is a setting
 kept here per pod too: our engines report it in every answer; stock SGLang's is asked once per
-pod, apart from the polls (sglang_limit.py)."""
+pod (again after a poll that failed), apart from the polls (sglang_limit.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +42,8 @@ from typing import NamedTuple
 
 from laps_agent.gateway.discovery import Discovery
 from laps_agent.gateway.routing import Endpoint, EndpointLoad
-from laps_agent.gateway.sglang_limit import SGLangLimits
-from laps_agent.gateway.upstream import UpstreamError, UpstreamPool, address
+from laps_agent.gateway.sglang_limit import ANY_LENGTH, SGLangLimits
+from laps_agent.gateway.upstream import UpstreamError, UpstreamPool, UpstreamTimeout, address
 from laps_agent.prompt_rules import PromptLimit
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class _Pod:
     slots: int | None = None                  # requests it decodes at once, as last reported
     held: Mapping[str, int] | None = None     # its held_by_class in that answer, if it had one
     held_then: dict[str, int] = field(default_factory=dict)  # of which this gateway's, at most
-    max_prompt: PromptLimit | None = None     # longest prompt it takes, as last reported
+    max_prompt: PromptLimit | None = None     # longest prompt it takes (ANY_LENGTH: any); None: unknown
 
 
 class EngineLoads:
@@ -111,17 +111,18 @@ class EngineLoads:
 
     def learnt_limit(self, name: str, limit: PromptLimit | None) -> None:
         """The longest prompt pod `name` takes, learnt apart from its load (stock SGLang's;
-        None: it refuses none by length alone)."""
+        ANY_LENGTH: it truncates a longer one; None: unknown, or a figure it does not publish)."""
         pod = self._pods.get(name)
         if pod is not None:   # else the pod left meanwhile
             pod.max_prompt = limit
 
     def max_prompt_tokens(self, names: Iterable[str]) -> PromptLimit | None:
         """The longest prompt any of the pods `names` takes, as they last reported it (a
-        setting, like slots); None while none has said. The largest, so that a prompt refused
-        on it would have been refused on every one of them."""
+        setting, like slots); None while none has said, or when one takes any length. The
+        largest, so that a prompt refused on it would have been refused on every one of them."""
         limits = [pod.max_prompt for name in names if (pod := self._pods.get(name)) and pod.max_prompt]
-        return max(limits, key=lambda limit: limit.tokens) if limits else None
+        largest = max(limits, key=lambda limit: limit.tokens) if limits else None
+        return None if largest == ANY_LENGTH else largest
 
     def others_held(self, name: str, cls: str) -> int:
         """Requests of class `cls` that other gateway replicas hold on pod `name`, as of its
@@ -267,11 +268,15 @@ class EngineLoadPoller:
             if response.status == 404 and path == LOAD_PATH:
                 self._paths[endpoint.name] = SGLANG_LOAD_PATH  # from the next poll on
                 return
-            if response.status != 200:
-                return  # an engine with neither route: its own work alone counts
+            if response.status != 200:   # an engine with neither route: its own work alone counts
+                raise ValueError(f"{path} answered {response.status}")
             report = parse_report(body)
-        except (UpstreamError, TimeoutError, ValueError) as exc:
+        except (TimeoutError, UpstreamTimeout) as exc:
+            log.debug("no load report from %s in time: %s", endpoint.name, exc)
+            return
+        except (UpstreamError, ValueError) as exc:
             log.debug("no load report from %s: %s", endpoint.name, exc)
+            self._sglang_limits.forget(endpoint.name)   # it may be another SGLang when it is back
             return
         if path == SGLANG_LOAD_PATH:   # stock SGLang, up: its limit is asked apart, once
             self._sglang_limits.ask(endpoint)

@@ -34,10 +34,14 @@ class GatewayError(Exception):
     """A request the gateway answers itself with `status` and an OpenAI-style error body."""
 
     def __init__(self, status: int, reason: str, message: str, retry_after: int | None = None,
-                 *, no_retry: bool = False, kind: str | None = None):
+                 *, no_retry: bool = False, kind: str | None = None, busy: bool = False):
         super().__init__(message)
         self.status, self.reason, self.message, self.retry_after = status, reason, message, retry_after
         self.kind = kind   # the body's error type, where it is not error_body's default
+        # No pod failed: they refused it (queue full, draining) or none was left to try. An
+        # overload answers that by the thousand, so it is logged at debug (a synchronous log
+        # write per request on the event loop would add to the overload), not as a failure.
+        self.busy = busy
         # The same request again would cost as much and end the same way: SDK clients are told
         # not to resend it on their own (errors.NO_RETRY_HEADER), as they do any 5xx.
         self.no_retry = no_retry

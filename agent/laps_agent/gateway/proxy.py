@@ -109,6 +109,7 @@ class PDProxy:
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
         failure: GatewayError | None = None
+        all_busy = True   # every attempt so far was refused, none failed (GatewayError.busy)
         held = self.affinity.held(call.prefix)
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
@@ -122,7 +123,7 @@ class PDProxy:
                 message = f"no healthy pod can take this request ({exc})"
                 if failure is not None:
                     message += f"; last failure: {failure.message}"
-                raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s) from None
+                raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s, busy=all_busy) from None
             if attempt == 0:
                 self.admit(decision, membership, loads)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
@@ -136,8 +137,10 @@ class PDProxy:
             except Retryable as exc:
                 exclude.update(exc.endpoints)
                 failure = exc.error
-                log.warning("request %s: attempt %d failed: %s", call.request_id.decode(),
-                            attempt + 1, failure.message)
+                all_busy = all_busy and failure.busy
+                log.log(logging.DEBUG if failure.busy else logging.WARNING, "request %s: attempt %d "
+                        "failed: %s", call.request_id.decode(), attempt + 1, failure.message)
+        failure.busy = all_busy   # a pod that failed before the last refusal still makes it a failure
         raise failure
 
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
@@ -253,7 +256,8 @@ class PDProxy:
             if blame.state == "draining":
                 self._tracker.record_draining(pod.name, pool)
         error = GatewayError(blame.status, blame.reason, blame.message, self._config.retry_after_s
-                             if blame.status == 503 else None, no_retry=not blame.retry)
+                             if blame.status == 503 else None, no_retry=not blame.retry,
+                             busy=blame.state != "failing")
         return Retryable((pod.name,), error) if blame.retry else error
 
     def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,

@@ -4,6 +4,8 @@ another pod and takes the engine out of routing without counting as a failure; a
 it the client hears a clear 503 with Retry-After."""
 from __future__ import annotations
 
+import logging
+
 import httpx
 
 from laps_agent.gateway.config import ProxyConfig
@@ -73,3 +75,28 @@ def test_when_every_pod_refuses_the_client_gets_503_with_retry_after(stub_engine
     assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
     assert "stub refuses: queue_full" in reply.json()["error"]["message"]
     assert httpx.get(f"{gateway.url}/health").json()["ready"] is True  # full is not broken
+
+
+def test_refusals_under_overload_are_logged_at_debug_not_as_failures(stub_engines, gateway_server, caplog):
+    """Under overload every request may be refused (full queues, draining pods, then none left
+    to try): a warning each would flood the log, written on the gateway's event loop when its
+    latency matters most. A pod that fails (502) is still a warning (test_request_id.py)."""
+    caplog.set_level(logging.DEBUG, logger="laps_agent")
+    gateway, _, first, second = _two_short_pods(stub_engines, gateway_server)
+    first.refusal = second.refusal = "queue_full"
+    ids = [f"full-{i}" for i in range(3)]
+    for rid in ids:
+        reply = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "x"}, headers={"x-request-id": rid})
+        assert reply.status_code == 503, reply.text
+    first.refusal = second.refusal = "draining"
+    for rid in ("drain-0", "drain-1"):   # refused by both, then out of routing: no pod to try
+        reply = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "x"}, headers={"x-request-id": rid})
+        assert reply.status_code == 503, reply.text
+    ids += ["drain-0", "drain-1"]
+    assert "no healthy pod" in reply.json()["error"]["message"]
+    ours = [r for r in caplog.records if r.name.startswith("laps_agent.gateway")]
+    assert [r.getMessage() for r in ours if r.levelno >= logging.WARNING] == []
+    debug = [r.getMessage() for r in ours if r.levelno == logging.DEBUG]
+    for rid in ids:   # still said, for whoever looks at debug level
+        assert any(f"request {rid} failed with 503" in line for line in debug), (rid, debug)
+    assert any("request full-0: attempt 1 failed" in line for line in debug), debug
