@@ -103,10 +103,11 @@ def stop_all(children: list[EngineChild], grace_s: float = 15.0) -> bool:
         return True
 
 
-def unknown_engine_args(engine_args: list[str]) -> str | None:
-    """What in the flags `laps local` passes on is not a `laps engine` flag either (a typo), or a
-    bad value of one, as one line; None when every engine will take them. Checked before any
-    engine starts: each engine would otherwise refuse them seconds later, behind its usage text."""
+def unknown_engine_args(engine_args: list[str], command: str = "laps local") -> str | None:
+    """What in the flags `command` (`laps local`, `laps sim`) passes on is not a `laps engine`
+    flag either (a typo, a flag of another command), or a bad value of one, as one line; None
+    when every engine will take them. Checked before any engine starts or model is built: each
+    would otherwise refuse them later, behind the engine's whole usage text."""
     from laps_agent.engine.cli import build_parser  # torch-free
 
     parser = build_parser()
@@ -115,5 +116,5 @@ def unknown_engine_args(engine_args: list[str]) -> str | None:
         _, unknown = parser.parse_known_args(engine_args)
     except argparse.ArgumentError as err:
         return f"engine flags: {err}"
-    return (f"unrecognized arguments: {' '.join(unknown)} (neither laps local's flags nor laps engine's)"
+    return (f"unrecognized arguments: {' '.join(unknown)} (neither {command}'s flags nor laps engine's)"
             if unknown else None)

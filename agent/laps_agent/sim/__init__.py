@@ -20,6 +20,7 @@ import numpy as np
 
 from laps_agent.cli_args import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
+from laps_agent.local_engines import unknown_engine_args
 from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
                                 phases_markdown, save, summarize)
 from laps_agent.scheduling.classes import LONG, SHORT, is_short
@@ -29,6 +30,7 @@ from laps_agent.workload.conversations import oracle_cached_tokens
 from laps_agent.workload.plan import Plan, plan_requests, require_requests, warmup_plan
 from laps_agent.workload.spec import WorkloadError, WorkloadSpec, load_workload
 
+from . import allocation
 from .cluster import HOP_S, SimCluster, chars4_estimate
 
 _CAPACITY_REQUESTS_PER_POD = 200
@@ -45,7 +47,8 @@ def sim_system(name: str) -> SystemConfig:
 def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill: int, decode: int,
              threshold: int, engine_args: tuple[str, ...] = (), label: str | None = None,
              chars_per_token: float | None = None, warmup: Plan | None = None,
-             hop_s: float = HOP_S) -> RunResult:
+             hop_s: float = HOP_S, allocation_config: allocation.AllocationConfig | None = None,
+             interval_s: float = allocation.INTERVAL_S) -> RunResult:
     """One simulated run of `plan` on a cluster running `sys_config`, after `warmup` (requests
     replayed first on the same cluster and left out of the result, as `laps bench compare` warms
     each system up). `chars_per_token`: of the load generator's prompt text, for the reference's
@@ -55,7 +58,8 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     if sys_config.estimator == "chars4":
         estimate = chars4_estimate(chars_per_token or default_chars_per_token())
     cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
-                         engine_args=engine_args, estimate=estimate, hop_s=hop_s,
+                         engine_args=engine_args, estimate=estimate, hop_s=hop_s, allocation=allocation_config,
+                         interval_s=interval_s,
                          oracle=sys_config.name == ORACLE.name)
     skip, offset = 0, 0.0
     at, prompts, outputs_all, convs = plan.at, plan.prompt_tokens, plan.output_tokens, plan.conversation
@@ -101,6 +105,8 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     meta = {"label": label or sys_config.name, "tool": "laps sim", "target": "sim", "system": sys_config.name,
             "profile": profile.name, "profile_provenance": profile.provenance,
             "cluster": {"prefill": prefill, "decode": decode}, "threshold": threshold,
+            "allocation": {"rule": sys_config.allocation if allocation.runs_loop(sys_config) else "none",
+                           "interval_s": cluster.interval_s, **dataclasses.asdict(cluster.allocation)},
             "workload": {"name": plan.spec.name, "spec": plan.spec.model_dump(mode="json")},
             "seed": plan.spec.seed, "rate_scale": plan.rate_scale, "phases": [w.to_dict() for w in plan.phases],
             "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -172,8 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     # 0 is a threshold of 0 (every prompt long), not "not given"
     p.add_argument("--threshold", type=non_negative(int), default=None, help="default: the workload's (256)")
-    p.add_argument("--allocation", choices=("laps", "reference", "none"), default=None,
-                   help="override the systems' allocation (as `laps local --allocation`)")
     p.add_argument("--slo", type=slo_seconds, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")
     p.add_argument("--out", type=output_dir, default=None, help="result directory (default sim-results/<time>)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots (large runs)")
@@ -181,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one network hop (5 on a request's way to its first token); default 1 ms")
     p.add_argument("--warmup-s", type=non_negative(float), default=0.0,
                    help="replay the first phase this long first, as `laps bench compare` does")
+    allocation.add_flags(p)
     return p
 
 
@@ -204,6 +209,10 @@ def _main(args: argparse.Namespace, engine_args: list[str]) -> int:
             systems = [dataclasses.replace(s, allocation=args.allocation) for s in systems]
     except (WorkloadError, ProfileError, ValueError) as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
+        return 2
+    # Now, not once planned: the engine models would refuse a flag behind laps engine's usage text.
+    if problem := unknown_engine_args(engine_args, "laps sim") or allocation.flags_problem(args, systems):
+        print(f"laps sim: error: {problem}", file=sys.stderr)
         return 2
     out = args.out or Path("sim-results") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     if problem := unwritable_dir(out):  # found now, not after minutes of simulation
@@ -252,7 +261,8 @@ def _simulate_all(args: argparse.Namespace, engine_args: list[str], plan: Plan, 
     for sys_config in systems:
         result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
                           threshold=threshold, engine_args=tuple(engine_args), warmup=warmup,
-                          hop_s=args.hop_ms / 1000)
+                          hop_s=args.hop_ms / 1000, allocation_config=allocation.config(args),
+                          interval_s=args.allocation_interval)
         result.meta["slo"] = args.slo
         paths = save(result, out / sys_config.name if len(systems) > 1 else out, slo=args.slo,
                      plots=not args.no_plots)

@@ -3,19 +3,68 @@
 Separate from cluster.py because it is a loop of its own beside the requests' path, with its own
 state (the pressure window, the policy's state, the moves made): the cluster feeds it a sample
 every second and lets it move a prefill pod between groups every interval. The decisions are the
-operator's own pure functions (laps_operator.allocation).
+operator's own pure functions (laps_operator.allocation). `laps sim` takes `laps local`'s flags
+tuning the loop (`add_flags`), so a simulation can try the values a real stack would run with.
 """
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
+from laps_agent.cli_args import at_least, positive
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.routing import Endpoint
 from laps_agent.results.records import TimelineSample
+from laps_agent.systems import SystemConfig
 from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
                                       group_pressure, reference_decide)
 
 Groups = dict[str, tuple[Endpoint, ...]]
+INTERVAL_S = 5.0  # between decisions, as `laps local`'s default
+_DEFAULTS = {"allocation_interval": INTERVAL_S, "allocation_ratio": AllocationConfig.ratio,
+             "min_per_group": AllocationConfig.min_per_group}
+
+
+def runs_loop(system: SystemConfig) -> bool:
+    """Whether a simulated cluster of `system` moves pods between groups."""
+    return system.groups and system.allocation != "none"
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """`laps local`'s allocation flags (names and meanings), on the virtual clock."""
+    alloc = p.add_argument_group("allocation (moving prefill pods between the groups, as laps local)")
+    alloc.add_argument("--allocation", choices=("laps", "reference", "none"), default=None,
+                       help="override the systems' allocation (as `laps local --allocation`)")
+    alloc.add_argument("--no-allocation", dest="allocation", action="store_const", const="none",
+                       help="same as --allocation none")
+    alloc.add_argument("--allocation-interval", type=positive(float), default=_DEFAULTS["allocation_interval"],
+                       help="simulated seconds between decisions")
+    alloc.add_argument("--allocation-ratio", type=at_least(float, 1.0), default=_DEFAULTS["allocation_ratio"],
+                       help="per-pod pressure ratio that triggers a move")
+    alloc.add_argument("--min-per-group", type=positive(int), default=_DEFAULTS["min_per_group"])
+
+
+def config(args: argparse.Namespace) -> AllocationConfig:
+    return AllocationConfig(ratio=args.allocation_ratio, min_per_group=args.min_per_group)
+
+
+def flags_problem(args: argparse.Namespace, systems: Sequence[SystemConfig]) -> str | None:
+    """One line, or None: a --min-per-group the prefill pods cannot meet in both groups (the
+    default 1 is no request: one prefill pod simply leaves the long group empty), or
+    allocation flags where no system simulated moves pods (silently unused, they would read as
+    part of a comparison they took no part in: `laps bench compare` refuses them alike)."""
+    moving = [s.name for s in systems if runs_loop(s)]
+    if moving and args.min_per_group > 1 and args.prefill < 2 * args.min_per_group:
+        return (f"--min-per-group {args.min_per_group} needs at least {2 * args.min_per_group} prefill pods "
+                f"({', '.join(moving)} {'moves' if len(moving) == 1 else 'move'} pods between two groups), "
+                f"got --prefill {args.prefill}")
+    given = [f"--{dest.replace('_', '-')} {getattr(args, dest):g}" for dest, default in _DEFAULTS.items()
+             if getattr(args, dest) != default]
+    if given and not moving:
+        return (f"{', '.join(given)} {'tunes' if len(given) == 1 else 'tune'} the allocation loop, and none of "
+                f"the systems ({', '.join(s.name for s in systems)}) runs one: leave it out, or add a "
+                f"system that does (laps)")
+    return None
 
 
 class SimAllocator:

@@ -38,7 +38,7 @@ from laps_agent.results.records import TimelineSample
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD, length_class
 from laps_agent.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
-from .allocation import SimAllocator, timeline_sample
+from .allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
 from .prefix import SimPrefixes
 from laps_operator.allocation import AllocationConfig
 from laps_operator.groups import initial_short_count
@@ -85,7 +85,7 @@ class SimCluster:
                  threshold: int = DEFAULT_LENGTH_THRESHOLD, engine_args: Sequence[str] = (),
                  estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
-                 interval_s: float = 5.0, hop_s: float = HOP_S,
+                 interval_s: float = INTERVAL_S, hop_s: float = HOP_S,
                  max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None,
                  oracle: bool = False) -> None:
         if prefill < 1 or decode < 1:
@@ -154,7 +154,7 @@ class SimCluster:
         self._scheduled: dict[int, float | None] = {}
         self._engines = self.prefill + self.decode
         timeline: list[TimelineSample] = []
-        allocating = self.system.groups and self.system.allocation != "none"
+        allocating = runs_loop(self.system)
         if n and (self.sample_every_s > 0 or allocating):
             heapq.heappush(heap, (float(at[0]), next(self._seq), _SAMPLE, None))
         if n and allocating:

@@ -30,6 +30,10 @@ RUN = ["--workload", "lmsys-steady", "--no-plots", "--max-requests", "20"]
     ("--hop-ms", "inf", "argument --hop-ms: must be a finite number, got inf"),
     # no system used to simulate nothing and exit 0
     ("--systems", ",", "argument --systems: expected comma-separated names, got ','"),
+    # the allocation loop's flags, as `laps local` takes them
+    ("--allocation-interval", "0", "argument --allocation-interval: must be > 0, got 0"),
+    ("--allocation-ratio", "0.5", "argument --allocation-ratio: must be >= 1, got 0.5"),
+    ("--min-per-group", "0", "argument --min-per-group: must be > 0, got 0"),
 ])
 def test_impossible_values_are_refused_naming_the_flag(tmp_path, capsys, flag, value, message):
     args = [a for a in RUN if a not in ("--max-requests", "20")] if flag == "--max-requests" else RUN
@@ -123,3 +127,32 @@ def test_a_phase_that_plans_no_request_among_others_is_refused_naming_it(tmp_pat
         "laps sim: error: gap.yaml: phases[0] 'idle': 1 req/s for 0.5 s plans no request, unlike the other phases; "
         "lengthen duration_s or raise the rate (arrival.rate, --rate-scale, --load), or give requests: N")
     assert not out.exists()
+
+
+def test_the_allocation_loop_takes_laps_locals_flags(tmp_path):
+    """`laps sim --min-per-group 2` was `laps engine: error: unrecognized arguments` and the
+    engine's whole usage text: the flags went to the engine models, not to the simulated loop."""
+    assert main([*RUN, "--out", str(tmp_path), "--prefill", "4", "--min-per-group", "2",
+                 "--allocation-interval", "2", "--allocation-ratio", "3"]) == 0
+    got = json.loads((tmp_path / "results.json").read_text())["meta"]["allocation"]
+    assert (got["rule"], got["interval_s"], got["ratio"], got["min_per_group"]) == ("laps", 2.0, 3.0, 2)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prefill", "3", "--min-per-group", "2"],
+     "--min-per-group 2 needs at least 4 prefill pods (laps moves pods between two groups), got --prefill 3"),
+    (["--systems", "vanilla-pd", "--allocation-ratio", "3"],
+     "--allocation-ratio 3 tunes the allocation loop, and none of the systems (vanilla-pd) runs one: leave it "
+     "out, or add a system that does (laps)"),
+    (["--no-allocation", "--min-per-group", "2"],
+     "--min-per-group 2 tunes the allocation loop, and none of the systems (laps) runs one: leave it out, or "
+     "add a system that does (laps)"),
+    (["--wait-windw-ms", "3"],
+     "unrecognized arguments: --wait-windw-ms 3 (neither laps sim's flags nor laps engine's)"),
+], ids=["min-per-group-too-big", "no-loop", "no-allocation", "typo"])
+def test_flags_no_simulated_engine_or_loop_takes_are_one_line(tmp_path, capsys, extra, message):
+    """Unknown flags went to the engine models, which exited with `laps engine: error:` and
+    their whole usage text; allocation flags no loop uses were silently ignored."""
+    assert main([*RUN, "--out", str(tmp_path), *extra]) == 2
+    assert capsys.readouterr().err.strip() == f"laps sim: error: {message}"
+    assert not (tmp_path / "results.json").exists()
