@@ -196,9 +196,14 @@ class KubernetesDiscovery(Discovery):
     def _publish(self) -> None:
         membership = membership_from_slices(self._slices.values(), self._services)
         if membership != self._membership:
-            log.info("membership: short=%s long=%s decode=%s",
-                     *([e.name for e in membership.groups[g]] for g in ("short", "long")),
-                     [e.name for e in membership.decode])
+            # No ready pod in a role is an outage (every request a 503 no_endpoint, logged per
+            # request at debug only: proxy.py): a warning, once per change.
+            empty = [role for role, pods in (("prefill", [*membership.groups["short"], *membership.groups["long"]]),
+                                             ("decode", membership.decode)) if not pods]
+            log.log(logging.WARNING if empty else logging.INFO, "membership: short=%s long=%s decode=%s%s",
+                    *([e.name for e in membership.groups[g]] for g in ("short", "long")),
+                    [e.name for e in membership.decode],
+                    f" (no ready {' or '.join(empty)} pod: requests get 503)" if empty else "")
         self._membership = membership
 
 

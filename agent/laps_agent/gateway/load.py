@@ -25,6 +25,7 @@ counts stay right; a name that comes back after that starts afresh (a new pod: n
 ejection), as the prefix record treats it (affinity.py)."""
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GROUPS, GatewayMetrics
 from laps_agent.gateway.outlier import may_eject
 from laps_agent.gateway.routing import EndpointLoad
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -192,6 +195,10 @@ class LoadTracker:
             return False
         self._take_out(endpoint)
         self._metrics.ejections.labels(pool, "ejected").inc()
+        # A state change, said once (the requests it failed are logged at their own level; once
+        # it is out, refusals for want of a pod are debug lines, proxy.py).
+        log.warning("%s pod %s is out of routing for %.0f s after %d failures in a row", pool, endpoint,
+                    self._config.eject_seconds, count)
         return True
 
     def record_draining(self, endpoint: str, pool: str) -> None:

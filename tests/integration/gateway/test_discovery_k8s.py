@@ -2,6 +2,8 @@
 change, so moving a prefill pod to the other group changes where requests go."""
 from __future__ import annotations
 
+import logging
+
 import httpx
 import kubernetes
 
@@ -162,3 +164,26 @@ def test_the_gateway_forgets_the_pods_of_past_rollouts(kube_api, stub_engines, g
     assert status["groups"]["short"]["pods"][0]["pending_requests"] == 0
     assert status["decode"]["pods"][0]["pending_requests"] == 0
     assert status["decode"]["held_here"] == {"short": 0, "long": 0}
+
+
+def test_losing_every_decode_pod_is_one_warning_not_one_per_request(kube_api, stub_engines, gateway_server,
+                                                                      caplog):
+    """Every request then gets 503 no_endpoint, logged per request at debug only (proxy.py: the
+    same refusal comes by the thousand under overload); the outage itself is one warning."""
+    api = kubernetes.client.DiscoveryV1Api(kube_api.api_client())
+    prefill, _ = stub_engines("prefill", bootstrap_port=7001)
+    decode, _ = stub_engines("decode")
+    api.create_namespaced_endpoint_slice(NS, _slice("short-a", SERVICES.prefill_short, "pf-0", prefill.url,
+                                                    bootstrap=7001))
+    api.create_namespaced_endpoint_slice(NS, _slice("decode-0", SERVICES.decode, "dc-0", decode.url, bootstrap=None))
+    gateway = gateway_server(KubernetesDiscovery(SERVICES, namespace=NS, api_client=kube_api.api_client()),
+                             length_threshold=64)
+    poll(lambda: _groups(gateway)["decode"] == ["dc-0"], message="the decode pod to join")
+    caplog.set_level(logging.INFO, logger="laps_agent")
+    api.delete_namespaced_endpoint_slice("decode-0", NS)
+    poll(lambda: _groups(gateway)["decode"] == [], message="the decode pod to leave")
+    for _ in range(3):
+        reply = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"})
+        assert reply.status_code == 503 and "no usable decode pod" in reply.json()["error"]["message"], reply.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["membership: short=['pf-0'] long=[] decode=[] (no ready decode pod: requests get 503)"]

@@ -2,6 +2,8 @@
 max-ejection share, out of routing; the load tracker applies it per pool."""
 from __future__ import annotations
 
+import logging
+
 from hypothesis import given, strategies as st
 
 from laps_agent.gateway.config import ProxyConfig
@@ -94,3 +96,15 @@ def test_failures_below_the_threshold_eject_nothing_and_a_success_resets_them():
     for _ in range(2):
         assert not tracker.record_failure("a", "short", pool)
     assert tracker.record_failure("a", "short", pool)
+
+
+def test_an_ejection_is_a_warning_naming_the_pod_once(caplog):
+    """Requests refused for want of a pod are debug lines (proxy.py): the ejection that took
+    the pod out is what the log must show, once."""
+    tracker, _, _ = _tracker(eject_after_failures=2, eject_seconds=30)
+    pool = ["a", "b"]
+    with caplog.at_level(logging.WARNING, logger="laps_agent.gateway"):
+        for _ in range(4):
+            tracker.record_failure("a", "decode", pool)
+    assert [r.getMessage() for r in caplog.records] == [
+        "decode pod a is out of routing for 30 s after 2 failures in a row"]
