@@ -27,10 +27,9 @@ GPU = "nvidia.com/gpu"
 SGLANG_SPELLINGS: dict[str, dict[str, str]] = {
     "pp_size": {"--pp-size": "--pp-s", "--pipeline-parallel-size": "--pi"},
     "dp_size": {"--dp-size": "--dp", "--data-parallel-size": "--da"},
-    # Attention data parallelism, inside the tensor-parallel GPUs. Its deprecated spelling,
-    # --dp-size N --enable-dp-attention, makes --dp-size split those GPUs instead of adding
-    # replicas, unless --attn-dp-size is given too (SGLang's _handle_deprecated_dp_attention).
-    "attn_dp_size": {"--attn-dp-size": "--attn-d", "--attention-data-parallel-size": "--attention-d"},
+    # --dp-size N --enable-dp-attention (attention data parallelism's older spelling) splits the
+    # tensor-parallel GPUs instead of adding replicas (SGLang's _handle_deprecated_dp_attention;
+    # beside --attn-dp-size > 1, SGLang refuses --dp-size > 1 and the pod says so in its log).
     "enable_dp_attention": {"--enable-dp-attention": "--enable-dp-attention"},
 }
 
@@ -66,7 +65,7 @@ def _multipliers(engine: EngineSpec) -> list[tuple[str, int]]:
         return []
     given = _given(engine.extra_args)
     found = [given.get("pp_size")]
-    if "enable_dp_attention" not in given or given.get("attn_dp_size", ("", 1))[1] != 1:
+    if "enable_dp_attention" not in given:
         found.append(given.get("dp_size"))
     return [(flag, value) for flag, value in filter(None, found) if value > 1]
 

@@ -166,8 +166,6 @@ def test_sglang_pods_hold_one_gpu_per_rank(extra_args, gpus):
     (["--pp-s", "2"], "4"),
     (["--pipeline-parallel", "3"], "6"),
     (["--dp", "2", "--enable-dp-attention"], "2"),  # still attention DP, splitting the TP GPUs
-    # With --attn-dp-size as well, SGLang leaves --dp-size counting replicas.
-    (["--dp-size", "2", "--enable-dp-attention", "--attn-dp-size", "2"], "4"),
     (["--pp-max-micro-batch-size", "4"], "2"),  # another option: no stages
 ])
 def test_sglang_gpus_follow_every_spelling_sglang_takes(extra_args, gpus):
