@@ -24,7 +24,7 @@ from laps_agent.local_engines import unknown_engine_args
 from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
                                 phases_markdown, save, summarize)
 from laps_agent.scheduling.classes import LONG, SHORT, is_short
-from laps_agent.systems import SYSTEMS, SystemConfig, system
+from laps_agent.systems import SYSTEMS, SystemConfig, moves_pods, system
 from laps_agent.results.turns import ORACLE_LABEL, pod_load, summarize_turns, turns_report
 from laps_agent.workload.conversations import oracle_cached_tokens
 from laps_agent.workload.plan import Plan, plan_requests, require_requests, warmup_plan
@@ -105,7 +105,8 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
     meta = {"label": label or sys_config.name, "tool": "laps sim", "target": "sim", "system": sys_config.name,
             "profile": profile.name, "profile_provenance": profile.provenance,
             "cluster": {"prefill": prefill, "decode": decode}, "threshold": threshold,
-            "allocation": {"rule": sys_config.allocation if allocation.runs_loop(sys_config) else "none",
+            "allocation": {"rule": sys_config.allocation if moves_pods(sys_config.allocation, not sys_config.groups,
+                                                                     prefill) else "none",
                            "interval_s": cluster.interval_s, **dataclasses.asdict(cluster.allocation)},
             "workload": {"name": plan.spec.name, "spec": plan.spec.model_dump(mode="json")},
             "seed": plan.spec.seed, "rate_scale": plan.rate_scale, "phases": [w.to_dict() for w in plan.phases],

@@ -15,7 +15,7 @@ from laps_agent.cli_args import at_least, positive
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.routing import Endpoint
 from laps_agent.results.records import TimelineSample
-from laps_agent.systems import SystemConfig
+from laps_agent.systems import SystemConfig, moves_pods
 from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
                                       group_pressure, reference_decide)
 
@@ -53,13 +53,16 @@ def flags_problem(args: argparse.Namespace, systems: Sequence[SystemConfig]) -> 
     default 1 is no request: one prefill pod simply leaves the long group empty), or
     allocation flags where no system simulated moves pods (silently unused, they would read as
     part of a comparison they took no part in: `laps bench compare` refuses them alike)."""
-    moving = [s.name for s in systems if runs_loop(s)]
+    # laps local's rule (one prefill pod has none to move), as `laps bench compare` applies it.
+    moving = [s.name for s in systems if moves_pods(s.allocation, not s.groups, args.prefill)]
     if moving and args.min_per_group > 1 and args.prefill < 2 * args.min_per_group:
         return (f"--min-per-group {args.min_per_group} needs at least {2 * args.min_per_group} prefill pods "
                 f"({', '.join(moving)} {'moves' if len(moving) == 1 else 'move'} pods between two groups), "
                 f"got --prefill {args.prefill}")
     given = [f"--{dest.replace('_', '-')} {getattr(args, dest):g}" for dest, default in _DEFAULTS.items()
              if getattr(args, dest) != default]
+    if args.allocation not in (None, "none"):
+        given.insert(0, f"--allocation {args.allocation}")
     if given and not moving:
         return (f"{', '.join(given)} {'tunes' if len(given) == 1 else 'tune'} the allocation loop, and none of "
                 f"the systems ({', '.join(s.name for s in systems)}) runs one: leave it out, or add a "

@@ -147,9 +147,15 @@ def test_the_allocation_loop_takes_laps_locals_flags(tmp_path):
     (["--no-allocation", "--min-per-group", "2"],
      "--min-per-group 2 tunes the allocation loop, and none of the systems (laps) runs one: leave it out, or "
      "add a system that does (laps)"),
+    (["--prefill", "1", "--allocation-ratio", "3"],   # one prefill pod: none to move, as in laps local
+     "--allocation-ratio 3 tunes the allocation loop, and none of the systems (laps) runs one: leave it out, "
+     "or add a system that does (laps)"),
+    (["--systems", "vanilla-pd", "--allocation", "laps"],
+     "--allocation laps tunes the allocation loop, and none of the systems (vanilla-pd) runs one: leave it "
+     "out, or add a system that does (laps)"),
     (["--wait-windw-ms", "3"],
      "unrecognized arguments: --wait-windw-ms 3 (neither laps sim's flags nor laps engine's)"),
-], ids=["min-per-group-too-big", "no-loop", "no-allocation", "typo"])
+], ids=["min-per-group-too-big", "no-loop", "no-allocation", "one-prefill", "allocation-unused", "typo"])
 def test_flags_no_simulated_engine_or_loop_takes_are_one_line(tmp_path, capsys, extra, message):
     """Unknown flags went to the engine models, which exited with `laps engine: error:` and
     their whole usage text; allocation flags no loop uses were silently ignored."""
