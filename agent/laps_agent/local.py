@@ -26,7 +26,7 @@ from laps_agent.gateway.cli import auth_args_problem, decode_share
 from laps_agent.local_engines import (EngineChild, free_port, spawn_engine, stop_all, unknown_engine_args,
                                       write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.systems import SINGLE_POOL_THRESHOLD, moves_pods
+from laps_agent.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_operator.groups import initial_short_count
 
 _PROGRESS_EVERY_S = 5.0
@@ -78,10 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                             ">= 2 prefill engines); reference: the reference router's rule; none")
     alloc.add_argument("--no-allocation", dest="allocation", action="store_const", const="none",
                        help="same as --allocation none")
-    alloc.add_argument("--allocation-interval", type=float, default=5.0, help="seconds between decisions")
-    alloc.add_argument("--allocation-ratio", type=float, default=2.0,
+    alloc.add_argument("--allocation-interval", type=float, default=ALLOCATION_DEFAULTS["allocation_interval"],
+                       help="seconds between decisions")
+    alloc.add_argument("--allocation-ratio", type=float, default=ALLOCATION_DEFAULTS["allocation_ratio"],
                        help="per-pod pressure ratio that triggers a move")
-    alloc.add_argument("--min-per-group", type=int, default=1)
+    alloc.add_argument("--min-per-group", type=int, default=ALLOCATION_DEFAULTS["min_per_group"])
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--workdir", type=Path, help="labels files and engine logs (default: a temp dir)")
@@ -198,9 +199,8 @@ def _allocator(args, children: list[EngineChild]):
     if not moves_pods(args.allocation, args.single_pool, args.prefill):
         return None
     from laps_agent.gateway.allocator import StaticAllocator
-    from laps_operator.allocation import AllocationConfig
 
-    config = AllocationConfig(ratio=args.allocation_ratio, min_per_group=args.min_per_group)
+    config = policy_config(args)
     labels = {c.url: c.labels_path for c in children if c.role == "prefill"}
 
     def relabel(path, group: str) -> None:

@@ -22,7 +22,10 @@ one in the simulator compare the same systems.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from laps_operator.allocation import AllocationConfig
 
 ESTIMATORS = ("auto", "heuristic", "chars4")  # the gateway's --estimator modes
 # The gateway threshold of a single pool (`vanilla-pd`): every request is "short", so every
@@ -34,6 +37,31 @@ def moves_pods(allocation: str | None, single_pool: bool, prefill: int) -> bool:
     """Whether `laps local` runs an allocation loop (its --allocation, default laps; --single-pool
     has no groups, and one prefill engine none to move)."""
     return allocation != "none" and not single_pool and prefill >= 2
+
+
+# The flags tuning that loop (dest -> flag) and their defaults, as `laps local` takes them and
+# `laps sim` too (on its virtual clock); `bench compare` passes them through to `laps local`.
+ALLOCATION_KNOBS = {"allocation_interval": "--allocation-interval", "allocation_ratio": "--allocation-ratio",
+                    "min_per_group": "--min-per-group"}
+ALLOCATION_DEFAULTS = {"allocation_interval": 5.0, "allocation_ratio": AllocationConfig.ratio,
+                       "min_per_group": AllocationConfig.min_per_group}
+
+
+def policy_config(given: object) -> AllocationConfig:
+    """The loop's policy settings from the parsed knobs (`laps local`, `laps sim`)."""
+    return AllocationConfig(ratio=given.allocation_ratio, min_per_group=given.min_per_group)
+
+
+def unused_allocation_flags(given: object, systems: Sequence[str], also: Sequence[str] = ()) -> str | None:
+    """The knobs `given` (parsed flags) sets off their defaults, and `also` (other flags of the
+    loop), when none of `systems` runs the loop: silently unused, they would read as part of a
+    comparison they took no part in. None when there are none. The caller knows none runs one."""
+    knobs = [*also, *(f"{flag} {getattr(given, dest):g}" for dest, flag in ALLOCATION_KNOBS.items()
+                      if getattr(given, dest) != ALLOCATION_DEFAULTS[dest])]
+    if not knobs:
+        return None
+    return (f"{', '.join(knobs)} {'tunes' if len(knobs) == 1 else 'tune'} the allocation loop, and none of the "
+            f"systems ({', '.join(systems)}) runs one: leave it out, or add a system that does (laps)")
 
 
 @dataclass(frozen=True)

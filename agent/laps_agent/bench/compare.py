@@ -83,28 +83,19 @@ def local_problem(args: argparse.Namespace, sys_config: SystemConfig, engine_arg
     return local.args_problem(local_ns, rest)
 
 
-# `laps local` flags that tune its allocation loop (dest -> flag).
-_ALLOCATION_KNOBS = {"min_per_group": "--min-per-group", "allocation_interval": "--allocation-interval",
-                     "allocation_ratio": "--allocation-ratio"}
-
-
 def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig],
                             engine_args: list[str]) -> str | None:
     """Allocation flags given when no system compared moves pods: silently ignored, they would
     read as part of a comparison they took no part in."""
     from laps_agent import local
-    from laps_agent.systems import moves_pods
+    from laps_agent.systems import moves_pods, unused_allocation_flags
 
     parser = local.build_parser()
-    given = parser.parse_known_args(engine_args)[0]
-    knobs = [f"{flag} {getattr(given, dest):g}" for dest, flag in _ALLOCATION_KNOBS.items()
-             if getattr(given, dest) != parser.get_default(dest)]
     for sys_config in systems:
         ns = parser.parse_known_args(local_args(args, sys_config, engine_args))[0]
-        if not knobs or moves_pods(ns.allocation, ns.single_pool, ns.prefill):
+        if moves_pods(ns.allocation, ns.single_pool, ns.prefill):
             return None
-    return (f"{', '.join(knobs)} {'tunes' if len(knobs) == 1 else 'tune'} the allocation loop, and none of the systems "
-            f"({', '.join(s.name for s in systems)}) runs one: leave it out, or add a system that does (laps)")
+    return unused_allocation_flags(parser.parse_known_args(engine_args)[0], [s.name for s in systems])
 
 
 def api_key(engine_args: list[str]) -> str | None:

@@ -24,7 +24,7 @@ from laps_agent.local_engines import unknown_engine_args
 from laps_agent.results import (RequestTable, RunResult, compare_markdown, markdown, moves_by_phase,
                                 phases_markdown, save, summarize)
 from laps_agent.scheduling.classes import LONG, SHORT, is_short
-from laps_agent.systems import SYSTEMS, SystemConfig, moves_pods, system
+from laps_agent.systems import SYSTEMS, SystemConfig, moves_pods, policy_config, system
 from laps_agent.results.turns import ORACLE_LABEL, pod_load, summarize_turns, turns_report
 from laps_agent.workload.conversations import oracle_cached_tokens
 from laps_agent.workload.plan import Plan, plan_requests, require_requests, warmup_plan
@@ -262,7 +262,7 @@ def _simulate_all(args: argparse.Namespace, engine_args: list[str], plan: Plan, 
     for sys_config in systems:
         result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
                           threshold=threshold, engine_args=tuple(engine_args), warmup=warmup,
-                          hop_s=args.hop_ms / 1000, allocation_config=allocation.config(args),
+                          hop_s=args.hop_ms / 1000, allocation_config=policy_config(args),
                           interval_s=args.allocation_interval)
         result.meta["slo"] = args.slo
         paths = save(result, out / sys_config.name if len(systems) > 1 else out, slo=args.slo,

@@ -15,14 +15,12 @@ from laps_agent.cli_args import at_least, positive
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.routing import Endpoint
 from laps_agent.results.records import TimelineSample
-from laps_agent.systems import SystemConfig, moves_pods
+from laps_agent.systems import ALLOCATION_DEFAULTS, SystemConfig, moves_pods, unused_allocation_flags
 from laps_operator.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
                                       group_pressure, reference_decide)
 
 Groups = dict[str, tuple[Endpoint, ...]]
-INTERVAL_S = 5.0  # between decisions, as `laps local`'s default
-_DEFAULTS = {"allocation_interval": INTERVAL_S, "allocation_ratio": AllocationConfig.ratio,
-             "min_per_group": AllocationConfig.min_per_group}
+INTERVAL_S = ALLOCATION_DEFAULTS["allocation_interval"]  # between decisions, as `laps local`
 
 
 def runs_loop(system: SystemConfig) -> bool:
@@ -37,15 +35,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                        help="override the systems' allocation (as `laps local --allocation`)")
     alloc.add_argument("--no-allocation", dest="allocation", action="store_const", const="none",
                        help="same as --allocation none")
-    alloc.add_argument("--allocation-interval", type=positive(float), default=_DEFAULTS["allocation_interval"],
+    alloc.add_argument("--allocation-interval", type=positive(float), default=ALLOCATION_DEFAULTS["allocation_interval"],
                        help="simulated seconds between decisions")
-    alloc.add_argument("--allocation-ratio", type=at_least(float, 1.0), default=_DEFAULTS["allocation_ratio"],
+    alloc.add_argument("--allocation-ratio", type=at_least(float, 1.0), default=ALLOCATION_DEFAULTS["allocation_ratio"],
                        help="per-pod pressure ratio that triggers a move")
-    alloc.add_argument("--min-per-group", type=positive(int), default=_DEFAULTS["min_per_group"])
-
-
-def config(args: argparse.Namespace) -> AllocationConfig:
-    return AllocationConfig(ratio=args.allocation_ratio, min_per_group=args.min_per_group)
+    alloc.add_argument("--min-per-group", type=positive(int), default=ALLOCATION_DEFAULTS["min_per_group"])
 
 
 def flags_problem(args: argparse.Namespace, systems: Sequence[SystemConfig]) -> str | None:
@@ -59,15 +53,11 @@ def flags_problem(args: argparse.Namespace, systems: Sequence[SystemConfig]) -> 
         return (f"--min-per-group {args.min_per_group} needs at least {2 * args.min_per_group} prefill pods "
                 f"({', '.join(moving)} {'moves' if len(moving) == 1 else 'move'} pods between two groups), "
                 f"got --prefill {args.prefill}")
-    given = [f"--{dest.replace('_', '-')} {getattr(args, dest):g}" for dest, default in _DEFAULTS.items()
-             if getattr(args, dest) != default]
-    if args.allocation not in (None, "none"):
-        given.insert(0, f"--allocation {args.allocation}")
-    if given and not moving:
-        return (f"{', '.join(given)} {'tunes' if len(given) == 1 else 'tune'} the allocation loop, and none of "
-                f"the systems ({', '.join(s.name for s in systems)}) runs one: leave it out, or add a "
-                f"system that does (laps)")
-    return None
+    if moving:
+        return None
+    # An --allocation of its own too: here it is sim's flag, not passed through as in compare.
+    chosen = [f"--allocation {args.allocation}"] if args.allocation not in (None, "none") else []
+    return unused_allocation_flags(args, [s.name for s in systems], also=chosen)
 
 
 class SimAllocator:
