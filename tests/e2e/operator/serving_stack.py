@@ -14,7 +14,6 @@ What the emulator cannot show, and who plays it here:
 """
 from __future__ import annotations
 
-import http.server
 import os
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from laps_agent.local_engines import free_port
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_engines import wait_healthy
 from tests.support.fixtures_gateway_k8s import sync_endpoint_slices
+from tests.support.get_server import GetServer
 from tests.support.metrics_text import metric_value
 from tests.support.waiting import stop_process
 
@@ -195,26 +195,13 @@ class GatewayStandIn:
 
     def __init__(self) -> None:
         self.pressure = {"short": 0.0, "long": 0.0}
-        stand_in = self
+        self._http = GetServer(self._metrics)
+        self.port = self._http.port
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                body = "".join(f'laps_gateway_pending_tokens{{group="{g}"}} {v}\n'
-                               f'laps_gateway_pending_requests{{group="{g}"}} 0\n'
-                               for g, v in stand_in.pressure.items()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _metrics(self) -> tuple[str, bytes]:
+        return "text/plain; version=0.0.4", "".join(
+            f'laps_gateway_pending_tokens{{group="{g}"}} {v}\n'
+            f'laps_gateway_pending_requests{{group="{g}"}} 0\n' for g, v in self.pressure.items()).encode()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._http.close()

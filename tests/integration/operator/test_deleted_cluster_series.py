@@ -8,7 +8,6 @@ again under the same name getting the old one's pressure and decision in its sta
 """
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -22,6 +21,7 @@ from laps_operator.kube import Kube
 from laps_operator.reconcile import reconcile
 
 from tests.e2e.operator.conftest import CRD
+from tests.support.get_server import GetServer
 from tests.support.kube_gates import ApiGate
 from tests.support.waiting import poll
 
@@ -36,33 +36,21 @@ class HeldPrometheus:
     def __init__(self, short: float, long: float) -> None:
         self.released = threading.Event()
         self.waiting = 0
-        gate = self
+        self._vector = (("short", short), ("long", long))
+        self._http = GetServer(self._query)
+        self.url = self._http.url
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                gate.waiting += 1
-                gate.released.wait(30)
-                now = time.time()
-                result = [{"metric": {"group": g}, "value": [now, str(v)]}
-                          for g, v in (("short", short), ("long", long))]
-                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _query(self) -> tuple[str, bytes]:
+        self.waiting += 1
+        self.released.wait(30)
+        now = time.time()
+        result = [{"metric": {"group": g}, "value": [now, str(v)]} for g, v in self._vector]
+        return "application/json", json.dumps(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
     def close(self) -> None:
         self.released.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self._http.close()
 
 
 @pytest.fixture

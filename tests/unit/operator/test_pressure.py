@@ -2,9 +2,7 @@
 every way a reading becomes "unknown" (which means: no move)."""
 from __future__ import annotations
 
-import http.server
 import re
-import threading
 
 import pytest
 from laps_operator.allocation import REQUEST_COST_TOKENS
@@ -24,6 +22,7 @@ from laps_operator.pressure import (
 )
 from laps_operator.spec import InvalidSpecError, parse_spec
 
+from tests.support.get_server import GetServer
 from tests.unit.operator.fake_kube import FakeKube
 
 NOW = 1_800_000_000.0
@@ -145,35 +144,17 @@ def test_gateway_window_averages_and_one_failed_sample_spoils_it():
     assert window.take().reason == "NoSamples"   # take() starts over
 
 
-class _Metrics(http.server.BaseHTTPRequestHandler):
-    text = ""
-
-    def do_GET(self) -> None:  # noqa: N802
-        body = self.text.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def metrics_server():
     servers = []
 
     def start(text: str) -> int:
-        handler = type("Handler", (_Metrics,), {"text": text})
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server.server_address[1]
+        servers.append(GetServer(lambda: ("text/plain", text.encode())))
+        return servers[-1].port
 
     yield start
     for server in servers:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 def gateway_pod(name: str, port: int, phase: str = "Running") -> dict:
