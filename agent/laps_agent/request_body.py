@@ -1,6 +1,8 @@
 """Reading a client's request body, for the gateway and the engines alike: its encoding, its
 size limit and a client that stops sending it are each refused the same way on both (a clear 4xx,
-never a 500 or a hang). Each server turns a refusal into its own error reply."""
+never a 500 or a hang). Each server turns a refusal into its own error reply. The headers' bound
+(HEADER_TIMEOUT_S) is kept here too, beside the body's: one place for how long a client may
+stall."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +15,12 @@ from starlette.requests import Request
 # request forever on an engine, and until the request deadline on the gateway, which then
 # blamed itself with a 504. nginx's client_body_timeout has the same default.
 BODY_IDLE_TIMEOUT_S = 60.0
+# The longest a connection may take, from its opening or from a request's first byte, to send
+# that request's headers whole, on every laps HTTP server (laps_agent/header_timeout.py): a
+# connection that never sends a byte is closed, one stalled mid-headers answered 408 and closed.
+# uvicorn bounds no header read: each such connection held a file descriptor forever, and enough
+# of them stopped the server accepting anyone. nginx's client_header_timeout has the same default.
+HEADER_TIMEOUT_S = 60.0
 
 
 class BodyRefused(Exception):

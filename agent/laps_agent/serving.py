@@ -13,6 +13,8 @@ import time
 import uvicorn
 
 from laps_agent.drain import Drain, DrainingServer
+from laps_agent.header_timeout import http_protocol
+from laps_agent.request_body import HEADER_TIMEOUT_S
 
 
 class ListenError(OSError):
@@ -49,9 +51,11 @@ def url_host(host: str) -> str:
     return f"[{host.strip('[]')}]" if ":" in host else host
 
 
-def make_server(app, **kwargs) -> uvicorn.Server:
-    options = dict(log_level="warning", access_log=False, loop="uvloop", http="httptools",
-                   lifespan="on", timeout_graceful_shutdown=5)
+def make_server(app, header_timeout_s: float = HEADER_TIMEOUT_S, **kwargs) -> uvicorn.Server:
+    """uvicorn on uvloop and httptools, its clients given `header_timeout_s` to send each
+    request's headers (laps_agent/header_timeout.py; <= 0: no bound)."""
+    options = dict(log_level="warning", access_log=False, loop="uvloop",
+                   http=http_protocol(header_timeout_s), lifespan="on", timeout_graceful_shutdown=5)
     options.update(kwargs)
     return uvicorn.Server(uvicorn.Config(app, **options))
 

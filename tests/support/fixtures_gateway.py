@@ -121,7 +121,8 @@ def stub_processes():
 @pytest.fixture
 def gateway_server():
     """start(discovery, **GatewayConfig fields) -> ServerThread serving a gateway app; waits
-    until the discovery shows at least one prefill and one decode pod unless told not to."""
+    until the discovery shows at least one prefill and one decode pod unless told not to.
+    `server_options`: make_server's (laps_agent/serving.py), e.g. header_timeout_s."""
     from laps_agent.gateway.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
@@ -129,9 +130,9 @@ def gateway_server():
 
     started: list[ServerThread] = []
 
-    def start(discovery, *, wait_ready: bool = True, estimator=None, **config):
+    def start(discovery, *, wait_ready: bool = True, estimator=None, server_options=None, **config):
         app = create_app(GatewayConfig(**config), discovery, estimator or TokenEstimator(None))
-        server = ServerThread(app).start()
+        server = ServerThread(app, **(server_options or {})).start()
         started.append(server)
         server.gateway = app.state.gateway
         if wait_ready:

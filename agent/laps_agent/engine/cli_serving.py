@@ -58,22 +58,36 @@ def listen(args: argparse.Namespace):
     return http, boot
 
 
-async def serve(server, http_sock, boot_sock=None) -> int:
-    """Serve until stopped; returns the exit status (laps_agent/drain.py: 0 once drained)."""
+def uvicorn_servers(server, bootstrap: bool, header_timeout_s: float | None = None):
+    """(API server, bootstrap server or None): the uvicorn servers of `server` (an EngineServer),
+    the bootstrap one if `bootstrap` (the prefill role). Both give a client `header_timeout_s`
+    (default HEADER_TIMEOUT_S) to send a request's headers (laps_agent/header_timeout.py)."""
     import uvicorn
 
     from laps_agent.drain import DrainingServer
     from laps_agent.engine.pd import bootstrap_app
-    from laps_agent.serving import url_host
+    from laps_agent.header_timeout import http_protocol
+    from laps_agent.request_body import HEADER_TIMEOUT_S
 
+    protocol = http_protocol(HEADER_TIMEOUT_S if header_timeout_s is None else header_timeout_s)
     # SIGTERM drains (laps_agent/drain.py); the bootstrap server stops only after the drain, so
     # the decode engines still collect the KV of every prefill this engine finished.
-    http = DrainingServer(uvicorn.Config(server.app, log_level="warning"), server.drain)
-    tasks = [asyncio.create_task(http.serve(sockets=[http_sock]))]
+    http = DrainingServer(uvicorn.Config(server.app, log_level="warning", http=protocol), server.drain)
     boot = None
-    if boot_sock is not None:
+    if bootstrap:
         boot = _QuietServer(uvicorn.Config(bootstrap_app(server.outbox, server.warm_handler()),
-                                           log_level="warning", timeout_graceful_shutdown=1))
+                                           log_level="warning", timeout_graceful_shutdown=1,
+                                           http=protocol))
+    return http, boot
+
+
+async def serve(server, http_sock, boot_sock=None) -> int:
+    """Serve until stopped; returns the exit status (laps_agent/drain.py: 0 once drained)."""
+    from laps_agent.serving import url_host
+
+    http, boot = uvicorn_servers(server, bootstrap=boot_sock is not None)
+    tasks = [asyncio.create_task(http.serve(sockets=[http_sock]))]
+    if boot is not None:
         tasks.append(asyncio.create_task(boot.serve(sockets=[boot_sock])))
 
     def where(sock) -> str:
