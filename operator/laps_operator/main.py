@@ -243,8 +243,21 @@ def prefill_pod_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, 
 @kopf.on.event("apps/v1", "deployments", labels=MANAGED)
 def workload_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Follow the workloads' ready replicas into the cluster's Ready condition and phase."""
+    if event.get("type") != "DELETED":
+        _refresh_readiness(body, memo)
+
+
+@kopf.on.event("v1", "pods", labels=MANAGED)
+def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Follow every role's pods into the Ready condition's reasons: a pod that goes into
+    CrashLoopBackOff or cannot pull its image changes no workload's status. A deleted pod too,
+    so that the reason it gave goes with it."""
+    _refresh_readiness(body, memo)
+
+
+def _refresh_readiness(body: kopf.Body, memo: kopf.Memo) -> None:
     cluster, namespace = (body["metadata"].get("labels") or {}).get(CLUSTER_LABEL), body["metadata"].get("namespace")
-    if not cluster or not namespace or not hasattr(memo, "kube") or event.get("type") == "DELETED":
+    if not cluster or not namespace or not hasattr(memo, "kube"):
         return
     try:
         phases = refresh_cluster(memo.kube, namespace, cluster)

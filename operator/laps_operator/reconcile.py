@@ -13,7 +13,7 @@ from .apply import Applied, apply_all, contains, delete_if_owned
 from .builders import build_children, optional_children
 from .groups import GroupPlan, PodView, plan_groups
 from .kube import Kube, Ref
-from .naming import GROUP_LABEL, GROUPS, ClusterRef, cluster_name_problem, role_selector
+from .naming import CLUSTER_LABEL, GROUP_LABEL, GROUPS, ROLE_LABEL, ClusterRef, cluster_name_problem, role_selector
 from .network_policy import network_policy_refs
 from .spec import ClusterSpec, InvalidSpecError, parse_spec
 from .status import groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
@@ -127,6 +127,14 @@ def prefill_pods(kube: Kube, ref: ClusterRef) -> list[PodView]:
     ]
 
 
+def pods_by_role(kube: Kube, ref: ClusterRef) -> dict[str, list[dict[str, Any]]]:
+    """Every pod of the cluster, in one list call, by its role label."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for pod in kube.list(Ref("v1", "Pod", ref.namespace), {CLUSTER_LABEL: ref.name}):
+        out.setdefault((pod["metadata"].get("labels") or {}).get(ROLE_LABEL) or "", []).append(pod)
+    return out
+
+
 def label_pod(kube: Kube, namespace: str, pod: str, group: str) -> None:
     kube.patch(Ref("v1", "Pod", namespace, pod), {"metadata": {"labels": {GROUP_LABEL: group}}})
 
@@ -166,13 +174,17 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
 
 
 def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation: int | None) -> str:
-    """Recompute readiness from the workloads and write status if it changed; returns the phase."""
+    """Recompute readiness from the workloads (and, while not ready, their pods) and write status
+    if it changed; returns the phase."""
     ns = ref.namespace
     with cluster_lock(ns, ref.name):
         prefill = kube.get(Ref("apps/v1", "StatefulSet", ns, ref.prefill))
         decode = kube.get(Ref("apps/v1", "Deployment", ns, ref.decode))
         gateway = kube.get(Ref("apps/v1", "Deployment", ns, ref.gateway))
         readiness = workload_readiness(spec, prefill, decode, gateway)
+        if not readiness.ready or readiness.rollout:
+            # Say why from the pods; a cluster that is ready and rolled out lists none.
+            readiness = workload_readiness(spec, prefill, decode, gateway, pods_by_role(kube, ref))
 
         def write() -> str:
             live = kube.get(cr_ref(ns, ref.name)) or {}

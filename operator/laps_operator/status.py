@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .pod_problems import role_problems
 from .spec import ClusterSpec
 
 READY, PROGRESSING, INVALID_SPEC = "Ready", "Progressing", "InvalidSpec"
@@ -63,14 +64,25 @@ def _rolling(name: str, obj: Mapping[str, Any], want: int) -> str | None:
 
 
 def workload_readiness(spec: ClusterSpec, prefill: Mapping | None, decode: Mapping | None,
-                       gateway: Mapping | None) -> Readiness:
+                       gateway: Mapping | None, pods: Mapping[str, Sequence[Mapping]] | None = None) -> Readiness:
     """Ready when every workload has as many ready replicas as the spec asks for; the rollout
-    is done when, besides, every replica runs the workload's current template."""
-    wanted = [("prefill", prefill, spec.prefill.replicas), ("decode", decode, spec.decode.replicas),
-              ("gateway", gateway, spec.gateway.replicas)]
-    waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}" for name, obj, want in wanted
-               if obj is None or _count(obj, "readyReplicas") < want]
-    rolling = [r for name, obj, want in wanted if obj is not None and (r := _rolling(name, obj, want))]
+    is done when, besides, every replica runs the workload's current template. `pods`: each
+    role's pods, when known: a role not ready or still rolling out says why in brackets
+    (pod_problems.role_problems)."""
+    wanted = [("prefill", prefill, spec.prefill.replicas, "StatefulSet"),
+              ("decode", decode, spec.decode.replicas, "Deployment"),
+              ("gateway", gateway, spec.gateway.replicas, "Deployment")]
+
+    def why(name: str, obj: Mapping | None, kind: str) -> str:
+        said = role_problems(pods.get(name, ()), obj, kind) if pods is not None else ""
+        return f" [{said}]" if said else ""
+
+    waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}{why(name, obj, kind)}"
+               for name, obj, want, kind in wanted if obj is None or _count(obj, "readyReplicas") < want]
+    # Said in both conditions: each stands alone (a stuck rollout behind ready old pods is
+    # Progressing's alone; a first start is both).
+    rolling = [r + why(name, obj, kind) for name, obj, want, kind in wanted
+               if obj is not None and (r := _rolling(name, obj, want))]
     rollout = "rolling out: " + ", ".join(rolling) if rolling else ""
     if waiting:
         return Readiness(False, "waiting for ready replicas: " + ", ".join(waiting), rollout)

@@ -50,10 +50,12 @@ app.kubernetes.io/component: operator
        whoever may update the owner's finalizers. The same plugin lets only a holder of `delete`
        on an object set its ownerReferences: hence `delete` on every child kind.
      - pods: prefill pods are watched for group planning and relabelled between the short and
-       long Services; without Prometheus the allocation loop lists the gateway pods and reads
-       their /metrics over the pod network (the NetworkPolicy the operator renders around the
-       gateways lets in pods labelled app.kubernetes.io/name=laps,
-       app.kubernetes.io/component=operator: laps.selectorLabels).
+       long Services; every role's pods are watched, and listed while a role is not ready, for
+       the reasons in the Ready condition (ImagePullBackOff, Unschedulable, ...); without
+       Prometheus the allocation loop lists the gateway pods and reads their /metrics over the
+       pod network (the NetworkPolicy the operator renders around the gateways lets in pods
+       labelled app.kubernetes.io/name=laps, app.kubernetes.io/component=operator:
+       laps.selectorLabels).
      - children: read before each write, created, repaired by patch, pruned when the spec no
        longer wants them; the workloads are also watched, for readiness.
      - endpointslices list/watch: what the gateway Role grants; RBAC lets only a holder of a

@@ -72,8 +72,10 @@ def test_an_edit_patches_in_place_keeps_the_groups_and_is_progressing_until_roll
     cluster.apps.patch_namespaced_deployment_status("edit-gateway", NS, {"status": {
         "observedGeneration": gw.metadata.generation, "replicas": 2, "readyReplicas": 1, "updatedReplicas": 1}},
         _content_type=MERGE)
+    # (The pods' bracket: no kubelet here writes their status.)
     progressing = wait_for(lambda: (c := cluster.condition("Progressing"))["message"] == (
-        "rolling out: prefill 1/4 updated, gateway 1 old pods still running") and c, "the rollout in Progressing")
+        "rolling out: prefill 1/4 updated [4 pods not scheduled yet], gateway 1 old pods still running") and c,
+        "the rollout in Progressing")
     assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
     assert cluster.status()["phase"] == "Progressing"
     assert cluster.condition("Ready")["status"] == "True"   # still serving, on the old pods
