@@ -49,6 +49,22 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._header_timer is None:  # a new connection's timer already runs for its first one
             self._arm_header_timer()
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # Bytes that begin no request still cancel uvicorn's keep-alive timer: a bare CRLF
+        # after an answer, or the rest of a body the app answered without reading. With no
+        # answer under way and no timer armed, they too get one, or they hold the fd forever.
+        if (self._header_timer is None and not self.transport.is_closing()
+                and (self.cycle is None or self.cycle.response_complete)):
+            self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._header_begun and self.timeout_keep_alive_task is not None:
+            # A pipelined request's headers are partly in: they get their whole header time
+            # and a 408, not uvicorn's keep-alive close (5 s, and no answer).
+            self._unset_keepalive_if_required()
+
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
         self._header_begun = False

@@ -18,8 +18,7 @@ TIMEOUT_S = 0.5
 TOKENS, TOKEN_DELAY_S = 12, 0.1   # a stream of ~1.2 s: longer than the header timeout
 
 
-@pytest.fixture
-def gateway(stub_engines, gateway_server):
+def _gateway(stub_engines, gateway_server, **server_options):
     from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
     from tests.support.stub_engine import KVHandoff
 
@@ -28,7 +27,19 @@ def gateway(stub_engines, gateway_server):
     decode, _ = stub_engines("decode", handoff=handoff, token_delay_s=TOKEN_DELAY_S)
     spec = StaticSpec((prefill.url,), (prefill.url,), (decode.url,))
     return gateway_server(StaticDiscovery(spec, poll_s=0.05), served_model_name="stub-model",
-                          server_options={"header_timeout_s": TIMEOUT_S})
+                          server_options={"header_timeout_s": TIMEOUT_S, **server_options})
+
+
+@pytest.fixture
+def gateway(stub_engines, gateway_server):
+    return _gateway(stub_engines, gateway_server)
+
+
+@pytest.fixture
+def short_keepalive_gateway(stub_engines, gateway_server):
+    """uvicorn's keep-alive timer (5 s in production) shorter than the header timeout (60 s), as
+    in production: bytes that cancel it must not leave a connection with no timer at all."""
+    return _gateway(stub_engines, gateway_server, timeout_keep_alive=TIMEOUT_S / 5)
 
 
 def _connect(gateway) -> socket.socket:
@@ -108,12 +119,12 @@ def test_a_stream_outlasting_the_header_timeout_is_whole_and_its_connection_serv
     conn.close()
 
 
-def test_a_stalled_pipelined_request_waits_for_the_stream_ahead_then_gets_408(gateway):
+def test_a_stalled_pipelined_request_waits_for_the_stream_ahead_then_gets_408(short_keepalive_gateway):
     """A client pipelining a half-sent request behind a stream: cutting the connection when the
     second one's headers are late would cut the first one's stream. The stream ends whole, then
-    the late request is answered 408 (uvicorn alone answered nothing and only closed, later)."""
+    the late request is answered 408 (uvicorn's keep-alive timer alone closed it unanswered)."""
     body = json.dumps({"prompt": "hi", "max_tokens": TOKENS, "stream": True}).encode()
-    sock = _connect(gateway)
+    sock = _connect(short_keepalive_gateway)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                  b"content-length: %d\r\n\r\n%s" % (len(body), body)
                  + b"GET /v1/models HTTP/1.1\r\nhost: x\r\n")   # ... and no more
@@ -121,3 +132,15 @@ def test_a_stalled_pipelined_request_waits_for_the_stream_ahead_then_gets_408(ga
     assert stream.status == 200 and stream.body.count(b"data: {") == TOKENS, stream.body
     assert stream.body.endswith(b"data: [DONE]\n\n")
     _assert_header_timeout(late)
+
+
+def test_bytes_that_begin_no_request_after_an_answer_do_not_hold_the_connection(short_keepalive_gateway):
+    """A bare CRLF after an answer begins no request, yet cancelled uvicorn's keep-alive timer:
+    the connection, with no timer left, was held forever."""
+    sock = _connect(short_keepalive_gateway)
+    sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+    answer = http.client.HTTPResponse(sock)
+    answer.begin()
+    assert answer.status == 200 and json.loads(answer.read())["data"][0]["id"] == "stub-model"
+    sock.sendall(b"\r\n")
+    assert _read_to_eof(sock) == b""   # closed, unanswered: it asked nothing
