@@ -32,6 +32,8 @@ RETRYABLE = {409, 429, 500, 502, 503, 504}
 # How often every cluster is reconciled even without a change to it, so that a child deleted or
 # edited by hand comes back. Environment, not a flag: read when this module is imported.
 RESYNC_SECONDS = float(os.environ.get("LAPS_OPERATOR_RESYNC_SECONDS", "60"))
+# The status loop runs when woken; this is only its longest sleep (the resync refreshes too).
+IDLE_SECONDS = 3600.0
 LOOPS = ClusterLoops()
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,7 @@ def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: An
         "resync": Ticker(f"resync {namespace}/{name}", lambda: _resync(kube, namespace, name, uid), RESYNC_SECONDS),
         "allocation": Ticker(f"allocation {namespace}/{name}",
                              _allocation_tick(kube, AllocationLoop(kube, namespace, name, uid)), 0.0),
+        "status": Ticker(f"status {namespace}/{name}", _status_tick(kube, namespace, name, uid), IDLE_SECONDS),
     }):
         metrics.start_cluster(namespace, name, uid)
 
@@ -194,6 +197,24 @@ def _resync(kube: Kube, namespace: str, name: str, uid: str) -> float | None:
         log.info("resync of %s/%s restored %s", namespace, name, ", ".join(changed))
     _report_groups(outcome.cluster, outcome.plan)
     return RESYNC_SECONDS
+
+
+def _status_tick(kube: Kube, namespace: str, name: str, uid: str) -> Callable[[], float | None]:
+    """The Ready/Progressing conditions again, when a workload or pod event wakes it: on its
+    own thread, so a burst of pod events (a rollout, an operator restart) is one refresh in
+    progress and one pending per cluster, never kopf's worker threads queued on its lock."""
+    def tick() -> float | None:
+        try:
+            phases = refresh_cluster(kube, namespace, name, uid=uid)
+        except KubeError as exc:
+            log.warning("status refresh of %s/%s failed: %s", namespace, name, exc)
+            return 2.0   # an event handler is never retried: this loop is
+        if not LOOPS.current(namespace, name, uid):
+            return None
+        if phases and phases[0] != phases[1]:
+            _event_on(kube, namespace, name, "Normal", "Phase", f"phase {phases[0] or 'none'} -> {phases[1]}")
+        return IDLE_SECONDS
+    return tick
 
 
 def _allocation_tick(kube: Kube, loop: AllocationLoop) -> Callable[[], float | None]:
@@ -241,32 +262,16 @@ def prefill_pod_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, 
 
 @kopf.on.event("apps/v1", "statefulsets", labels=MANAGED)
 @kopf.on.event("apps/v1", "deployments", labels=MANAGED)
-def workload_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Follow the workloads' ready replicas into the cluster's Ready condition and phase."""
-    if event.get("type") != "DELETED":
-        _refresh_readiness(body, memo)
-
-
 @kopf.on.event("v1", "pods", labels=MANAGED)
-def pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Follow every role's pods into the Ready condition's reasons: a pod that goes into
-    CrashLoopBackOff or cannot pull its image changes no workload's status. A deleted pod too,
-    so that the reason it gave goes with it."""
-    _refresh_readiness(body, memo)
-
-
-def _refresh_readiness(body: kopf.Body, memo: kopf.Memo) -> None:
-    cluster, namespace = (body["metadata"].get("labels") or {}).get(CLUSTER_LABEL), body["metadata"].get("namespace")
-    if not cluster or not namespace or not hasattr(memo, "kube"):
-        return
-    try:
-        phases = refresh_cluster(memo.kube, namespace, cluster)
-    except KubeError as exc:
-        if exc.status in RETRYABLE:
-            raise kopf.TemporaryError(f"API server said {exc}", delay=1) from exc
-        raise
-    if phases and phases[0] != phases[1]:
-        _event_on(memo.kube, namespace, cluster, "Normal", "Phase", f"phase {phases[0] or 'none'} -> {phases[1]}")
+def child_changed(body: kopf.Body, **_: Any) -> None:
+    """Follow the workloads' ready replicas, and every role's pods (a pod in CrashLoopBackOff
+    or that cannot pull its image changes no workload's status), into the cluster's Ready and
+    Progressing conditions: wakes the cluster's status loop. A deleted one too, so that what it
+    said goes with it."""
+    meta = body.get("metadata") or {}
+    cluster, namespace = (meta.get("labels") or {}).get(CLUSTER_LABEL), meta.get("namespace")
+    if cluster and namespace:
+        LOOPS.wake(namespace, cluster, "status")
 
 
 def _report_groups(cluster_body: Any, plan: GroupPlan | None) -> None:

@@ -96,13 +96,22 @@ def _replica_failure(workload: Mapping[str, Any] | None) -> str:
     return _short(f"{failure.get('reason') or 'ReplicaFailure'}: {failure.get('message') or ''}")
 
 
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+
+
 def role_problems(pods: Iterable[Mapping[str, Any]], workload: Mapping[str, Any] | None = None,
-                  kind: str = "") -> str:
+                  kind: str = "", want: int | None = None) -> str:
     """Why a role's pods are not ready, in a few words: pods with the same reason and detail
     counted together ("2 pods ImagePullBackOff: ..."), problems before routine start-up, at
-    most MAX_FACTS facts. "" when there is nothing to say. `kind`: the workload's kind."""
+    most MAX_FACTS facts. "" when there is nothing to say. `kind`: the workload's kind; `want`:
+    its replicas."""
     facts = [failure] if (failure := _replica_failure(workload)) else []
     pods = list(pods)
+    if want is not None and sum(not _finished(pod) for pod in pods) >= want:
+        # A ReplicaSet never deletes a pod that ended (evicted, its node shut down): it lingers,
+        # replaced, until pod GC. Once its replacements are all there it is history, not why.
+        pods = [pod for pod in pods if not _finished(pod)]
     counts = Counter(found for pod in pods if (found := pod_problem(pod)) is not None)
     order = sorted(counts.items(), key=lambda item: (item[0][0] in ROUTINE, -item[1], item[0]))
     for (reason, detail), n in order:

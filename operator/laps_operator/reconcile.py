@@ -187,7 +187,9 @@ def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation
             readiness = workload_readiness(spec, prefill, decode, gateway, pods_by_role(kube, ref))
 
         def write() -> str:
-            live = kube.get(cr_ref(ns, ref.name)) or {}
+            live = kube.get(cr_ref(ns, ref.name))
+            if is_gone(live, ref.uid or None):   # deleted meanwhile, perhaps created again
+                return ""
             old_status = live.get("status") or {}
             status = reconciled_status(old_status, generation=generation, readiness=readiness, now=now_rfc3339())
             if not contains(old_status, _without_times(status)):
@@ -197,10 +199,12 @@ def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation
         return retry_on_conflict(write)
 
 
-def _live_valid(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], ClusterSpec] | None:
-    """The live cluster and its parsed spec; None when it is gone or its spec is invalid."""
+def _live_valid(kube: Kube, namespace: str, name: str, uid: str | None = None
+                ) -> tuple[dict[str, Any], ClusterSpec] | None:
+    """The live cluster and its parsed spec; None when it is gone (or, with `uid`, another of
+    its name) or its spec is invalid."""
     live = kube.get(cr_ref(namespace, name))
-    if is_gone(live):
+    if is_gone(live, uid):
         return None
     try:
         return live, parse_cluster(live)
@@ -208,10 +212,10 @@ def _live_valid(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any], 
         return None
 
 
-def refresh_cluster(kube: Kube, namespace: str, name: str) -> tuple[str, str] | None:
+def refresh_cluster(kube: Kube, namespace: str, name: str, uid: str | None = None) -> tuple[str, str] | None:
     """(old phase, new phase) after re-reading a cluster's workloads; None if it is gone/invalid."""
     with cluster_lock(namespace, name):
-        found = _live_valid(kube, namespace, name)
+        found = _live_valid(kube, namespace, name, uid)
         if found is None:
             return None
         live, spec = found

@@ -73,15 +73,15 @@ def workload_readiness(spec: ClusterSpec, prefill: Mapping | None, decode: Mappi
               ("decode", decode, spec.decode.replicas, "Deployment"),
               ("gateway", gateway, spec.gateway.replicas, "Deployment")]
 
-    def why(name: str, obj: Mapping | None, kind: str) -> str:
-        said = role_problems(pods.get(name, ()), obj, kind) if pods is not None else ""
+    def why(name: str, obj: Mapping | None, kind: str, want: int) -> str:
+        said = role_problems(pods.get(name, ()), obj, kind, want) if pods is not None else ""
         return f" [{said}]" if said else ""
 
-    waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}{why(name, obj, kind)}"
+    waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}{why(name, obj, kind, want)}"
                for name, obj, want, kind in wanted if obj is None or _count(obj, "readyReplicas") < want]
     # Said in both conditions: each stands alone (a stuck rollout behind ready old pods is
     # Progressing's alone; a first start is both).
-    rolling = [r + why(name, obj, kind) for name, obj, want, kind in wanted
+    rolling = [r + why(name, obj, kind, want) for name, obj, want, kind in wanted
                if obj is not None and (r := _rolling(name, obj, want))]
     rollout = "rolling out: " + ", ".join(rolling) if rolling else ""
     if waiting:

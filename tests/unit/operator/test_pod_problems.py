@@ -136,3 +136,15 @@ def test_a_rollout_stuck_behind_ready_old_pods_says_why_in_progressing():
     assert readiness.ready
     assert readiness.rollout == ('rolling out: gateway 1 old pods still running '
                                  f'[1 pod ImagePullBackOff: Back-off pulling image "{IMAGE}"]')
+
+
+def test_an_evicted_pod_already_replaced_is_history_not_the_reason():
+    """A ReplicaSet leaves an evicted pod in place, replaced, until pod GC: once the role has its
+    pods without it, the reason shown is the replacement's, not an eviction from last week."""
+    evicted = pod("x-decode-1", phase="Failed", reason="Evicted",
+                  message="The node was low on resource: memory.")
+    replacement = pulling("x-decode-2")
+    assert role_problems([evicted, replacement], None, "Deployment", want=1) == (
+        f'1 pod ImagePullBackOff: Back-off pulling image "{IMAGE}"')
+    # Not yet replaced: the eviction is why the role is short of a pod.
+    assert role_problems([evicted], None, "Deployment", want=1).startswith("1 pod Evicted: The node was low")
