@@ -14,22 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
 from laps_agent.gateway.cli import auth_args_problem, decode_share
-from laps_agent.local_engines import (EngineChild, free_port, spawn_engine, stop_all, unknown_engine_args,
-                                      write_labels)
+from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name, spawn_engine,
+                                      stop_all, unknown_engine_args, wait_until_loaded, write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_operator.groups import initial_short_count
 
-_PROGRESS_EVERY_S = 5.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,42 +106,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     return plan + [(f"decode-{i}", "decode", None) for i in range(args.decode)]
 
 
-def _wait_until_loaded(children: list[EngineChild], timeout: float) -> None:
-    started = time.monotonic()
-    last_progress = started
-    pending = list(children)
-    with httpx.Client(timeout=2.0, trust_env=False) as http:
-        while pending:
-            for child in list(pending):
-                if child.process.poll() is not None:
-                    raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
-                                       f"last lines of {child.log_path}:\n{child.log_tail()}")
-                try:
-                    ready = http.get(child.url + "/health").status_code == 200
-                except httpx.HTTPError:
-                    ready = False
-                if ready:
-                    pending.remove(child)
-                    _say(f"{child.name} ready ({time.monotonic() - started:.1f}s) at {child.url}")
-            now = time.monotonic()
-            if pending and now - last_progress >= _PROGRESS_EVERY_S:
-                last_progress = now
-                _say(f"loading the model… {now - started:.0f}s, waiting for "
-                     + ", ".join(c.name for c in pending))
-            if pending and now - started > timeout:
-                raise RuntimeError(f"engines not ready after {timeout:.0f}s: "
-                                   + ", ".join(c.name for c in pending))
-            time.sleep(0.2)  # poll interval, bounded by the timeout above
-
-
-def _served_name(children: list[EngineChild], given: str | None) -> str:
-    if given:
-        return given
-    info = httpx.get(children[0].url + "/get_server_info", timeout=10, trust_env=False).json()
-    return info.get("served_model_name") or "default"
-
-
-def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> int:
+def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_args: list[str]) -> int:
     from laps_agent.gateway.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
@@ -157,14 +119,16 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock) -> int:
 
     spec = StaticSpec(urls("prefill", "short"), urls("prefill", "long"), urls("decode"))
     threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
-    overrides = {} if args.max_pending_tokens_per_pod is None else {
-        "max_pending_tokens_per_pod": max(args.max_pending_tokens_per_pod, 0)}
+    # The engines' --drain-grace-s is the gateway's too: one Ctrl-C waits that long at most.
+    overrides = {"drain_grace_s": engine_flag(engine_args, "drain_grace_s")}
+    if args.max_pending_tokens_per_pod is not None:
+        overrides["max_pending_tokens_per_pod"] = max(args.max_pending_tokens_per_pod, 0)
     if args.request_deadline_s is not None:
         overrides["request_deadline_s"] = max(args.request_deadline_s, 0.0)
     if args.max_decode_share is not None or args.single_pool:
         # One pool serves one class: there is no other class to keep decode slots free for.
         overrides["max_decode_share"] = 0.0 if args.max_decode_share is None else args.max_decode_share
-    config = GatewayConfig(served_model_name=_served_name(children, args.served_model_name),
+    config = GatewayConfig(served_model_name=served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
                            prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, **overrides)
@@ -246,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefix_warm is None:  # warming pays only where the next turn comes back to the pod
         args.prefix_warm = args.prefix_affinity
     _terminate_on_sigterm()  # loading is interruptible by SIGTERM too, with the same clean-up
+    # A temp dir of our own goes after a clean stop; kept (and said) when its logs may say why not.
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="laps-local-"))
     workdir.mkdir(parents=True, exist_ok=True)
     children: list[EngineChild] = []
@@ -277,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                              "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,
                              *(["--served-model-name", args.served_model_name]
                                if args.served_model_name else [])]))
-        _wait_until_loaded(children, args.startup_timeout)
-        code = _serve_gateway(args, children, tokenizer, sock)
+        wait_until_loaded(children, args.startup_timeout, _say)
+        code = _serve_gateway(args, children, tokenizer, sock, engine_args)
     except KeyboardInterrupt:
         code = 0
     except RuntimeError as exc:
@@ -291,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             _say("stopped now: engines killed" if killed else "stopped")
             if killed and code == 0:
                 code = 130  # interrupted, as after a second signal during the gateway's drain
+        if args.workdir is None and (code == 0 or not children):
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif args.workdir is None:
+            _say(f"engine logs kept in {workdir}")
     return code
 
 

@@ -1,4 +1,5 @@
-"""Engine child processes of `laps local`: spawn with a labels file, stop without orphans."""
+"""Engine child processes of `laps local`: spawn with a labels file, wait until loaded, stop
+without orphans."""
 from __future__ import annotations
 
 import argparse
@@ -9,10 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 _PR_SET_PDEATHSIG = 1
+PROGRESS_EVERY_S = 5.0   # how often the loading of the engines is said
 
 
 def free_port() -> int:
@@ -103,6 +108,14 @@ def stop_all(children: list[EngineChild], grace_s: float = 15.0) -> bool:
         return True
 
 
+def engine_flag(engine_args: list[str], dest: str):
+    """The value every engine takes for one of its flags (its default when not given), from the
+    flags `laps local` passes on (already checked by unknown_engine_args)."""
+    from laps_agent.engine.cli import build_parser  # torch-free
+
+    return getattr(build_parser().parse_known_args(engine_args)[0], dest)
+
+
 def unknown_engine_args(engine_args: list[str], command: str = "laps local") -> str | None:
     """What in the flags `command` (`laps local`, `laps sim`) passes on is not a `laps engine`
     flag either (a typo, a flag of another command), or a bad value of one, as one line; None
@@ -118,3 +131,41 @@ def unknown_engine_args(engine_args: list[str], command: str = "laps local") -> 
         return f"engine flags: {err}"
     return (f"unrecognized arguments: {' '.join(unknown)} (neither {command}'s flags nor laps engine's)"
             if unknown else None)
+
+
+def wait_until_loaded(children: list[EngineChild], timeout: float, say: Callable[[str], None]) -> None:
+    """Until every engine answers /health, saying each one ready and, every few seconds, who is
+    still loading; RuntimeError (with the log's tail) when one exits or the time is up."""
+    started = time.monotonic()
+    last_progress = started
+    pending = list(children)
+    with httpx.Client(timeout=2.0, trust_env=False) as http:
+        while pending:
+            for child in list(pending):
+                if child.process.poll() is not None:
+                    raise RuntimeError(f"{child.name} exited with {child.process.returncode}; "
+                                       f"last lines of {child.log_path}:\n{child.log_tail()}")
+                try:
+                    ready = http.get(child.url + "/health").status_code == 200
+                except httpx.HTTPError:
+                    ready = False
+                if ready:
+                    pending.remove(child)
+                    say(f"{child.name} ready ({time.monotonic() - started:.1f}s) at {child.url}")
+            now = time.monotonic()
+            if pending and now - last_progress >= PROGRESS_EVERY_S:
+                last_progress = now
+                say(f"loading the model… {now - started:.0f}s, waiting for "
+                     + ", ".join(c.name for c in pending))
+            if pending and now - started > timeout:
+                raise RuntimeError(f"engines not ready after {timeout:.0f}s: "
+                                   + ", ".join(c.name for c in pending))
+            time.sleep(0.2)  # poll interval, bounded by the timeout above
+
+
+def served_name(children: list[EngineChild], given: str | None) -> str:
+    """The model name the gateway serves: the one given, else the engines' own."""
+    if given:
+        return given
+    info = httpx.get(children[0].url + "/get_server_info", timeout=10, trust_env=False).json()
+    return info.get("served_model_name") or "default"

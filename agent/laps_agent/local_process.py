@@ -41,8 +41,10 @@ def alive(pid: int) -> bool:
 
 
 class LocalProcess:
-    def __init__(self, args: list[str], workdir: Path, *, echo: bool = False) -> None:
-        argv = [sys.executable, "-m", "laps_agent.cli", "local", "--port", "0", "--workdir", str(workdir), *args]
+    def __init__(self, args: list[str], workdir: Path | None, *, echo: bool = False) -> None:
+        """`workdir` None: laps local's own temp dir."""
+        where = ["--workdir", str(workdir)] if workdir is not None else []
+        argv = [sys.executable, "-m", "laps_agent.cli", "local", "--port", "0", *where, *args]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self._lines: queue.Queue[str] = queue.Queue()

@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 
 import httpx
+import yaml
 
 from laps_agent.local_process import LocalProcess
+from tests.support.emulated_profiles import synthetic_profile
 from tests.support.waiting import poll
 
 STACK = ["--engine", "emulated", "--profile", "instant", "--prefill", "1", "--decode", "1"]
@@ -70,16 +72,47 @@ def test_a_bad_model_file_or_flag_is_one_line_before_anything_starts(tmp_path):
     assert bad_value.returncode == 2 and "argument --dtype: invalid choice: 'bf16'" in bad_value.stderr
 
 
-def test_the_last_decode_engine_dying_stops_laps_local_with_status_1(tmp_path):
-    stack = LocalProcess(STACK, tmp_path)
+def test_the_last_decode_engine_dying_stops_laps_local_with_status_1_and_its_logs_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))   # where laps local makes its own workdir
+    stack = LocalProcess(STACK, None)
     try:
         stack.wait_ready(120)
-        os.kill(_engine_pid(stack, tmp_path, "decode-0"), signal.SIGKILL)
+        [workdir] = tmp_path.glob("laps-local-*")
+        os.kill(_engine_pid(stack, workdir, "decode-0"), signal.SIGKILL)
         assert stack.proc.wait(30) == 1
         output = "".join(stack.read_output())
         assert "decode-0 exited with -9; no longer routed to" in output
         assert "error: no decode engine left: nothing can be served" in output
+        # A failed run keeps the engines' logs, and says where: they may say why.
+        assert f"engine logs kept in {workdir}" in output and (workdir / "decode-0.log").is_file()
         poll(lambda: not stack.leftovers(), timeout=20, message="the prefill engines to be gone")
+    finally:
+        stack.kill()
+
+
+def test_one_ctrl_c_waits_at_most_drain_grace_s_and_a_clean_stop_leaves_no_temp_dir(tmp_path, monkeypatch):
+    """--drain-grace-s, passed on to the engines, bounds the gateway's drain too: a stream far
+    longer than it is cut with an error event after it (the gateway waited its own 30 s before),
+    and the exit is a clean 0 that removes laps local's own temp dir."""
+    profile = tmp_path / "slow.yaml"
+    profile.write_text(yaml.safe_dump(synthetic_profile("slow-decode", decode={"overhead_s": 0.5})))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    stack = LocalProcess(["--engine", "emulated", "--profile", str(profile), "--prefill", "1", "--decode", "1",
+                          "--drain-grace-s", "1"], None)
+    try:
+        stack.wait_ready(120)
+        [workdir] = tmp_path.glob("laps-local-*")
+        body = {"model": "slow-decode", "prompt": "hi", "max_tokens": 200, "stream": True}  # ~100 s
+        with httpx.stream("POST", f"{stack.url}/completions", json=body, timeout=60) as reply:
+            lines = reply.iter_lines()
+            assert next(line for line in lines if line.startswith("data: ")).startswith("data: {")
+            stack.proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest and "data: [DONE]" not in rest and "draining" in rest[-1]   # cut, and said so
+        # A token each 0.5 s: the gateway's old fixed 30 s let ~60 more through before the cut.
+        assert len(rest) < 30, f"{len(rest)} events after Ctrl-C"
+        assert stack.proc.wait(30) == 0
+        assert not workdir.exists() and "engine logs kept" not in "".join(stack.read_output())
     finally:
         stack.kill()
 
