@@ -19,7 +19,10 @@ DETAIL_CHARS = 160
 MAX_FACTS = 3
 # What every pod goes through on its way to ready: said last, after any real problem.
 STARTING, TERMINATING, UNSCHEDULED = "starting", "terminating", "not scheduled yet"
-ROUTINE = frozenset({STARTING, TERMINATING, UNSCHEDULED})
+# Pulling the image or mounting volumes; a pod stuck here is most often a volume that cannot
+# mount (a missing Secret: spec.gateway.apiKeysSecret), which only the pod's events say.
+CREATING = "creating containers (stuck here: see the pod's events, e.g. FailedMount)"
+ROUTINE = frozenset({STARTING, TERMINATING, UNSCHEDULED, CREATING})
 # Waiting reasons of a container that is on its way up, not stuck.
 ON_ITS_WAY = frozenset({"ContainerCreating", "PodInitializing"})
 
@@ -82,6 +85,8 @@ def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
                 return found
     if not (pod.get("spec") or {}).get("nodeName") and not scheduled:
         return UNSCHEDULED, ""
+    if any(((c.get("state") or {}).get("waiting") or {}).get("reason") in ON_ITS_WAY for c in (*inits, *apps)):
+        return CREATING, ""
     # Running but not ready: its readiness probe has not passed (the model is loading). A
     # previous run that ended (OOMKilled while loading) is worth saying.
     restarted = next((_last_exit(c) for c in apps if _last_exit(c)), "")

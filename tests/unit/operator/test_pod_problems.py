@@ -148,3 +148,13 @@ def test_an_evicted_pod_already_replaced_is_history_not_the_reason():
         f'1 pod ImagePullBackOff: Back-off pulling image "{IMAGE}"')
     # Not yet replaced: the eviction is why the role is short of a pod.
     assert role_problems([evicted], None, "Deployment", want=1).startswith("1 pod Evicted: The node was low")
+
+
+def test_a_pod_still_creating_its_containers_is_told_apart_from_one_loading_the_model():
+    """A gateway whose apiKeysSecret does not exist sits in ContainerCreating (FailedMount, in
+    its events only): "starting" would send the reader to the engine's model loading instead."""
+    mounting = pod("x-gateway-1", containers=[engine({"waiting": {"reason": "ContainerCreating"}}, name="gateway")])
+    loading = pod("x-gateway-2", phase="Running", containers=[engine({"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                                                                     name="gateway")])
+    assert role_problems([mounting, loading]) == (
+        "1 pod creating containers (stuck here: see the pod's events, e.g. FailedMount); 1 pod starting")
