@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             _say("stopped now: engines killed" if killed else "stopped")
             if killed and code == 0:
                 code = 130  # interrupted, as after a second signal during the gateway's drain
-        if args.workdir is None and (code == 0 or not children):
+        # An engine that died mid-run (its log named then) fails it, even if the rest served on.
+        if args.workdir is None and (not children or code == 0 and all(c.process.returncode == 0 for c in children)):
             shutil.rmtree(workdir, ignore_errors=True)
         elif args.workdir is None:
             _say(f"engine logs kept in {workdir}")

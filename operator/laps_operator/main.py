@@ -2,8 +2,8 @@
 and retries.
 
 Run with `laps operator` (see `cli`). Handlers are sync functions: kopf runs them in worker
-threads, where the official `kubernetes` client's blocking calls belong. The resync and the
-allocation loop run in threads of `workers` (started from the cluster watch below), not as kopf
+threads, where the official `kubernetes` client's blocking calls belong. The resync, the
+allocation and the status loop run in threads of `workers` (started from the cluster watch below), not as kopf
 timers: those would put a finalizer on every LAPSCluster (see workers.py). Every writer holds
 the cluster's lock and works on the live object (see writers.py).
 """
@@ -148,7 +148,7 @@ def delete_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Start a cluster's resync and allocation loops when it appears, stop them when it goes."""
+    """Start a cluster's resync, allocation and status loops when it appears, stop them when it goes."""
     meta = body.get("metadata") or {}
     namespace, name = meta.get("namespace"), meta.get("name")
     if not namespace or not name or not hasattr(memo, "kube"):
@@ -211,7 +211,7 @@ def _status_tick(kube: Kube, namespace: str, name: str, uid: str) -> Callable[[]
             return 2.0   # an event handler is never retried: this loop is
         if not LOOPS.current(namespace, name, uid):
             return None
-        if phases and phases[0] != phases[1]:
+        if phases and phases[1] and phases[0] != phases[1]:   # "": gone meanwhile, no Event
             _event_on(kube, namespace, name, "Normal", "Phase", f"phase {phases[0] or 'none'} -> {phases[1]}")
         return IDLE_SECONDS
     return tick

@@ -19,9 +19,9 @@ DETAIL_CHARS = 160
 MAX_FACTS = 3
 # What every pod goes through on its way to ready: said last, after any real problem.
 STARTING, TERMINATING, UNSCHEDULED = "starting", "terminating", "not scheduled yet"
-# Pulling the image or mounting volumes; a pod stuck here is most often a volume that cannot
+# Pulling the image (many GB for an engine) or mounting volumes; a pod stuck here is most often a volume that cannot
 # mount (a missing Secret: spec.gateway.apiKeysSecret), which only the pod's events say.
-CREATING = "creating containers (stuck here: see the pod's events, e.g. FailedMount)"
+CREATING = "creating containers (if it stays here, see the pod's events, e.g. FailedMount)"
 ROUTINE = frozenset({STARTING, TERMINATING, UNSCHEDULED, CREATING})
 # Waiting reasons of a container that is on its way up, not stuck.
 ON_ITS_WAY = frozenset({"ContainerCreating", "PodInitializing"})

@@ -112,6 +112,7 @@ def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
             outcome.applied.append(removed)
     outcome.plan = sync_groups(kube, ref, spec)
     outcome.phase = refresh_status(kube, ref, spec, generation=generation)
+    outcome.gone = not outcome.phase   # deleted (perhaps created again) while this ran
     return outcome
 
 
@@ -175,7 +176,7 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
 
 def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation: int | None) -> str:
     """Recompute readiness from the workloads (and, while not ready, their pods) and write status
-    if it changed; returns the phase."""
+    if it changed; returns the phase, "" when the cluster was deleted (or created again) meanwhile."""
     ns = ref.namespace
     with cluster_lock(ns, ref.name):
         prefill = kube.get(Ref("apps/v1", "StatefulSet", ns, ref.prefill))

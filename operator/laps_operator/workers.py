@@ -1,4 +1,5 @@
-"""Per-cluster background loops (the resync and the allocation loop), as plain threads.
+"""Per-cluster background loops (the resync, the allocation and the status loop), as plain
+threads.
 
 Not kopf timers or daemons: kopf puts a finalizer on every object that has one, and a finalizer
 makes deleting a LAPSCluster hang whenever the operator is not running (the owner references

@@ -90,6 +90,22 @@ def test_the_last_decode_engine_dying_stops_laps_local_with_status_1_and_its_log
         stack.kill()
 
 
+def test_an_engine_that_died_while_the_rest_served_on_keeps_the_logs_after_a_clean_stop(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    stack = LocalProcess([*STACK[:-1], "2"], None)   # two decode engines: one can die
+    try:
+        stack.wait_ready(120)
+        [workdir] = tmp_path.glob("laps-local-*")
+        os.kill(_engine_pid(stack, workdir, "decode-1"), signal.SIGKILL)
+        poll(lambda: _said(stack, "decode-1 exited with -9"), timeout=30, message="the engine's death said")
+        stack.proc.send_signal(signal.SIGINT)
+        assert stack.proc.wait(60) == 0   # the others drained and stopped cleanly
+        assert f"engine logs kept in {workdir}" in "".join(stack.read_output())
+        assert (workdir / "decode-1.log").is_file()   # the log its death pointed to
+    finally:
+        stack.kill()
+
+
 def test_one_ctrl_c_waits_at_most_drain_grace_s_and_a_clean_stop_leaves_no_temp_dir(tmp_path, monkeypatch):
     """--drain-grace-s, passed on to the engines, bounds the gateway's drain too: a stream far
     longer than it is cut with an error event after it (the gateway waited its own 30 s before),

@@ -157,4 +157,4 @@ def test_a_pod_still_creating_its_containers_is_told_apart_from_one_loading_the_
     loading = pod("x-gateway-2", phase="Running", containers=[engine({"running": {"startedAt": "2026-01-01T00:00:00Z"}},
                                                                      name="gateway")])
     assert role_problems([mounting, loading]) == (
-        "1 pod creating containers (stuck here: see the pod's events, e.g. FailedMount); 1 pod starting")
+        "1 pod creating containers (if it stays here, see the pod's events, e.g. FailedMount); 1 pod starting")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from laps_operator.apply import contains, merge_patch_for
 from laps_operator.builders import build_children
-from laps_operator.reconcile import cluster_ref, delete_children, reconcile
+from laps_operator.reconcile import cluster_ref, delete_children, reconcile, refresh_cluster
 from laps_operator.spec import InvalidSpecError, parse_spec
 from laps_operator.status import (
     condition,
@@ -171,3 +171,23 @@ def test_deleting_a_cluster_removes_every_kind_of_child_it_can_own():
     removed = {(a.ref.kind, a.ref.name) for a in delete_children(kube, ref)}
     assert removed == {(c["kind"], c["metadata"]["name"]) for c in children}
     assert {key for key in kube.objects if key[0] != "LAPSCluster"} == set()
+
+
+def test_a_status_refresh_finding_its_cluster_recreated_meanwhile_writes_nothing_into_the_new_one():
+    """`kubectl delete` then `apply` of a namesake while a refresh of the old one lists its pods:
+    the old one's readiness must not land in the new one's status (nor a Phase event say "")."""
+    kube = FakeKube()
+    kube.add(cluster())   # uid-1, no workloads yet: not ready, so the refresh lists its pods
+
+    class Recreating(FakeKube):
+        def list(self, ref, label_selector=None):
+            if ref.kind == "Pod":
+                kube.objects.pop(("LAPSCluster", "ns", "c"))
+                kube.add({**cluster(), "metadata": {**cluster()["metadata"], "uid": "uid-2"}})
+            return kube.list(ref, label_selector)
+
+    racing = Recreating()
+    racing.objects, racing.get, racing.patch = kube.objects, kube.get, kube.patch
+    assert refresh_cluster(racing, "ns", "c", uid="uid-1") == ("", "")
+    assert kube.get(cr_ref("ns", "c"))["metadata"]["uid"] == "uid-2"
+    assert kube.get(cr_ref("ns", "c"))["status"] == {}   # nothing of uid-1's written into it
