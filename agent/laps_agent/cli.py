@@ -39,7 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laps: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except Exception as exc:
+        # A failure nobody foresaw (a CUDA error at start-up, say) still says its name where
+        # Kubernetes shows why the container ended; the traceback goes to the log as ever.
+        from laps_agent.exit_reason import record_exit_reason
+
+        record_exit_reason(f"{type(exc).__name__}: {exc}")
+        raise
 
 
 if __name__ == "__main__":

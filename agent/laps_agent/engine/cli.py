@@ -203,6 +203,14 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
                                head_dim=cfg.head_dim, dtype_bytes=dtype_bytes, page_size=args.page_size)
 
 
+def _cannot_start(exc: Exception) -> None:
+    from laps_agent.exit_reason import record_exit_reason
+
+    log.error("cannot start: %s", exc)
+    print(f"laps engine: error: {exc}", file=sys.stderr)
+    record_exit_reason(f"cannot start: {exc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_profiles:
@@ -218,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         check_server_flags(args)
         sockets = listen(args)
     except (ValueError, OSError) as exc:  # bad flags, a port that cannot be had
-        log.error("cannot start: %s", exc)
-        print(f"laps engine: error: {exc}", file=sys.stderr)
+        _cannot_start(exc)
         return 2
     try:
         server, engine = build(args)
@@ -227,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         for sock in sockets:
             if sock is not None:
                 sock.close()
-        log.error("cannot start: %s", exc)
-        print(f"laps engine: error: {exc}", file=sys.stderr)
+        _cannot_start(exc)
         return 2
     engine.start()
     # The emulated engine lives on the event loop itself: uvloop costs it half the CPU.

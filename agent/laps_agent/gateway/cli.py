@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import NoReturn
 
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
@@ -200,15 +201,23 @@ def main(argv: list[str]) -> int:
     check_auth_args(args, parser)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from laps_agent.exit_reason import record_exit_reason
     from laps_agent.gateway.app import create_app
     from laps_agent.serving import ListenError, bind_listening_socket, run_forever, url_host
 
-    app = create_app(config_from_args(args), discovery_from_args(args, parser),
-                     build_estimator(args.tokenizer, args.estimator))
+    def cannot_start(reason: str) -> NoReturn:
+        record_exit_reason(f"cannot start: {reason}")
+        parser.exit(1, f"laps gateway: error: {reason}\n")
+
+    try:
+        estimator = build_estimator(args.tokenizer, args.estimator)
+    except (ValueError, OSError) as err:   # TokenizerError, gguf's own: a wrong model path or volume
+        cannot_start(f"cannot read a tokenizer from {args.tokenizer}: {err}")
+    app = create_app(config_from_args(args), discovery_from_args(args, parser), estimator)
     try:
         sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below
     except ListenError as err:
-        parser.exit(1, f"laps gateway: error: {err}\n")
+        cannot_start(str(err))
     host, port = sock.getsockname()[:2]
     print(f"laps gateway listening on http://{url_host(host)}:{port}", flush=True)
     return run_forever(app, sock, drain=app.state.gateway.drain, log_level=args.log_level.lower())

@@ -61,6 +61,12 @@ def test_a_crash_loop_names_the_last_exit_not_the_pod_specific_back_off_message(
             last={"reason": "OOMKilled", "exitCode": 137, "startedAt": "t", "finishedAt": "t"})])
     said = role_problems([crashing("x-decode-6f7-abcde"), crashing("x-decode-6f7-fghij")])
     assert said == "2 pods CrashLoopBackOff: OOMKilled, exit code 137"
+    # A laps engine or gateway that cannot start leaves why as its termination message.
+    wrong_path = pod("x-prefill-0", containers=[engine(
+        {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container=engine"}},
+        last={"reason": "Error", "exitCode": 2, "message": "cannot start: /models/m.gguf: no such file or directory"})])
+    assert role_problems([wrong_path]) == (
+        "1 pod CrashLoopBackOff: Error, exit code 2: cannot start: /models/m.gguf: no such file or directory")
 
 
 def test_a_missing_secret_key_and_a_stuck_init_container_are_named():
