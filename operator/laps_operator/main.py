@@ -90,12 +90,16 @@ def _event_on(kube: Kube, namespace: str, name: str, type_: str, reason: str, me
         kopf.event(live, type=type_, reason=reason, message=message)
 
 
+def _retry_delay(exc: KubeError) -> float:
+    # 403/422 and friends need someone to change RBAC or the spec: retry, but slowly (and log
+    # it every 30 s, not every 2). A 404 is most often a race (a pod deleted while being moved).
+    return 2.0 if exc.status in RETRYABLE or exc.status == 404 else 30.0
+
+
 def _retry_or_raise(exc: KubeError) -> NoReturn:
     metrics.RECONCILES.labels(result="error").inc()
-    if exc.status in RETRYABLE:
-        raise kopf.TemporaryError(f"API server said {exc}", delay=2) from exc
-    # 403/422 and friends need someone to change RBAC or the spec: retry, but slowly.
-    raise kopf.TemporaryError(f"API server rejected a write: {exc}", delay=30) from exc
+    said = "API server said" if exc.status in RETRYABLE else "API server rejected a write:"
+    raise kopf.TemporaryError(f"{said} {exc}", delay=_retry_delay(exc)) from exc
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -208,7 +212,7 @@ def _status_tick(kube: Kube, namespace: str, name: str, uid: str) -> Callable[[]
             phases = refresh_cluster(kube, namespace, name, uid=uid)
         except KubeError as exc:
             log.warning("status refresh of %s/%s failed: %s", namespace, name, exc)
-            return 2.0   # an event handler is never retried: this loop is
+            return _retry_delay(exc)   # an event handler is never retried: this loop is
         if not LOOPS.current(namespace, name, uid):
             return None
         if phases and phases[1] and phases[0] != phases[1]:   # "": gone meanwhile, no Event
@@ -223,7 +227,7 @@ def _allocation_tick(kube: Kube, loop: AllocationLoop) -> Callable[[], float | N
             delay, outcome = _guarded(kube, loop.namespace, loop.name, loop.tick)
         except KubeError as exc:
             log.warning("allocation step of %s/%s failed: %s", loop.namespace, loop.name, exc)
-            return 2.0
+            return _retry_delay(exc)
         if not LOOPS.current(loop.namespace, loop.name, loop.uid):
             return None   # deleted while this tick ran: no Event about it
         if outcome is None or outcome.cluster is None:
