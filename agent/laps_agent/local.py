@@ -216,14 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     children: list[EngineChild] = []
     code = 1
     try:
-        from laps_agent.tokenizer import load_tokenizer, save_tokenizer
+        from laps_agent.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
 
         try:
             model = _model_path(args)
             tokenizer = load_tokenizer(model)
         except (ValueError, OSError) as exc:  # TokenizerError, ModelLoadError, gguf's own errors
-            raise RuntimeError(f"cannot read a tokenizer from {args.model or 'the default model'}: "
-                               f"{exc}") from None
+            raise RuntimeError(tokenizer_problem(args.model or "the default model", exc)) from None
         backend: list[str] = []
         engine_model = model
         if args.engine == "emulated":

@@ -92,6 +92,8 @@ class Tokenizer:
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Tokenizer of a GGUF file or an HF directory (tokenizer.json + tokenizer_config.json)."""
     path = Path(path)
+    if not path.exists():   # said as the engine says it of the same path (ModelLoadError)
+        raise TokenizerError(f"{path}: no such file or directory")
     if path.is_file() and path.suffix == ".gguf":
         from gguf import GGUFReader  # numpy only, no torch
 
@@ -99,6 +101,14 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if path.is_dir():
         return tokenizer_from_hf_dir(path)
     raise TokenizerError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+
+
+def tokenizer_problem(path: str | Path, exc: Exception) -> str:
+    """The one line a command prints (and leaves as its exit reason) when `load_tokenizer(path)`
+    raised `exc`: the path once, whether or not the error already names it."""
+    said = str(exc)
+    return f"cannot read a tokenizer: {said}" if said.startswith(str(path)) else (
+        f"cannot read a tokenizer from {path}: {said}")
 
 
 # ---------------------------------------------------------------- GGUF

@@ -98,7 +98,7 @@ def _retry_delay(exc: KubeError) -> float:
 
 def _retry_or_raise(exc: KubeError) -> NoReturn:
     metrics.RECONCILES.labels(result="error").inc()
-    said = "API server said" if exc.status in RETRYABLE else "API server rejected a write:"
+    said = "API server said" if _retry_delay(exc) < 30 else "API server rejected a write:"
     raise kopf.TemporaryError(f"{said} {exc}", delay=_retry_delay(exc)) from exc
 
 

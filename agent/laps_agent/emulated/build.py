@@ -10,7 +10,7 @@ from laps_agent.engine.engine_config import EngineConfig
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.model_files import default_model_path
 from laps_agent.engine.server import EngineServer
-from laps_agent.tokenizer import TokenizerError, load_tokenizer
+from laps_agent.tokenizer import TokenizerError, load_tokenizer, tokenizer_problem
 
 from .core import EngineModel
 from .engine import EmulatedEngine, EmulatedKVCodec
@@ -30,7 +30,7 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
     try:
         tokenizer = load_tokenizer(path)
     except TokenizerError as exc:
-        raise ValueError(f"cannot read a tokenizer from {path}: {exc}") from None
+        raise ValueError(tokenizer_problem(path, exc)) from None
     context = min(profile.engine.context_length, args.context_length or profile.engine.context_length)
     max_running = args.max_running_requests or profile.engine.max_running_requests
     config = EngineConfig(role=args.role, scheduler=sched, batch_prefill_graphs=grid is not None,

@@ -14,12 +14,13 @@ from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
 from laps_agent.cli_args import positive_ints
 from laps_agent.engine.cli_serving import check_server_flags, listen, serve, server_settings
 from laps_agent.engine.engine_config import DTYPE_CHOICES
+from laps_agent.exit_reason import ExitRecordingParser
 
 log = logging.getLogger("laps.engine")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="laps engine", description="Run one LAPS engine server.")
+    p = ExitRecordingParser(prog="laps engine", description="Run one LAPS engine server.")
     p.add_argument("--backend", choices=("builtin", "emulated"), default="builtin",
                    help="builtin: the torch engine; emulated: the same protocol and scheduler, "
                         "batch times from a cost-model profile, no compute")

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import NoReturn
 
+from laps_agent.exit_reason import ExitRecordingParser
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
 from laps_agent.gateway.routing import AffinityBound
@@ -13,7 +14,7 @@ from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="laps gateway", description="length-aware PD gateway")
+    p = ExitRecordingParser(prog="laps gateway", description="length-aware PD gateway")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
@@ -201,18 +202,17 @@ def main(argv: list[str]) -> int:
     check_auth_args(args, parser)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from laps_agent.exit_reason import record_exit_reason
     from laps_agent.gateway.app import create_app
     from laps_agent.serving import ListenError, bind_listening_socket, run_forever, url_host
+    from laps_agent.tokenizer import tokenizer_problem
 
-    def cannot_start(reason: str) -> NoReturn:
-        record_exit_reason(f"cannot start: {reason}")
+    def cannot_start(reason: str) -> NoReturn:   # the parser leaves it as the exit reason too
         parser.exit(1, f"laps gateway: error: {reason}\n")
 
     try:
         estimator = build_estimator(args.tokenizer, args.estimator)
     except (ValueError, OSError) as err:   # TokenizerError, gguf's own: a wrong model path or volume
-        cannot_start(f"cannot read a tokenizer from {args.tokenizer}: {err}")
+        cannot_start(tokenizer_problem(args.tokenizer, err))
     app = create_app(config_from_args(args), discovery_from_args(args, parser), estimator)
     try:
         sock = bind_listening_socket(args.host, args.port)  # --port 0: the kernel picks; printed below

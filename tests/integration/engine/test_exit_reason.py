@@ -44,9 +44,16 @@ def test_a_gateway_whose_tokenizer_path_is_wrong_says_so_in_one_line_and_in_its_
     result = _laps("gateway", "--tokenizer", str(missing), "--port", "0", "--prefill-short", "http://127.0.0.1:9",
                    "--prefill-long", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9", log_path=termination_log)
     assert result.returncode == 1 and "Traceback" not in result.stderr   # it was a traceback
-    line = f"cannot read a tokenizer from {missing}: {missing}: expected a .gguf file or a Hugging Face model directory"
+    line = f"cannot read a tokenizer: {missing}: no such file or directory"   # the path once: it may be long
     assert result.stderr.strip().splitlines()[-1] == f"laps gateway: error: {line}"
     assert termination_log.read_text() == f"cannot start: {line}"
+
+
+def test_a_mistyped_engine_flag_says_which_in_its_termination_message(termination_log):
+    """engine.extraArgs reach `laps engine` as written: a typo is refused by its flag parser."""
+    result = _laps("engine", "--wait-windw-ms", "3", log_path=termination_log)
+    assert result.returncode == 2 and "unrecognized arguments: --wait-windw-ms 3" in result.stderr
+    assert termination_log.read_text() == "cannot start: unrecognized arguments: --wait-windw-ms 3"
 
 
 def test_outside_kubernetes_no_file_is_made(tmp_path):

@@ -80,8 +80,11 @@ def test_template_raise_exception_and_sandbox(tmp_path, tiny_model_dir):
 def test_missing_tokenizer_files_give_clear_errors(tmp_path):
     with pytest.raises(TokenizerError, match="tokenizer.json"):
         load_tokenizer(tmp_path)
-    with pytest.raises(TokenizerError, match="expected a .gguf"):
+    with pytest.raises(TokenizerError, match="nope.bin: no such file or directory"):
         load_tokenizer(tmp_path / "nope.bin")
+    (tmp_path / "notes.bin").write_text("not a model")
+    with pytest.raises(TokenizerError, match="expected a .gguf"):
+        load_tokenizer(tmp_path / "notes.bin")
     no_template = tmp_path / "m"
     no_template.mkdir()
     from tokenizers import Tokenizer, models
