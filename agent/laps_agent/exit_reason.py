@@ -42,6 +42,11 @@ def record_exit_reason(reason: str) -> None:
         os.close(fd)
 
 
+def record_cannot_start(why: str) -> None:
+    """The reason of a process that refused to start, as its error line says it."""
+    record_exit_reason(f"cannot start: {why}")
+
+
 class ExitRecordingParser(argparse.ArgumentParser):
     """An ArgumentParser whose failing exits (`error`: a bad flag, a missing Secret's keys file
     refused at start; `exit(status != 0)`) leave their message as the exit reason too."""
@@ -49,5 +54,5 @@ class ExitRecordingParser(argparse.ArgumentParser):
     def exit(self, status: int = 0, message: str | None = None):
         if status:
             said = (message or "").strip()
-            record_exit_reason(f"cannot start: {said.split(': error: ', 1)[-1] or f'exit status {status}'}")
+            record_cannot_start(said.split(": error: ", 1)[-1] or f"exit status {status}")
         super().exit(status, message)

@@ -28,7 +28,6 @@ from laps_agent.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves
 from laps_operator.groups import initial_short_count
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps local", description=__doc__.split("\n")[0],
                                 epilog="Other flags are passed to every engine.")

@@ -14,7 +14,7 @@ from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
 from laps_agent.cli_args import positive_ints
 from laps_agent.engine.cli_serving import check_server_flags, listen, serve, server_settings
 from laps_agent.engine.engine_config import DTYPE_CHOICES
-from laps_agent.exit_reason import ExitRecordingParser
+from laps_agent.exit_reason import ExitRecordingParser, record_cannot_start
 
 log = logging.getLogger("laps.engine")
 
@@ -205,11 +205,9 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
 
 
 def _cannot_start(exc: Exception) -> None:
-    from laps_agent.exit_reason import record_exit_reason
-
     log.error("cannot start: %s", exc)
     print(f"laps engine: error: {exc}", file=sys.stderr)
-    record_exit_reason(f"cannot start: {exc}")
+    record_cannot_start(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
