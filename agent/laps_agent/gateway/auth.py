@@ -13,7 +13,7 @@ A file that becomes unreadable or empty keeps the keys last read (a half-written
 not lock every client out, nor let every client in).
 
 `--rate-limit-per-key R`: a token bucket per key, R requests/s with a burst of max(1, R)
-(one second's worth); beyond, 429 + Retry-After (seconds until the next token)."""
+(one second's worth, at least 1); beyond, 429 + Retry-After (seconds until the next token)."""
 from __future__ import annotations
 
 import hashlib

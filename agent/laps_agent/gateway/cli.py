@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "'Authorization: Bearer <key>' (401 without); re-read when it changes. "
                       "Default: no authentication")
     auth.add_argument("--rate-limit-per-key", type=float, default=GatewayConfig.rate_limit_per_key,
-                      help="requests/s each API key may send (burst: one second's worth); "
+                      help="requests/s each API key may send (burst: one second's worth, at least 1); "
                            "beyond, 429 + Retry-After. 0: no limit. Needs --api-keys-file")
     p.add_argument("--log-level", default="info")
     return p
