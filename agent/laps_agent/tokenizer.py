@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from jinja2.exceptions import TemplateError
 from pydantic_core import from_json
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from laps_agent.gguf_metadata import GGUFFormatError, read_gguf_metadata
 
 # GGUF token_type values (llama.cpp's llama_token_type).
 _GGUF_CONTROL = 3
@@ -95,9 +97,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not path.exists():   # said as the engine says it of the same path (ModelLoadError)
         raise TokenizerError(f"{path}: no such file or directory")
     if path.is_file() and path.suffix == ".gguf":
-        from gguf import GGUFReader  # numpy only, no torch
-
-        return tokenizer_from_gguf(GGUFReader(str(path)))
+        try:
+            metadata = read_gguf_metadata(path)
+        except GGUFFormatError as err:
+            raise TokenizerError(str(err)) from None
+        return tokenizer_from_gguf(metadata)
     if path.is_dir():
         return tokenizer_from_hf_dir(path)
     raise TokenizerError(f"{path}: expected a .gguf file or a Hugging Face model directory")
@@ -112,11 +116,6 @@ def tokenizer_problem(path: str | Path, exc: Exception) -> str:
 
 
 # ---------------------------------------------------------------- GGUF
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
 
 # Llama 3's split pattern; Qwen2's is the same with single digits.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -139,35 +138,36 @@ def _gguf_pre_tokenizer(pre: str) -> Any:
                          "(smollm, starcoder, refact, llama3, llama-bpe, qwen2, gpt2, default)")
 
 
-def tokenizer_from_gguf(reader: Any) -> Tokenizer:
-    kind = _field(reader, "tokenizer.ggml.model")
+def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
+    """From a GGUF file's metadata (gguf_metadata.read_gguf_metadata)."""
+    kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
-    merges: list[str] = _field(reader, "tokenizer.ggml.merges", [])
-    types: list[int] = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    tokens: list[str] = metadata.get("tokenizer.ggml.tokens")
+    merges: list[str] = metadata.get("tokenizer.ggml.merges", [])
+    types: list[int] = metadata.get("tokenizer.ggml.token_type", [1] * len(tokens))
     vocab = {tok: i for i, tok in enumerate(tokens)}
     bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
                      fuse_unk=False, byte_fallback=False)
     backend = HFTokenizer(bpe)
-    backend.pre_tokenizer = _gguf_pre_tokenizer(_field(reader, "tokenizer.ggml.pre", "default"))
+    backend.pre_tokenizer = _gguf_pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
     backend.decoder = decoders.ByteLevel()
     specials = [AddedToken(tok, special=True, normalized=False)
                 for tok, t in zip(tokens, types) if t in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
     backend.add_special_tokens(specials)
 
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    if bos is not None and _field(reader, "tokenizer.ggml.add_bos_token", False):
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    if bos is not None and metadata.get("tokenizer.ggml.add_bos_token", False):
         bos_text = tokens[int(bos)]
         backend.post_processor = processors.TemplateProcessing(
             single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B", special_tokens=[(bos_text, int(bos))])
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eos = metadata.get("tokenizer.ggml.eos_token_id")
     eos_ids = {int(eos)} if eos is not None else set()
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    eot = metadata.get("tokenizer.ggml.eot_token_id")
     if eot is not None:
         eos_ids.add(int(eot))
     return Tokenizer(
-        backend, chat_template=_field(reader, "tokenizer.chat_template"),
+        backend, chat_template=metadata.get("tokenizer.chat_template"),
         eos_token_ids=frozenset(eos_ids), bos_token_id=None if bos is None else int(bos),
         bos_token=tokens[int(bos)] if bos is not None else None,
         eos_token=tokens[int(eos)] if eos is not None else None)

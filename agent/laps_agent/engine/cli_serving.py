@@ -65,7 +65,7 @@ def uvicorn_servers(server, bootstrap: bool, header_timeout_s: float | None = No
     import uvicorn
 
     from laps_agent.drain import DrainingServer
-    from laps_agent.engine.pd import bootstrap_app
+    from laps_agent.engine.pd_wire import bootstrap_app  # not .pd: an emulated engine needs no torch
     from laps_agent.header_timeout import http_protocol
     from laps_agent.request_body import HEADER_TIMEOUT_S
 

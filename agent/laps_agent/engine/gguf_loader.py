@@ -119,7 +119,7 @@ def gguf_state_dict(reader: GGUFReader, config: ModelConfig) -> dict[str, torch.
     return state
 
 
-def read_gguf(path: Path) -> tuple[GGUFReader, ModelConfig, dict[str, torch.Tensor]]:
+def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     reader = GGUFReader(str(path))
     config = gguf_config(reader)
-    return reader, config, gguf_state_dict(reader, config)
+    return config, gguf_state_dict(reader, config)

@@ -10,6 +10,7 @@ import torch
 from .model import CausalLM, rope_inverse_frequencies
 from .model_config import ModelConfig, UnsupportedModelError
 from .model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
+from laps_agent.gguf_metadata import read_gguf_metadata
 from laps_agent.tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
 
 
@@ -33,8 +34,8 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu",
         if path.is_file() and path.suffix == ".gguf":
             from .gguf_loader import read_gguf
 
-            reader, config, state = read_gguf(path)
-            tokenizer = tokenizer_from_gguf(reader)
+            config, state = read_gguf(path)
+            tokenizer = tokenizer_from_gguf(read_gguf_metadata(path))
             name = path.stem
         elif path.is_dir():
             config = _hf_config(path)

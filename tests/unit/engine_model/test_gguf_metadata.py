@@ -1,0 +1,80 @@
+"""The quick GGUF metadata reader gives exactly what gguf's own GGUFReader gives, on the shipped
+SmolLM2 file and on files holding every value type in either byte order; a cut or foreign file
+is a clear error, not a traceback."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+
+from laps_agent.engine.model_files import default_model_path
+from laps_agent.gguf_metadata import GGUFFormatError, read_gguf_metadata
+from laps_agent.tokenizer import TokenizerError, load_tokenizer
+
+
+def library_metadata(path: Path) -> dict:
+    reader = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def write_every_type(path: Path, endianess=gguf.GGUFEndian.LITTLE) -> Path:
+    writer = gguf.GGUFWriter(str(path), arch="llama", endianess=endianess)
+    writer.add_uint8("t.u8", 255)
+    writer.add_int8("t.i8", -128)
+    writer.add_uint16("t.u16", 65535)
+    writer.add_int16("t.i16", -32768)
+    writer.add_uint32("t.u32", 4_000_000_000)
+    writer.add_int32("t.i32", -2_000_000_000)
+    writer.add_float32("t.f32", 0.1)   # not exact in float32: both readers must widen it alike
+    writer.add_uint64("t.u64", 2**64 - 1)
+    writer.add_int64("t.i64", -(2**63))
+    writer.add_float64("t.f64", 1e300)
+    writer.add_bool("t.yes", True)
+    writer.add_bool("t.no", False)
+    writer.add_string("t.text", "naïve ⏱ 日本 \n{{ template }}")
+    writer.add_string("t.empty", "")
+    writer.add_array("t.strings", ["a", "", "Ġthe", "<|im_end|>", "é"])
+    writer.add_array("t.ints", [1, -2, 3])
+    writer.add_array("t.floats", [0.5, -1.25])
+    writer.add_array("t.bools", [True, False, True])
+    writer.add_array("t.none", [])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_shipped_model_reads_as_the_library_reads_it():
+    path = default_model_path()
+    mine = read_gguf_metadata(path)
+    assert mine == library_metadata(path)
+    assert len(mine["tokenizer.ggml.tokens"]) == len(mine["tokenizer.ggml.token_type"]) == 49152
+    assert isinstance(mine["tokenizer.chat_template"], str)
+
+
+@pytest.mark.parametrize("endianess", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG])
+def test_every_value_type_reads_as_the_library_reads_it(tmp_path, endianess):
+    # A big-endian file is read by the library itself (the fallback): the same answer either way.
+    path = write_every_type(tmp_path / "all.gguf", endianess)
+    mine = read_gguf_metadata(path)
+    assert mine == library_metadata(path)
+    assert mine["t.u64"] == 2**64 - 1 and mine["t.yes"] is True and mine["t.strings"][2] == "Ġthe"
+    assert mine["general.architecture"] == "llama"
+
+
+def test_a_cut_file_and_a_foreign_file_are_clear_errors(tmp_path):
+    whole = write_every_type(tmp_path / "all.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(GGUFFormatError, match=r"truncated at byte \d+ \(the file has \d+\)"):
+        read_gguf_metadata(cut)
+    with pytest.raises(TokenizerError, match="truncated at byte"):
+        load_tokenizer(cut)
+
+    for name, content in (("empty.gguf", b""), ("notes.gguf", b"these are notes\n" * 8)):
+        foreign = tmp_path / name
+        foreign.write_bytes(content)
+        with pytest.raises(TokenizerError, match="^GGUF magic invalid$"):
+            load_tokenizer(foreign)
