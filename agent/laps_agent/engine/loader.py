@@ -10,8 +10,8 @@ import torch
 from .model import CausalLM, rope_inverse_frequencies
 from .model_config import ModelConfig, UnsupportedModelError
 from .model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
-from laps_agent.gguf_metadata import read_gguf_metadata
-from laps_agent.tokenizer import Tokenizer, TokenizerError, tokenizer_from_gguf, tokenizer_from_hf_dir
+from laps_agent.tokenizer import Tokenizer, TokenizerError, tokenizer_from_hf_dir
+from laps_agent.tokenizer_gguf import read_gguf_tokenizer
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,7 +35,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu",
             from .gguf_loader import read_gguf
 
             config, state = read_gguf(path)
-            tokenizer = tokenizer_from_gguf(read_gguf_metadata(path))
+            tokenizer = read_gguf_tokenizer(path)
             name = path.stem
         elif path.is_dir():
             config = _hf_config(path)

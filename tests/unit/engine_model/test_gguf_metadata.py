@@ -1,6 +1,6 @@
 """The quick GGUF metadata reader gives exactly what gguf's own GGUFReader gives, on the shipped
-SmolLM2 file and on files holding every value type in either byte order; a cut or foreign file
-is a clear error, not a traceback."""
+SmolLM2 file and on files holding every value type in either byte order; a tokenizer is read
+from its own keys alone; a cut or foreign file is a clear error, not a traceback."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,6 +39,8 @@ def write_every_type(path: Path, endianess=gguf.GGUFEndian.LITTLE) -> Path:
     writer.add_array("t.floats", [0.5, -1.25])
     writer.add_array("t.bools", [True, False, True])
     writer.add_array("t.none", [])
+    writer.add_array("t.nested", [[1, 2], [3]])      # GGUFReader flattens arrays of arrays
+    writer.add_array("t.nested_strings", [["x"], ["y", "z"]])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -56,12 +58,30 @@ def test_the_shipped_model_reads_as_the_library_reads_it():
 
 @pytest.mark.parametrize("endianess", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG])
 def test_every_value_type_reads_as_the_library_reads_it(tmp_path, endianess):
-    # A big-endian file is read by the library itself (the fallback): the same answer either way.
     path = write_every_type(tmp_path / "all.gguf", endianess)
     mine = read_gguf_metadata(path)
     assert mine == library_metadata(path)
     assert mine["t.u64"] == 2**64 - 1 and mine["t.yes"] is True and mine["t.strings"][2] == "Ġthe"
-    assert mine["general.architecture"] == "llama"
+    assert mine["general.architecture"] == "llama" and mine["t.nested"] == [1, 2, 3]
+
+
+def test_a_tokenizer_reads_its_own_keys_so_a_stray_byte_elsewhere_does_not_matter(tmp_path):
+    path = tmp_path / "tok.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_string("general.description", "PLACEHOLDER")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab"])
+    writer.add_token_types([gguf.TokenType.NORMAL] * 3)
+    writer.add_token_merges(["a b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    # A description that is not UTF-8 (latin-1 bytes, as a careless converter might write).
+    path.write_bytes(path.read_bytes().replace(b"PLACEHOLDER", b"caf\xe9 models"))
+    with pytest.raises(GGUFFormatError, match="is not UTF-8"):
+        read_gguf_metadata(path)
+    assert load_tokenizer(path).encode("ab") == [2]
 
 
 def test_a_cut_file_and_a_foreign_file_are_clear_errors(tmp_path):
@@ -78,3 +98,15 @@ def test_a_cut_file_and_a_foreign_file_are_clear_errors(tmp_path):
         foreign.write_bytes(content)
         with pytest.raises(TokenizerError, match="^GGUF magic invalid$"):
             load_tokenizer(foreign)
+
+    v1 = tmp_path / "v1.gguf"
+    v1.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16))
+    with pytest.raises(TokenizerError, match=r"^GGUF version 1 is not supported \(only 2 and 3\)$"):
+        load_tokenizer(v1)
+    deep = tmp_path / "deep.gguf"   # an array of arrays of arrays ... : refused, not a RecursionError
+    key = b"k"
+    deep.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+                     + len(key).to_bytes(8, "little") + key + (9).to_bytes(4, "little")
+                     + ((9).to_bytes(4, "little") + (1).to_bytes(8, "little")) * 5000)
+    with pytest.raises(GGUFFormatError, match="arrays nested deeper than 8"):
+        read_gguf_metadata(deep)
