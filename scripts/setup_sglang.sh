@@ -57,7 +57,7 @@ if [ ! -f "$stamp" ]; then
   # pip byte-compiles here, as in setup.sh (why: see there).
   if ! { "$PY" -m pip install -q --upgrade pip &&
          "$PY" -m pip install -q "$SGLANG_REQ" "$MOONCAKE_REQ" "$ACCELERATE_REQ" &&
-         "$PY" -m pip install -q --no-deps -e . ; } >"$LOG" 2>&1; then
+         flock .cache/editable-install.lock "$PY" -m pip install -q --no-deps -e . ; } >"$LOG" 2>&1; then
     grep -v "^WARNING: Location" "$LOG" | tail -30 >&2
     echo "setup_sglang.sh: could not install $SGLANG_REQ into $VENV (full log: $LOG)" >&2
     exit 1
