@@ -5,7 +5,7 @@ without a fork. They come instead from (later wins):
 
 1. `LAPS_CONFIG_FILE`: a YAML file shaped like a LAPSCluster's `spec.laps` (the CRD's names):
    `lengthThreshold`, `scheduler: {enabled, waitWindowMs, waitMaxBatch, adaptiveWindow,
-   maxLongWaitMs}`;
+   maxLongWaitMs, longInWindow}`;
 2. one environment variable per builtin-engine flag (`laps engine --length-threshold` ->
    `LAPS_LENGTH_THRESHOLD`, `--laps-scheduler` -> `LAPS_SCHEDULER`, ...), the form the operator
    renders into the pod.
