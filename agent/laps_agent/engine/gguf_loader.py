@@ -1,6 +1,8 @@
 """Read a llama.cpp GGUF file into HF-named fp32 tensors and a ModelConfig.
 
-Quantised tensors are dequantised with `gguf.quants.dequantize`. llama.cpp's converter permutes
+The file's metadata and tensor table come from laps_agent.gguf_metadata (GGUFReader spends ~2 s
+parsing the vocabulary alone); the tensor data is mapped, and quantised tensors are dequantised
+with `gguf.quants.dequantize`. llama.cpp's converter permutes
 the rows of Q and K so that its interleaved RoPE works; our RoPE is HF's half-split one, so the
 permutation is undone here (Llama/Mistral only; Qwen2 is stored as is).
 """
@@ -11,8 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
-from gguf.quants import dequantize
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize, quant_shape_to_byte_shape
+
+from laps_agent.gguf_metadata import GGUFLayout, read_gguf_layout
 
 from .model_config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 
@@ -37,9 +41,8 @@ _GLOBAL_NAMES = {
 }
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(layout: GGUFLayout, key: str, default: Any = None) -> Any:
+    return layout.metadata.get(key, default)
 
 
 def _f32(value: Any) -> float:
@@ -47,7 +50,7 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-def gguf_config(reader: GGUFReader) -> ModelConfig:
+def gguf_config(reader: GGUFLayout) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported")
@@ -102,14 +105,30 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def gguf_state_dict(reader: GGUFReader, config: ModelConfig) -> dict[str, torch.Tensor]:
+def _tensor_bytes(data: np.ndarray, dims: tuple[int, ...], kind: GGMLQuantizationType,
+                  offset: int) -> np.ndarray:
+    """The tensor's bytes in the mapped file, shaped as `dequantize` takes them (rows of blocks)."""
+    block, size = GGML_QUANT_SIZES[kind]
+    count = int(np.prod(dims)) * size // block
+    if offset + count > data.size:
+        raise UnsupportedModelError(f"the file ends inside a tensor's data (byte {offset} + {count})")
+    return data[offset:offset + count].reshape(quant_shape_to_byte_shape(tuple(reversed(dims)), kind))
+
+
+def gguf_state_dict(reader: GGUFLayout, path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    data = np.memmap(path, dtype=np.uint8, mode="r")
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: recomputed from the config
-        rows = [int(x) for x in reversed(tensor.shape)]  # GGUF lists dims innermost first
-        values = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(rows)
+        try:
+            kind = GGMLQuantizationType(tensor.ggml_type)
+        except ValueError:
+            raise UnsupportedModelError(f"tensor {tensor.name} has unknown GGML type {tensor.ggml_type}") from None
+        rows = [int(x) for x in reversed(tensor.dims)]  # GGUF lists dims innermost first
+        raw = _tensor_bytes(data, tensor.dims, kind, tensor.offset)
+        values = np.array(dequantize(raw, kind), dtype=np.float32).reshape(rows)
         if config.architecture in _PERMUTED_QK_ARCHITECTURES:
             if ".self_attn.q_proj." in name:
                 values = _unpermute(values, config.num_heads)
@@ -119,7 +138,16 @@ def gguf_state_dict(reader: GGUFReader, config: ModelConfig) -> dict[str, torch.
     return state
 
 
-def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    reader = GGUFReader(str(path))
-    config = gguf_config(reader)
-    return config, gguf_state_dict(reader, config)
+def model_key(key: str) -> bool:
+    """The metadata an engine reads: all but `general.*`'s free text (name, description,
+    license, ...), where a stray non-UTF-8 byte must not stop a model from loading."""
+    return not key.startswith("general.") or key in ("general.architecture", "general.alignment")
+
+
+def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """(config, HF-named fp32 state dict, the metadata model_key keeps: the tokenizer's too)."""
+    layout = read_gguf_layout(path, wanted=model_key)
+    if not layout.little_endian:   # llama.cpp reads those only on a big-endian machine, too
+        raise UnsupportedModelError("a big-endian GGUF file is not supported")
+    config = gguf_config(layout)
+    return config, gguf_state_dict(layout, path, config), layout.metadata

@@ -11,7 +11,8 @@ from .model import CausalLM, rope_inverse_frequencies
 from .model_config import ModelConfig, UnsupportedModelError
 from .model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
 from laps_agent.tokenizer import Tokenizer, TokenizerError, tokenizer_from_hf_dir
-from laps_agent.tokenizer_gguf import read_gguf_tokenizer
+from laps_agent.gguf_metadata import GGUFFormatError
+from laps_agent.tokenizer_gguf import tokenizer_from_gguf
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,8 +35,8 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu",
         if path.is_file() and path.suffix == ".gguf":
             from .gguf_loader import read_gguf
 
-            config, state = read_gguf(path)
-            tokenizer = read_gguf_tokenizer(path)
+            config, state, metadata = read_gguf(path)
+            tokenizer = tokenizer_from_gguf(metadata)
             name = path.stem
         elif path.is_dir():
             config = _hf_config(path)
@@ -44,7 +45,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu",
             name = path.name
         else:
             raise ModelLoadError(f"{path}: expected a .gguf file or a Hugging Face model directory")
-    except (UnsupportedModelError, TokenizerError) as err:
+    except (UnsupportedModelError, TokenizerError, GGUFFormatError) as err:
         raise ModelLoadError(f"{path}: {err}") from err
     if config.eos_token_ids and not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = frozenset(config.eos_token_ids)

@@ -9,7 +9,7 @@ import gguf
 import pytest
 
 from laps_agent.engine.model_files import default_model_path
-from laps_agent.gguf_metadata import GGUFFormatError, read_gguf_metadata
+from laps_agent.gguf_metadata import GGUFFormatError, read_gguf_layout, read_gguf_metadata
 from laps_agent.tokenizer import TokenizerError, load_tokenizer
 
 
@@ -54,6 +54,26 @@ def test_the_shipped_model_reads_as_the_library_reads_it():
     assert mine == library_metadata(path)
     assert len(mine["tokenizer.ggml.tokens"]) == len(mine["tokenizer.ggml.token_type"]) == 49152
     assert isinstance(mine["tokenizer.chat_template"], str)
+
+    # The tensor table too: names, dims, GGML types and where each one's data starts.
+    layout = read_gguf_layout(path)
+    library = gguf.GGUFReader(str(path))
+    assert layout.metadata == mine and layout.little_endian
+    assert [(t.name, t.dims, t.ggml_type, t.offset) for t in layout.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), t.data_offset) for t in library.tensors]
+
+
+def test_a_model_cut_inside_its_weights_or_of_the_other_byte_order_is_a_clear_error(tmp_path):
+    from laps_agent.engine.loader import ModelLoadError, load_model
+
+    whole = default_model_path().read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) - 1000])
+    with pytest.raises(ModelLoadError, match=r"cut.gguf: the file ends inside a tensor's data"):
+        load_model(cut)
+    big = write_every_type(tmp_path / "big.gguf", gguf.GGUFEndian.BIG)
+    with pytest.raises(ModelLoadError, match="big.gguf: a big-endian GGUF file is not supported"):
+        load_model(big)
 
 
 @pytest.mark.parametrize("endianess", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG])
