@@ -24,10 +24,11 @@ MAX_NESTING = 8                   # arrays of arrays: a hostile file must not ex
 
 # GGUF value types: id -> struct format of one item (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
+_UINT32, _STRING, _ARRAY = 4, 8, 9
 
 
 DEFAULT_ALIGNMENT = 32             # of the tensor data, unless general.alignment says otherwise
+ALIGNMENT_KEY = "general.alignment"
 
 
 class GGUFFormatError(ValueError):
@@ -58,7 +59,7 @@ def read_gguf_layout(path: str | Path, wanted: Callable[[str], bool] | None = No
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             reader = _Reader(data, wanted or (lambda key: True))
             metadata = reader.metadata()
-            return GGUFLayout(metadata, reader.tensor_infos(metadata), reader.order == "<")
+            return GGUFLayout(metadata, reader.tensor_infos(), reader.order == "<")
 
 
 def read_gguf_metadata(path: str | Path, wanted: Callable[[str], bool] | None = None) -> dict[str, Any]:
@@ -75,6 +76,7 @@ def read_gguf_metadata(path: str | Path, wanted: Callable[[str], bool] | None = 
 class _Reader:
     def __init__(self, data: mmap.mmap, wanted: Callable[[str], bool]) -> None:
         self.data, self.wanted, self.offset, self.order = data, wanted, 0, "<"
+        self.alignment = DEFAULT_ALIGNMENT
 
     def metadata(self) -> dict[str, Any]:
         if self.data[:4] != GGUF_MAGIC:
@@ -94,13 +96,21 @@ class _Reader:
                 raise GGUFFormatError(f"duplicate metadata key {key!r}")
             seen.add(key)
             kind = self._scalar("I")
-            if self.wanted(key):
+            if key == ALIGNMENT_KEY:   # where the tensor data lies, whatever the caller wants
+                if kind != _UINT32:    # as GGUFReader and llama.cpp insist
+                    raise GGUFFormatError(f"{ALIGNMENT_KEY} must be a uint32 (value type {kind})")
+                self.alignment = self._value(kind, 0)
+                if self.alignment == 0 or self.alignment & (self.alignment - 1):
+                    raise GGUFFormatError(f"{ALIGNMENT_KEY} {self.alignment} is not a power of two")
+                if self.wanted(key):
+                    out[key] = self.alignment
+            elif self.wanted(key):
                 out[key] = self._value(kind, 0)
             else:
                 self._value(kind, 0, skip=True)
         return out
 
-    def tensor_infos(self, metadata: dict[str, Any]) -> list[TensorInfo]:
+    def tensor_infos(self) -> list[TensorInfo]:
         """The tensor table that follows the metadata (call metadata() first)."""
         table = []
         for _ in range(self.tensor_count):
@@ -110,10 +120,7 @@ class _Reader:
                 raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions")
             dims = tuple(self._scalar("Q") for _ in range(n_dims))
             table.append((name, dims, self._scalar("I"), self._scalar("Q")))
-        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise GGUFFormatError(f"general.alignment {alignment} is not a power of two")
-        start = -(-self.offset // alignment) * alignment
+        start = -(-self.offset // self.alignment) * self.alignment
         names = [name for name, *_ in table]
         if len(set(names)) != len(names):
             raise GGUFFormatError("a tensor name appears twice")

@@ -8,6 +8,7 @@ permutation is undone here (Llama/Mistral only; Qwen2 is stored as is).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,26 +51,26 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-def gguf_config(reader: GGUFLayout) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
+def gguf_config(layout: GGUFLayout) -> ModelConfig:
+    arch = _field(layout, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported")
 
     def req(key: str) -> Any:
-        value = _field(reader, f"{arch}.{key}")
+        value = _field(layout, f"{arch}.{key}")
         if value is None:
             raise UnsupportedModelError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
     hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
-    names = {t.name for t in reader.tensors}
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens)))
+    names = {t.name for t in layout.tensors}
+    tokens = _field(layout, "tokenizer.ggml.tokens") or []
+    vocab = int(_field(layout, f"{arch}.vocab_size", len(tokens)))
     scaling = None
-    if _field(reader, f"{arch}.rope.scaling.type") == "linear":
-        scaling = {"type": "linear", "factor": _f32(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    if _field(layout, f"{arch}.rope.scaling.type") == "linear":
+        scaling = {"type": "linear", "factor": _f32(_field(layout, f"{arch}.rope.scaling.factor", 1.0))}
+    eos = _field(layout, "tokenizer.ggml.eos_token_id")
+    bos = _field(layout, "tokenizer.ggml.bos_token_id")
     return ModelConfig(
         architecture=arch,
         vocab_size=vocab,
@@ -77,14 +78,14 @@ def gguf_config(reader: GGUFLayout) -> ModelConfig:
         intermediate_size=int(req("feed_forward_length")),
         num_layers=int(req("block_count")),
         num_heads=heads,
-        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
-        rope_theta=_f32(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        num_kv_heads=int(_field(layout, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(_field(layout, f"{arch}.attention.key_length", hidden // heads)),
+        rope_theta=_f32(_field(layout, f"{arch}.rope.freq_base", 10000.0)),
         rope_scaling=scaling,
-        rms_norm_eps=_f32(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rms_norm_eps=_f32(_field(layout, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
-        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 4096)),
+        max_position_embeddings=int(_field(layout, f"{arch}.context_length", 4096)),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
     )
@@ -108,17 +109,19 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def _tensor_bytes(data: np.ndarray, dims: tuple[int, ...], kind: GGMLQuantizationType,
                   offset: int) -> np.ndarray:
     """The tensor's bytes in the mapped file, shaped as `dequantize` takes them (rows of blocks)."""
+    if not dims:   # a scalar: no weight of a supported model is one
+        raise UnsupportedModelError("a tensor has no dimensions")
     block, size = GGML_QUANT_SIZES[kind]
-    count = int(np.prod(dims)) * size // block
+    count = math.prod(dims) * size // block
     if offset + count > data.size:
-        raise UnsupportedModelError(f"the file ends inside a tensor's data (byte {offset} + {count})")
+        raise UnsupportedModelError(f"the file ends inside its data (byte {offset} + {count})")
     return data[offset:offset + count].reshape(quant_shape_to_byte_shape(tuple(reversed(dims)), kind))
 
 
-def gguf_state_dict(reader: GGUFLayout, path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+def gguf_state_dict(layout: GGUFLayout, path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     data = np.memmap(path, dtype=np.uint8, mode="r")
     state: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
+    for tensor in layout.tensors:
         name = _hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: recomputed from the config
@@ -127,21 +130,25 @@ def gguf_state_dict(reader: GGUFLayout, path: Path, config: ModelConfig) -> dict
         except ValueError:
             raise UnsupportedModelError(f"tensor {tensor.name} has unknown GGML type {tensor.ggml_type}") from None
         rows = [int(x) for x in reversed(tensor.dims)]  # GGUF lists dims innermost first
-        raw = _tensor_bytes(data, tensor.dims, kind, tensor.offset)
-        values = np.array(dequantize(raw, kind), dtype=np.float32).reshape(rows)
+        try:   # a row that is not whole blocks, a type gguf cannot dequantise: name the tensor
+            raw = _tensor_bytes(data, tensor.dims, kind, tensor.offset)
+            values = np.array(dequantize(raw, kind), dtype=np.float32).reshape(rows)
+        except (ValueError, NotImplementedError) as err:
+            raise UnsupportedModelError(f"tensor {tensor.name} ({kind.name}): {err}") from None
         if config.architecture in _PERMUTED_QK_ARCHITECTURES:
             if ".self_attn.q_proj." in name:
                 values = _unpermute(values, config.num_heads)
             elif ".self_attn.k_proj." in name:
                 values = _unpermute(values, config.num_kv_heads)
-        state[name] = torch.from_numpy(np.ascontiguousarray(values))  # owned copy: the reader is a read-only mmap
+        state[name] = torch.from_numpy(np.ascontiguousarray(values))  # values: a copy, not the mapped file
     return state
 
 
 def model_key(key: str) -> bool:
-    """The metadata an engine reads: all but `general.*`'s free text (name, description,
-    license, ...), where a stray non-UTF-8 byte must not stop a model from loading."""
-    return not key.startswith("general.") or key in ("general.architecture", "general.alignment")
+    """The metadata an engine reads: of `general.*` only the architecture (the rest is name,
+    description, license, ...: a stray non-UTF-8 byte there must not stop a model loading).
+    The tensor data's alignment is read whatever this says."""
+    return not key.startswith("general.") or key == "general.architecture"
 
 
 def read_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, Any]]:

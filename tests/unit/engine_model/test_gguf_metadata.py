@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
 from laps_agent.engine.model_files import default_model_path
@@ -69,7 +70,7 @@ def test_a_model_cut_inside_its_weights_or_of_the_other_byte_order_is_a_clear_er
     whole = default_model_path().read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole[: len(whole) - 1000])
-    with pytest.raises(ModelLoadError, match=r"cut.gguf: the file ends inside a tensor's data"):
+    with pytest.raises(ModelLoadError, match=r"cut.gguf: tensor [a-z_.0-9]+ \(\w+\): the file ends inside its data"):
         load_model(cut)
     big = write_every_type(tmp_path / "big.gguf", gguf.GGUFEndian.BIG)
     with pytest.raises(ModelLoadError, match="big.gguf: a big-endian GGUF file is not supported"):
@@ -130,3 +131,61 @@ def test_a_cut_file_and_a_foreign_file_are_clear_errors(tmp_path):
                      + ((9).to_bytes(4, "little") + (1).to_bytes(8, "little")) * 5000)
     with pytest.raises(GGUFFormatError, match="arrays nested deeper than 8"):
         read_gguf_metadata(deep)
+
+
+def test_tensor_data_of_every_weight_type_and_any_alignment_reads_as_the_library_reads_it(tmp_path):
+    """Where each tensor's data starts (general.alignment 64 here, not the default 32) and how
+    its bytes are shaped for dequantisation: F32, F16, BF16 and Q8_0, non-square."""
+    from gguf.quants import dequantize, quantize
+
+    from laps_agent.engine.gguf_loader import _tensor_bytes, model_key
+
+    rng = np.random.default_rng(0)
+    weights = {"f32": (rng.standard_normal((3, 64)).astype(np.float32), gguf.GGMLQuantizationType.F32),
+               "f16": (rng.standard_normal((5, 32)).astype(np.float16), gguf.GGMLQuantizationType.F16),
+               "bf16": (rng.standard_normal((2, 96)).astype(np.float32), gguf.GGMLQuantizationType.BF16),
+               "q8_0": (rng.standard_normal((4, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)}
+    # The header's length varies with the name: over 8 lengths its end falls on every residue
+    # modulo 64 that rounding up to 32 instead of 64 would get wrong.
+    for pad in range(0, 64, 8):
+        path = tmp_path / f"weights{pad}.gguf"
+        writer = gguf.GGUFWriter(str(path), arch="llama")
+        writer.add_custom_alignment(64)
+        writer.add_string("general.name", "x" * pad)
+        for name, (values, kind) in weights.items():
+            if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+                writer.add_tensor(name, values)
+            else:
+                writer.add_tensor(name, quantize(values, kind), raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+        layout = read_gguf_layout(path, wanted=model_key)   # alignment is read though not wanted
+        assert "general.alignment" not in layout.metadata
+        library = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        for tensor in layout.tensors:
+            theirs = library[tensor.name]
+            assert tensor.offset == theirs.data_offset and tensor.offset % 64 == 0
+            kind = gguf.GGMLQuantizationType(tensor.ggml_type)
+            mine = dequantize(_tensor_bytes(data, tensor.dims, kind, tensor.offset), kind)
+            assert np.array_equal(mine, dequantize(theirs.data, theirs.tensor_type)), tensor.name
+            assert mine.shape == weights[tensor.name][0].shape
+
+
+def test_an_alignment_that_is_not_a_uint32_power_of_two_is_refused(tmp_path):
+    for value, problem in ((48, "48 is not a power of two"), ("64", "must be a uint32")):
+        path = tmp_path / "bad.gguf"
+        writer = gguf.GGUFWriter(str(path), arch="llama")
+        if isinstance(value, int):
+            writer.add_uint32("general.alignment", value)
+        else:
+            writer.add_string("general.alignment", value)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with pytest.raises(GGUFFormatError, match=problem):
+            read_gguf_layout(path)
