@@ -25,8 +25,6 @@ MAX_NESTING = 8                   # arrays of arrays: a hostile file must not ex
 # GGUF value types: id -> struct format of one item (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _UINT32, _STRING, _ARRAY = 4, 8, 9
-
-
 DEFAULT_ALIGNMENT = 32             # of the tensor data, unless general.alignment says otherwise
 ALIGNMENT_KEY = "general.alignment"
 
@@ -53,24 +51,25 @@ class GGUFLayout:
 def read_gguf_layout(path: str | Path, wanted: Callable[[str], bool] | None = None) -> GGUFLayout:
     """What GGUFReader's `fields` and `tensors` describe, without the data (the caller maps the
     file: TensorInfo.offset is from its start); `wanted` as for read_gguf_metadata."""
-    with open(path, "rb") as f:
-        if f.seek(0, 2) < 4:
-            raise GGUFFormatError(NOT_GGUF)
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            reader = _Reader(data, wanted or (lambda key: True))
-            metadata = reader.metadata()
-            return GGUFLayout(metadata, reader.tensor_infos(), reader.order == "<")
+    return _read(path, wanted, tensors=True)
 
 
 def read_gguf_metadata(path: str | Path, wanted: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """{key: value} of the file's metadata, as GGUFReader's `field.contents()` gives them
     (without its own `GGUF.*` entries). `wanted(key)`: only those keys (the others are skipped
     undecoded, so a stray byte in an unrelated string does not matter)."""
+    return _read(path, wanted, tensors=False).metadata
+
+
+def _read(path: str | Path, wanted: Callable[[str], bool] | None, tensors: bool) -> GGUFLayout:
+    """The metadata and, if `tensors`, the tensor table (a tokenizer's read stops before it)."""
     with open(path, "rb") as f:
         if f.seek(0, 2) < 4:   # mmap refuses an empty file
             raise GGUFFormatError(NOT_GGUF)
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _Reader(data, wanted or (lambda key: True)).metadata()
+            reader = _Reader(data, wanted or (lambda key: True))
+            metadata = reader.metadata()
+            return GGUFLayout(metadata, reader.tensor_infos() if tensors else [], reader.order == "<")
 
 
 class _Reader:

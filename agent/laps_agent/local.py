@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             model = _model_path(args)
             tokenizer = load_tokenizer(model)
-        except (ValueError, OSError) as exc:  # TokenizerError, ModelLoadError, gguf's own errors
+        except (ValueError, OSError) as exc:  # TokenizerError (a GGUF or HF dir it cannot read), OSError
             raise RuntimeError(tokenizer_problem(args.model or "the default model", exc)) from None
         backend: list[str] = []
         engine_model = model

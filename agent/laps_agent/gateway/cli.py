@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
 
     try:
         estimator = build_estimator(args.tokenizer, args.estimator)
-    except (ValueError, OSError) as err:   # TokenizerError, gguf's own: a wrong model path or volume
+    except (ValueError, OSError) as err:   # TokenizerError, an unreadable file: a wrong model path or volume
         cannot_start(tokenizer_problem(args.tokenizer, err))
     app = create_app(config_from_args(args), discovery_from_args(args, parser), estimator)
     try:
