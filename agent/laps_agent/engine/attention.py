@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend
 
 try:  # only useful on CUDA; the PyPI sdist cannot be built on CPU machines
     from flash_attn import flash_attn_with_kvcache  # type: ignore[import-not-found]
@@ -23,6 +24,13 @@ except Exception:  # noqa: BLE001 - any import failure means "not available"
 
 # flash-attn 2's paged KV cache needs pages of a multiple of 256 tokens.
 FLASH_PAGE_MULTIPLE = 256
+
+# SDPA kernels for the eager path, which meets a new (query, key) length nearly every call, as
+# serving sees a new prompt length nearly every request. cuDNN's attention plans each new shape:
+# on an H100 a 300-token prefill of a new length each time took 55.6 ms with it and 16.4 ms
+# without (scripts/profile_engine.py), so the eager path goes without it. The bucket and graph
+# paths, whose shapes are fixed, keep it.
+EAGER_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def bottom_right_causal_mask(q_len: int, kv_lens: torch.Tensor, key_len: int) -> torch.Tensor:
@@ -159,13 +167,17 @@ class PackedAttention:
             if i in self._decode_set:
                 continue
             kv_len = self.kv_lens[i]
-            keys = gather_pages(k_pool, self.page_tables[i][None])[0, :kv_len]
-            values = gather_pages(v_pool, self.page_tables[i][None])[0, :kv_len]
             qi = q[lo:hi].transpose(0, 1)[None]
-            if kv_len == hi - lo:  # no cached prefix: the plain causal mask is the same mask
+            if kv_len == hi - lo:
+                # No cached prefix: its keys are the ones just written, as the pool holds them,
+                # with no gather from the pool (two kernels a layer, each launch counts on a GPU);
+                # the plain causal mask is the bottom-right one.
+                keys, values = k[lo:hi].to(k_pool.dtype), v[lo:hi].to(v_pool.dtype)
                 o = F.scaled_dot_product_attention(qi, keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
                                                    is_causal=True, enable_gqa=True)
             else:
+                keys = gather_pages(k_pool, self.page_tables[i][None])[0, :kv_len]
+                values = gather_pages(v_pool, self.page_tables[i][None])[0, :kv_len]
                 mask = bottom_right_causal_mask(hi - lo, torch.tensor([kv_len], device=q.device), kv_len)
                 o = F.scaled_dot_product_attention(qi, keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
                                                    attn_mask=mask[:, None], enable_gqa=True)

@@ -47,12 +47,19 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(middle, blended, out)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, heads, D] in the HF (half-split) layout; cos/sin [N, D/2]."""
+def rope_tables(angles: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """angles [N, D/2] -> (cos, signed sin) [N, 1, D] for `apply_rope`: built once per forward,
+    so each layer's rotation is 4 kernels instead of 7 (on a GPU the eager path is bound by
+    kernel launches, not arithmetic)."""
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), -1).to(dtype)[:, None], torch.cat((-sin, sin), -1).to(dtype)[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D] in the HF (half-split) layout. With x = (x1, x2): (x1 c - x2 s, x2 c + x1 s),
+    written x * (c, c) + (x2, x1) * (-s, s), which rounds to the very same values."""
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * signed_sin
 
 
 class Linear(nn.Module):
@@ -84,8 +91,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+        # HF's order: normalise in fp32, round to the model's dtype, then scale. rms_norm is one
+        # fused kernel on CUDA where pow/mean/add/rsqrt/mul were five.
+        return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
 
 
 class SelfAttention(nn.Module):
@@ -159,7 +167,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         # Angles in fp32 even for half-precision models: positions in the thousands need it.
         angles = positions.float()[:, None] * self.inv_freq.float()[None, :]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = rope_tables(angles, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, i, attention)
         return self.model.norm(x)

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
 
-from .attention import BlockAttention, PackedAttention
+from .attention import EAGER_SDPA_BACKENDS, BlockAttention, PackedAttention
 from .kv_export import KVExport, start_export
 from .loader import LoadedModel
 
@@ -258,8 +259,9 @@ class ModelRunner:
             decode_lens = torch.tensor([kv_lens[i] for i in decode_rows], device=dev)
         attention = PackedAttention(self.k_pool, self.v_pool, torch.cat(slots).to(dev), offsets, tables,
                                     kv_lens, decode_rows, decode_table, decode_lens)
-        hidden = self.model.hidden_states(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
-                                          attention)
+        with sdpa_kernel(EAGER_SDPA_BACKENDS):
+            hidden = self.model.hidden_states(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev),
+                                              attention)
         last = torch.tensor([o - 1 for o in offsets[1:]], device=dev)
         return self.model.logits(hidden[last])
 

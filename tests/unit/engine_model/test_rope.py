@@ -50,3 +50,17 @@ def test_hf_config_rope_parameters_of_transformers_5_are_read():
     assert (parsed.rope_scaling["type"], parsed.rope_scaling["factor"]) == ("linear", 4.0)
     with pytest.raises(UnsupportedModelError, match="rope_parameters"):
         ModelConfig.from_hf_dict({**cfg, "rope_parameters": {"full_attention": {"rope_theta": 1e4}}})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotation_is_hf_rotate_half_to_the_bit(dtype):
+    """The rotation is written as x * (c, c) + swap(x) * (-s, s) to launch fewer kernels; it must
+    round to exactly HF's (x1 c - x2 s, x2 c + x1 s), with the tables in the model's dtype."""
+    from laps_agent.engine.model import apply_rope, rope_tables
+
+    torch.manual_seed(0)
+    x = torch.randn(40, 3, 32).to(dtype)
+    angles = torch.arange(40, dtype=torch.float32)[:, None] * rope_inverse_frequencies(ModelConfig(**BASE))[None]
+    c, s = angles.cos().to(dtype)[:, None], angles.sin().to(dtype)[:, None]
+    x1, x2 = x[..., :16], x[..., 16:]
+    assert torch.equal(apply_rope(x, *rope_tables(angles, dtype)), torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1))
