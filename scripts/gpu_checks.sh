@@ -2,15 +2,19 @@
 # The checks that need a CUDA GPU, in one command (for the `device` tool's machines, or any GPU
 # host): the gpu-marked tests, then `laps bench engine` in bf16 on a SmolLM2-135M-shaped model
 # with random weights (scripts/smollm2_shaped.py says why not the real ones).
-# Needs only a python3 with torch (CUDA), tokenizers, safetensors, jinja2, numpy, pytest,
-# pytest-timeout and hypothesis, as the device image has: not the project's virtualenv.
+# Needs a python3 with torch (CUDA), tokenizers, safetensors, jinja2, numpy, httpx, pytest,
+# pytest-timeout and hypothesis, as the device image has, not the project's virtualenv; the rest
+# the engine imports comes as wheels in .whl/ (scripts/gpu_wheels.sh fetches them here), installed
+# into a scratch folder first.
 # usage: scripts/gpu_checks.sh [OUT_DIR]      (default: $OUT, else /tmp/laps-gpu-checks)
-# e.g. through the device tool: run(command="bash scripts/gpu_checks.sh")
+# e.g. through the device tool: scripts/gpu_wheels.sh here, then
+#      run(command="bash scripts/gpu_checks.sh", carry=[".whl"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/laps-gpu-checks}}
 mkdir -p "$out"
-export PYTHONPATH="$PWD/agent:$PWD" PYTHONUNBUFFERED=1
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
 device=${LAPS_GPU_CHECKS_DEVICE:-cuda}   # cpu: try the script itself on a machine without one
 
 python3 - <<'PY' 2>&1 | tee "$out/device.txt"

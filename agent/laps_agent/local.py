@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 from laps_agent.gateway.cli import auth_args_problem, decode_share
-from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name, spawn_engine,
-                                      stop_all, unknown_engine_args, wait_until_loaded, write_labels)
+from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name, shared_gpu_args,
+                                      spawn_engine, stop_all, unknown_engine_args, wait_until_loaded,
+                                      write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_operator.groups import initial_short_count
@@ -229,15 +230,21 @@ def main(argv: list[str] | None = None) -> int:
             # Emulated engines need only the tokenizer: read once here, saved in the form that
             # loads in 0.1 s, instead of every engine parsing the model file.
             engine_model = str(save_tokenizer(tokenizer, workdir / "tokenizer"))
+        plan = _plan(args)
+        gpu_split, gpu_line = (shared_gpu_args(args.device, engine_args, len(plan)) if args.engine == "builtin"
+                               else ([], None))
         _say(f"starting {args.prefill} prefill + {args.decode} decode {args.engine} engines on {model} "
              f"(logs in {workdir})")
-        for name, role, group in _plan(args):
+        if gpu_line:
+            _say(gpu_line)
+        for name, role, group in plan:
             children.append(spawn_engine(
                 name, role, group, model=engine_model, workdir=workdir, port=free_port(),
                 bootstrap_port=free_port() if role == "prefill" else None,
                 common_args=[*backend, "--device", args.device, "--length-threshold",
                              str(args.length_threshold),
                              "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,
+                             *gpu_split,
                              *(["--served-model-name", args.served_model_name]
                                if args.served_model_name else [])]))
         wait_until_loaded(children, args.startup_timeout, _say)

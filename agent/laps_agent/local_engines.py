@@ -116,6 +116,22 @@ def engine_flag(engine_args: list[str], dest: str):
     return getattr(build_parser().parse_known_args(engine_args)[0], dest)
 
 
+def shared_gpu_args(device: str, engine_args: list[str], engines: int) -> tuple[list[str], str | None]:
+    """Engines that share one CUDA device split its memory. Each sizes its KV pool from
+    --mem-fraction of the memory free when it looks, and engines starting together all see the
+    same free memory: three taking 85% of it each ran the third out of memory. So each gets
+    1/engines of the fraction, and one that looks after another allocated takes less, never more.
+    Returns the flags to add after the engine flags, and a line to say; nothing on CPU, for one
+    engine, or when --kv-pages sizes the pools."""
+    if device == "cpu" or engines < 2 or engine_flag(engine_args, "kv_pages"):
+        return [], None
+    total = engine_flag(engine_args, "mem_fraction")
+    each = total / engines
+    return (["--mem-fraction", repr(each)],
+            f"{engines} engines share the CUDA device: each KV pool takes {each:.3g} of the free "
+            f"device memory (--mem-fraction {total:g} / {engines})")
+
+
 def unknown_engine_args(engine_args: list[str], command: str = "laps local") -> str | None:
     """What in the flags `command` (`laps local`, `laps sim`) passes on is not a `laps engine`
     flag either (a typo, a flag of another command), or a bad value of one, as one line; None

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.drain import DEFAULT_GRACE_S
@@ -15,6 +16,9 @@ from laps_agent.cli_args import positive_ints
 from laps_agent.engine.cli_serving import check_server_flags, listen, serve, server_settings
 from laps_agent.engine.engine_config import DTYPE_CHOICES
 from laps_agent.exit_reason import ExitRecordingParser, record_cannot_start
+
+if TYPE_CHECKING:
+    from laps_agent.scheduling.buckets import BucketGrid
 
 log = logging.getLogger("laps.engine")
 
@@ -123,6 +127,16 @@ def decode_graph_sizes(args: argparse.Namespace, max_running: int) -> list[int]:
     return [b for b in sizes if b < max_running] + covering[:1]
 
 
+def graphs_for_role(role: str, grid: BucketGrid | None, decode_sizes: list[int]
+                    ) -> tuple[BucketGrid | None, list[int]]:
+    """The CUDA graphs worth capturing for a role: (prefill bucket grid, decode batch sizes).
+    A decode engine never prefills a prompt (its KV comes from the prefill engine), and a
+    prefill engine hands every PD request off after its first token, decoding only requests sent
+    to it directly, which run eagerly (SGLang's prefill servers capture no graphs either). Each
+    graph costs start-up time and device memory."""
+    return (None if role == "decode" else grid), ([] if role == "prefill" else decode_sizes)
+
+
 def build(args: argparse.Namespace):
     """Load everything; returns (EngineServer, engine). Separate from serving so tests and the
     benchmark can build an engine in-process."""
@@ -166,9 +180,9 @@ def build(args: argparse.Namespace):
         context = min(context, args.context_length)
     num_pages = args.kv_pages or _default_kv_pages(args, loaded, device, context)
     max_running = args.max_running_requests or 32
-    runner = ModelRunner(loaded, num_pages=num_pages, page_size=args.page_size, grid=grid,
-                         cuda_graphs=device == "cuda",
-                         decode_batch_sizes=decode_graph_sizes(args, max_running),
+    graph_grid, decode_sizes = graphs_for_role(args.role, grid, decode_graph_sizes(args, max_running))
+    runner = ModelRunner(loaded, num_pages=num_pages, page_size=args.page_size, grid=graph_grid,
+                         cuda_graphs=device == "cuda", decode_batch_sizes=decode_sizes,
                          decode_graph_max_context=args.decode_graph_max_context)
     log.info("KV pool: %d pages x %d tokens", num_pages, args.page_size)
     if runner.graphs is not None or runner.decode_graphs is not None:  # not on the request path

@@ -88,25 +88,31 @@ def test_cached_prefix_beyond_graph_page_table_falls_back_to_eager_bucket(tiny_m
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_engine_start_up_captures_every_bucket_and_sizes_kv_from_memory(tiny_model_dir):
-    """`laps engine` on CUDA: every bucket's graph is captured while starting (not on the request
-    path), and the KV pool takes --mem-fraction of the free memory."""
+@pytest.mark.parametrize("role,prefill_graphs,decode_graphs", [("mixed", 4, 2), ("prefill", 4, 0), ("decode", 0, 2)])
+def test_engine_start_up_captures_its_roles_graphs_and_sizes_kv_from_memory(tiny_model_dir, role,
+                                                                           prefill_graphs, decode_graphs):
+    """`laps engine` on CUDA: the graphs its role runs are captured while starting (not on the
+    request path): every prefill bucket unless it is a decode engine, the decode grid unless it
+    is a prefill engine; the KV pool takes --mem-fraction of the free memory."""
     from laps_agent.engine.cli import build, build_parser
 
-    args = build_parser().parse_args(["--model", str(tiny_model_dir), "--device", "cuda",
+    args = build_parser().parse_args(["--model", str(tiny_model_dir), "--device", "cuda", "--role", role,
                                       "--batch-prefill-graphs-batch-sizes", "1,2", "--batch-prefill-graphs-seq-lengths", "16,32",
-                                      "--mem-fraction", "0.05", "--labels-file", "/nonexistent"])
+                                      "--decode-graph-batch-sizes", "1,2", "--mem-fraction", "0.05",
+                                      "--labels-file", "/nonexistent"])
     _, engine = build(args)
-    graphs = engine.runner.graphs
-    assert graphs is not None and len(graphs.captured) == 4
+    runner = engine.runner
+    assert (len(runner.graphs.captured) if runner.graphs else 0) == prefill_graphs
+    assert (len(runner.decode_graphs.captured) if runner.decode_graphs else 0) == decode_graphs
     assert engine.kv.num_pages > 2 * 4096 // 16  # far more than the CPU default on any GPU
 
 
-def _decode_items(runner: ModelRunner, prompts: list[list[int]]) -> list[ForwardItem]:
-    """Prefill each prompt eagerly into its own pages; the decode step's items (one new token)."""
+def _decode_items(runner: ModelRunner, prompts: list[list[int]], steps: int = 1) -> list[ForwardItem]:
+    """Prefill each prompt eagerly into its own pages, with room for `steps` decode steps; the
+    first decode step's items (one new token)."""
     items = []
     for i, ids in enumerate(prompts):
-        pages = _pages(16 * i, len(ids) + 1)
+        pages = _pages(16 * i, len(ids) + steps)
         runner.forward([ForwardItem(ids, 0, pages)])
         items.append(ForwardItem([ids[-1]], len(ids), pages))
     return items
@@ -147,6 +153,18 @@ def test_decode_graph_sizes_stop_at_the_running_bound():
     assert decode_graph_sizes(build_parser().parse_args(["--no-decode-graphs"]), 32) == []
 
 
+def test_each_role_captures_only_the_graphs_it_replays():
+    """A PD decode engine never prefills (its KV is imported) and a PD prefill engine never
+    decodes (it hands off after the first token): neither pays start-up time and device memory
+    for graphs it would never replay; a mixed engine takes both."""
+    from laps_agent.engine.cli import graphs_for_role
+
+    grid, sizes = BucketGrid([1, 2], [16, 32]), [1, 2, 4]
+    assert graphs_for_role("mixed", grid, sizes) == (grid, sizes)
+    assert graphs_for_role("prefill", grid, sizes) == (grid, [])
+    assert graphs_for_role("decode", grid, sizes) == (None, sizes)
+
+
 def test_kv_export_started_on_the_loop_is_the_same_kv_when_collected(tiny_loaded):
     runner = ModelRunner(tiny_loaded, num_pages=32, page_size=PAGE)
     ids = tiny_loaded.tokenizer.encode("The hand-off copies this prompt's KV to the decode engine.")
@@ -167,7 +185,7 @@ def test_decode_graphs_captured_at_start_up_replay_like_eager(tiny_model_dir):
     eager = ModelRunner(loaded, num_pages=128, page_size=PAGE)
     tok = loaded.tokenizer
     prompts = [tok.encode(t) for t in ("Hello world!", "What is the capital of France?", "abc")]
-    items, want_items = _decode_items(runner, prompts), _decode_items(eager, prompts)
+    items, want_items = _decode_items(runner, prompts, steps=4), _decode_items(eager, prompts, steps=4)
     for _ in range(4):  # several steps: the graph writes the real pages each time
         logits, stats = runner.forward_decode(items)
         want, _ = eager.forward_decode(want_items)

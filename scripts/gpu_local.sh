@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# `laps local --device cuda` on a GPU machine, used as a user would: 2 prefill + 1 decode builtin
+# engines (bf16, CUDA graphs captured at start-up, KV handed over between CUDA engines) behind
+# the gateway, a SmolLM2-135M-shaped model with random weights (scripts/smollm2_shaped.py says
+# why), then scripts/gpu_smoke.py's checks and a short `laps bench run` through the gateway.
+# usage: scripts/gpu_local.sh [OUT_DIR]     e.g. run(command="bash scripts/gpu_local.sh", carry=[".whl"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-/tmp/laps-gpu-local}}
+mkdir -p "$out"
+# shellcheck source=scripts/gpu_env.sh
+source scripts/gpu_env.sh
+model=$(mktemp -d)/smollm2-135m-shaped
+python3 -m scripts.smollm2_shaped "$model" >/dev/null || exit 1
+work=$(mktemp -d)
+python3 -m laps_agent.cli local --device "${LAPS_GPU_CHECKS_DEVICE:-cuda}" --model "$model" --port 8000 --workdir "$work" \
+    >"$out/local.txt" 2>&1 &
+local_pid=$!
+trap 'kill -INT $local_pid 2>/dev/null; wait $local_pid; tail -n 60 "$work"/*.log >"$out/engine-logs.txt" 2>&1' EXIT
+for _ in $(seq 600); do   # up to 5 minutes: engines load and capture their graphs
+    grep -q "OpenAI-compatible API" "$out/local.txt" && break
+    kill -0 $local_pid 2>/dev/null || { echo "laps local exited"; cat "$out/local.txt"; exit 1; }
+    sleep 0.5
+done
+cat "$out/local.txt"
+python3 -m scripts.gpu_smoke http://127.0.0.1:8000 2>&1 | tee "$out/smoke.txt"
+smoke_rc=${PIPESTATUS[0]}
+python3 -m laps_agent.cli bench run http://127.0.0.1:8000 --workload lmsys-steady --max-requests 300 \
+    --tokenizer "$model" --no-progress --out "$work/bench" 2>&1 | tee "$out/bench-run.txt"
+bench_rc=${PIPESTATUS[0]}
+echo "smoke rc=$smoke_rc, bench rc=$bench_rc"
+exit $(( smoke_rc || bench_rc ))
