@@ -16,13 +16,20 @@ work=$(mktemp -d)
 python3 -m laps_agent.cli local --device "${LAPS_GPU_CHECKS_DEVICE:-cuda}" --model "$model" --port 8000 --workdir "$work" \
     >"$out/local.txt" 2>&1 &
 local_pid=$!
-trap 'kill -INT $local_pid 2>/dev/null; wait $local_pid; tail -n 60 "$work"/*.log >"$out/engine-logs.txt" 2>&1' EXIT
+stop_local() {  # SIGTERM, as Kubernetes stops it (a background job here ignores SIGINT); bounded
+    kill -TERM $local_pid 2>/dev/null
+    timeout 60 tail --pid=$local_pid -f /dev/null || kill -KILL $local_pid 2>/dev/null
+    tail -n 60 "$work"/*.log >"$out/engine-logs.txt" 2>&1
+}
+trap stop_local EXIT
+ready=0
 for _ in $(seq 600); do   # up to 5 minutes: engines load and capture their graphs
-    grep -q "OpenAI-compatible API" "$out/local.txt" && break
+    grep -q "OpenAI-compatible API" "$out/local.txt" && { ready=1; break; }
     kill -0 $local_pid 2>/dev/null || { echo "laps local exited"; cat "$out/local.txt"; exit 1; }
     sleep 0.5
 done
 cat "$out/local.txt"
+[ $ready = 1 ] || { echo "laps local was not serving after 5 minutes"; exit 1; }
 python3 -m scripts.gpu_smoke http://127.0.0.1:8000 2>&1 | tee "$out/smoke.txt"
 smoke_rc=${PIPESTATUS[0]}
 python3 -m laps_agent.cli bench run http://127.0.0.1:8000 --workload lmsys-steady --max-requests 300 \

@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 names="pydantic pydantic-core annotated-types typing-inspection fastapi starlette opentelemetry-api uvicorn httptools gguf"
-pins=$(.venv/bin/python -m pip freeze | tr _ - | grep -iE "^($(echo "$names" | tr ' ' '|'))==")
+pins=$(.venv/bin/python -m pip freeze | tr _ - | grep -iE "^($(echo "$names" | tr ' ' '|'))==") \
+    || { echo "gpu_wheels: none of $names in .venv (run scripts/setup.sh first)" >&2; exit 1; }
 rm -rf .whl && mkdir .whl
 platforms=""
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do

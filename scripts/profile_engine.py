@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = resolve_dtype(args.dtype, args.device)
     loaded = load_model(args.model, device=args.device, dtype=dtype)
-    runner = ModelRunner(loaded, num_pages=1024, page_size=PAGE, cuda_graphs=False)
+    runner = ModelRunner(loaded, num_pages=2048, page_size=PAGE, cuda_graphs=False)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     rng = random.Random(0)
     vocab = loaded.config.vocab_size
@@ -87,17 +87,43 @@ def main() -> None:
         _sdpa_backends(args.device, dtype)
     for name, fn in cases.items():
         print(f"{name:40s} {1000 * _timed(fn, 5, sync):8.2f} ms")
-    # Serving sees a new prompt length nearly every request: a kernel library that plans per
-    # shape (cuDNN's attention) pays that planning again and again.
+    # Serving sees a new prompt length nearly every request, and a new context width nearly
+    # every eager decode step: a kernel library that plans per shape (cuDNN's attention) pays
+    # that planning again and again. The engine's eager paths leave it out; "cuDNN allowed" puts it
+    # back (at the head of the list, as torch 2.11 ranks it on Hopper) to show what that saves.
     lengths = iter(range(300, 100000, 7))
-    new_length = lambda: runner.forward(_items([prompt(next(lengths))]))  # noqa: E731
-    print(f"{'eager 1 x ~300 tokens, a new length each':40s} {1000 * _timed(new_length, 10, sync):8.2f} ms")
+    prefix = prompt(2048)
+    runner.forward(_items([prefix]))
+    prefix_pages = _items([prefix + [0] * 600])[0].pages
+
+    def new_suffix():
+        suffix = prompt(next(lengths) - 200)
+        return runner.forward([ForwardItem(suffix, len(prefix), prefix_pages)])
+
+    contexts = iter(range(100, 100000, 16))
+
+    def new_width():
+        c = next(contexts) % 3000 + 100
+        return runner.forward_decode([ForwardItem([5], c + j, list(range(300 + 200 * j, 500 + 200 * j)))
+                                      for j in range(8)])
+
+    varying = {
+        "1 x ~300 tokens, a new length each": lambda: runner.forward(_items([prompt(next(lengths))])),
+        "~100-400 tokens after a cached 2048, new each": new_suffix,
+        "decode step of 8, a new context width each": new_width,
+    }
+    for name, fn in varying.items():
+        print(f"{'eager ' + name:52s} {1000 * _timed(fn, 10, sync):8.2f} ms")
     if args.device == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        print(f"{'  the same without cuDNN attention':40s} {1000 * _timed(new_length, 10, sync):8.2f} ms")
-        for name, fn in cases.items():
-            print(f"{'  ' + name + ', no cuDNN':40s} {1000 * _timed(fn, 5, sync):8.2f} ms")
-        torch.backends.cuda.enable_cudnn_sdp(True)
+        from torch.nn.attention import SDPBackend
+
+        from laps_agent.engine.attention import EAGER_SDPA_BACKENDS
+
+        EAGER_SDPA_BACKENDS.insert(0, SDPBackend.CUDNN_ATTENTION)  # the list the runner uses
+        for name, fn in varying.items():
+            print(f"{'  ' + name + ', cuDNN allowed':52s} {1000 * _timed(fn, 10, sync):8.2f} ms")
+        EAGER_SDPA_BACKENDS.pop(0)
+        cases.update({k: v for k, v in varying.items() if k != "1 x ~300 tokens, a new length each"})
     activities = [torch.profiler.ProfilerActivity.CPU]
     if args.device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -108,7 +134,6 @@ def main() -> None:
         print(f"\n=== {name}")
         key = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=60))
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -127,8 +127,9 @@ def shared_gpu_args(device: str, engine_args: list[str], engines: int) -> tuple[
         return [], None
     total = engine_flag(engine_args, "mem_fraction")
     each = total / engines
+    where = "the CUDA device" if device == "cuda" else "one device (if CUDA)"
     return (["--mem-fraction", repr(each)],
-            f"{engines} engines share the CUDA device: each KV pool takes {each:.3g} of the free "
+            f"{engines} engines share {where}: each KV pool takes {each:.3g} of the free "
             f"device memory (--mem-fraction {total:g} / {engines})")
 
 

@@ -25,12 +25,26 @@ except Exception:  # noqa: BLE001 - any import failure means "not available"
 # flash-attn 2's paged KV cache needs pages of a multiple of 256 tokens.
 FLASH_PAGE_MULTIPLE = 256
 
-# SDPA kernels for the eager path, which meets a new (query, key) length nearly every call, as
+# SDPA kernels for the eager paths, which meet a new (query, key) length nearly every call, as
 # serving sees a new prompt length nearly every request. cuDNN's attention plans each new shape:
 # on an H100 a 300-token prefill of a new length each time took 55.6 ms with it and 16.4 ms
-# without (scripts/profile_engine.py), so the eager path goes without it. The bucket and graph
-# paths, whose shapes are fixed, keep it.
+# without (scripts/profile_engine.py), so the eager paths go without it. CUDA graphs, whose
+# shapes are fixed and planned once at capture, keep it.
 EAGER_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA with a bool mask; q [B, H, S, D], k/v [B, KVH, L, D] (grouped query heads).
+
+    On CUDA the K/V heads are repeated for their query heads first: the memory-efficient kernel
+    takes any mask but not grouped heads, flash takes no mask, so a grouped masked call would
+    fall to cuDNN (planning each shape, above) or to the math kernel (fp32 scores of [H, S, L],
+    gigabytes for a long cached prefix). CPU takes grouped heads with a mask as they are."""
+    if q.is_cuda and k.shape[1] != q.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                              attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
 def bottom_right_causal_mask(q_len: int, kv_lens: torch.Tensor, key_len: int) -> torch.Tensor:
@@ -72,9 +86,7 @@ def sdpa_paged(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     values = gather_pages(v_pool, page_table)
     if mask is None:
         mask = bottom_right_causal_mask(q.shape[1], kv_lens, keys.shape[1])
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=mask[:, None], enable_gqa=True)
+    out = masked_sdpa(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask[:, None])
     return out.transpose(1, 2)
 
 
@@ -179,7 +191,6 @@ class PackedAttention:
                 keys = gather_pages(k_pool, self.page_tables[i][None])[0, :kv_len]
                 values = gather_pages(v_pool, self.page_tables[i][None])[0, :kv_len]
                 mask = bottom_right_causal_mask(hi - lo, torch.tensor([kv_len], device=q.device), kv_len)
-                o = F.scaled_dot_product_attention(qi, keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-                                                   attn_mask=mask[:, None], enable_gqa=True)
+                o = masked_sdpa(qi, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask[:, None])
             out[lo:hi] = o[0].transpose(0, 1)
         return out

@@ -107,13 +107,13 @@ class SelfAttention(nn.Module):
         self.v_proj = Linear(config.hidden_size, kv * d, bias=bias)
         self.o_proj = Linear(h * d, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
                 layer: int, attention: AttentionFn) -> torch.Tensor:
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        out = attention(layer, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
+        out = attention(layer, apply_rope(q, cos, signed_sin), apply_rope(k, cos, signed_sin), v)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -136,8 +136,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, layer: int, attention: AttentionFn) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, attention)
+    def forward(self, x, cos, signed_sin, layer: int, attention: AttentionFn) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, signed_sin, layer, attention)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -167,9 +167,9 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         # Angles in fp32 even for half-precision models: positions in the thousands need it.
         angles = positions.float()[:, None] * self.inv_freq.float()[None, :]
-        cos, sin = rope_tables(angles, x.dtype)
+        cos, signed_sin = rope_tables(angles, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, i, attention)
+            x = layer(x, cos, signed_sin, i, attention)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -191,7 +191,8 @@ class ModelRunner:
         inputs = build_bucket_inputs(items, plan, page_size=self.page_size,
                                      scratch_page=self.scratch_page, width=width)
         inputs = BucketInputs(*(t.to(self.device) for t in vars(inputs).values()))
-        hidden = self.bucket_hidden(inputs, plan.bucket)
+        with sdpa_kernel(EAGER_SDPA_BACKENDS):  # its page-table width varies with the cached prefix
+            hidden = self.bucket_hidden(inputs, plan.bucket)
         last = torch.tensor([plan.last_index(i) for i in range(len(items))], device=self.device)
         return self.model.logits(hidden[last])
 
