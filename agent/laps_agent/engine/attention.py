@@ -40,11 +40,12 @@ def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
     takes any mask but not grouped heads, flash takes no mask, so a grouped masked call would
     fall to cuDNN (planning each shape, above) or to the math kernel (fp32 scores of [H, S, L],
     gigabytes for a long cached prefix). CPU takes grouped heads with a mask as they are."""
-    if q.is_cuda and k.shape[1] != q.shape[1]:
+    grouped = k.shape[1] != q.shape[1]
+    if grouped and q.is_cuda:
         group = q.shape[1] // k.shape[1]
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                              attn_mask=mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        k, v, grouped = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), False
+    # enable_gqa only where heads are grouped: some kernels refuse the flag itself.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
 
 
 def bottom_right_causal_mask(q_len: int, kv_lens: torch.Tensor, key_len: int) -> torch.Tensor:
