@@ -20,6 +20,7 @@ stop_local() {  # SIGTERM, as Kubernetes stops it (a background job here ignores
     kill -TERM $local_pid 2>/dev/null
     timeout 60 tail --pid=$local_pid -f /dev/null || kill -KILL $local_pid 2>/dev/null
     tail -n 60 "$work"/*.log >"$out/engine-logs.txt" 2>&1
+    grep -hE -A3 "ERROR|Traceback" "$work"/*.log | head -200 >"$out/engine-errors.txt"
 }
 trap stop_local EXIT
 ready=0
@@ -32,8 +33,16 @@ cat "$out/local.txt"
 [ $ready = 1 ] || { echo "laps local was not serving after 5 minutes"; exit 1; }
 python3 -m scripts.gpu_smoke http://127.0.0.1:8000 2>&1 | tee "$out/smoke.txt"
 smoke_rc=${PIPESTATUS[0]}
-python3 -m laps_agent.cli bench run http://127.0.0.1:8000 --workload lmsys-steady --max-requests 300 \
-    --tokenizer "$model" --no-progress --out "$work/bench" 2>&1 | tee "$out/bench-run.txt"
-bench_rc=${PIPESTATUS[0]}
+# Each run's `laps bench run` flags, '|' between runs (e.g. a heavier load, or multi-turn-chat
+# for the prefix cache): LAPS_GPU_BENCH="--workload lmsys-steady --rate-scale 8|--workload multi-turn-chat"
+IFS='|' read -ra runs <<<"${LAPS_GPU_BENCH:---workload lmsys-steady --max-requests 300}"
+bench_rc=0
+: >"$out/bench-run.txt"
+for i in "${!runs[@]}"; do
+    # shellcheck disable=SC2086  # one run's flags, split as written
+    python3 -m laps_agent.cli bench run http://127.0.0.1:8000 ${runs[$i]} --tokenizer "$model" \
+        --no-progress --out "$work/bench-$i" 2>&1 | tee -a "$out/bench-run.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || bench_rc=1
+done
 echo "smoke rc=$smoke_rc, bench rc=$bench_rc"
 exit $(( smoke_rc || bench_rc ))
