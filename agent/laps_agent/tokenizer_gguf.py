@@ -58,9 +58,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
     kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-    tokens: list[str] = metadata.get("tokenizer.ggml.tokens")
-    merges: list[str] = metadata.get("tokenizer.ggml.merges", [])
-    types: list[int] = metadata.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    tokens, merges, types = _checked_vocabulary(metadata)
     vocab = {tok: i for i, tok in enumerate(tokens)}
     bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
                      fuse_unk=False, byte_fallback=False)
@@ -71,18 +69,40 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
                 for tok, t in zip(tokens, types) if t in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
     backend.add_special_tokens(specials)
 
-    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    bos, eos, eot = (_token_id(metadata, f"tokenizer.ggml.{name}_token_id", len(tokens))
+                     for name in ("bos", "eos", "eot"))
     if bos is not None and metadata.get("tokenizer.ggml.add_bos_token", False):
-        bos_text = tokens[int(bos)]
+        bos_text = tokens[bos]
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B", special_tokens=[(bos_text, int(bos))])
-    eos = metadata.get("tokenizer.ggml.eos_token_id")
-    eos_ids = {int(eos)} if eos is not None else set()
-    eot = metadata.get("tokenizer.ggml.eot_token_id")
-    if eot is not None:
-        eos_ids.add(int(eot))
+            single=f"{bos_text} $A", pair=f"{bos_text} $A {bos_text} $B", special_tokens=[(bos_text, bos)])
+    eos_ids = {i for i in (eos, eot) if i is not None}
     return Tokenizer(
         backend, chat_template=metadata.get("tokenizer.chat_template"),
-        eos_token_ids=frozenset(eos_ids), bos_token_id=None if bos is None else int(bos),
-        bos_token=tokens[int(bos)] if bos is not None else None,
-        eos_token=tokens[int(eos)] if eos is not None else None)
+        eos_token_ids=frozenset(eos_ids), bos_token_id=bos,
+        bos_token=tokens[bos] if bos is not None else None,
+        eos_token=tokens[eos] if eos is not None else None)
+
+
+def _checked_vocabulary(metadata: Mapping[str, Any]) -> tuple[list[str], list[str], list[int]]:
+    """tokens, merges and token types, or a TokenizerError naming the key that is missing or of
+    the wrong shape (a hand-made or cut GGUF otherwise failed deep inside, as a TypeError)."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise TokenizerError("GGUF tokenizer.ggml.tokens is missing or not a list of strings")
+    merges = metadata.get("tokenizer.ggml.merges", [])
+    if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
+        raise TokenizerError("GGUF tokenizer.ggml.merges is not a list of 'left right' strings")
+    types = metadata.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise TokenizerError(f"GGUF tokenizer.ggml.token_type does not give one type for each of the "
+                             f"{len(tokens)} tokens")
+    return tokens, merges, types
+
+
+def _token_id(metadata: Mapping[str, Any], key: str, vocab_size: int) -> int | None:
+    value = metadata.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise TokenizerError(f"GGUF {key} is {value!r}, not a token id of the {vocab_size}-token vocabulary")
+    return value

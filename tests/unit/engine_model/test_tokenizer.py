@@ -91,3 +91,23 @@ def test_missing_tokenizer_files_give_clear_errors(tmp_path):
     Tokenizer(models.BPE()).save(str(no_template / "tokenizer.json"))
     with pytest.raises(ChatTemplateError, match="no chat template"):
         load_tokenizer(no_template).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.tokens": [1, 2, 3]}, "tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.merges": ["nospace"]}, "tokenizer.ggml.merges"),
+    ({"tokenizer.ggml.token_type": [1]}, "tokenizer.ggml.token_type"),
+    ({"tokenizer.ggml.bos_token_id": 10**9}, "tokenizer.ggml.bos_token_id"),
+    ({"tokenizer.ggml.eos_token_id": "2"}, "tokenizer.ggml.eos_token_id"),
+])
+def test_a_gguf_with_a_broken_vocabulary_is_a_tokenizer_error_naming_the_key(smollm2_path, change, named):
+    """A hand-made or damaged GGUF: the gateway and the engine refuse it with the key at fault,
+    not a TypeError or IndexError from deep inside (a missing token list was `len(None)`)."""
+    from laps_agent.gguf_metadata import read_gguf_metadata
+    from laps_agent.tokenizer_gguf import tokenizer_from_gguf, tokenizer_key
+
+    metadata = {**read_gguf_metadata(smollm2_path, wanted=tokenizer_key), **change}
+    metadata = {k: v for k, v in metadata.items() if v is not None}
+    with pytest.raises(TokenizerError, match=named):
+        tokenizer_from_gguf(metadata)
