@@ -20,7 +20,7 @@ stop_local() {  # SIGTERM, as Kubernetes stops it (a background job here ignores
     kill -TERM $local_pid 2>/dev/null
     timeout 60 tail --pid=$local_pid -f /dev/null || kill -KILL $local_pid 2>/dev/null
     tail -n 60 "$work"/*.log >"$out/engine-logs.txt" 2>&1
-    grep -hE -A3 "ERROR|Traceback" "$work"/*.log | head -200 >"$out/engine-errors.txt"
+    grep -hE -A3 "ERROR|Traceback" "$work"/*.log 2>/dev/null | head -200 >"$out/engine-errors.txt"
 }
 trap stop_local EXIT
 ready=0

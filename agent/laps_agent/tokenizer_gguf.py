@@ -4,6 +4,7 @@ No torch import here: the gateway counts prompt tokens with this module.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -12,6 +13,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from laps_agent.gguf_metadata import GGUFFormatError, read_gguf_metadata
 from laps_agent.tokenizer import Tokenizer, TokenizerError
+
+log = logging.getLogger(__name__)
 
 # GGUF token_type values (llama.cpp's llama_token_type).
 _GGUF_CONTROL = 3
@@ -60,8 +63,11 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
         raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
     tokens, merges, types = _checked_vocabulary(metadata)
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                     fuse_unk=False, byte_fallback=False)
+    try:
+        bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
+                         fuse_unk=False, byte_fallback=False)
+    except Exception as err:  # noqa: BLE001 - tokenizers raises its own bare Exception
+        raise TokenizerError(f"GGUF tokenizer.ggml.merges do not fit tokenizer.ggml.tokens: {err}") from None
     backend = HFTokenizer(bpe)
     backend.pre_tokenizer = _gguf_pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
     backend.decoder = decoders.ByteLevel()
@@ -69,8 +75,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> Tokenizer:
                 for tok, t in zip(tokens, types) if t in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
     backend.add_special_tokens(specials)
 
-    bos, eos, eot = (_token_id(metadata, f"tokenizer.ggml.{name}_token_id", len(tokens))
-                     for name in ("bos", "eos", "eot"))
+    bos, eos = (_token_id(metadata, f"tokenizer.ggml.{name}_token_id", len(tokens)) for name in ("bos", "eos"))
+    try:
+        eot = _token_id(metadata, "tokenizer.ggml.eot_token_id", len(tokens))
+    except TokenizerError as err:  # an extra stop token only: llama.cpp, too, warns and goes on
+        log.warning("%s: ignored", err)
+        eot = None
     if bos is not None and metadata.get("tokenizer.ggml.add_bos_token", False):
         bos_text = tokens[bos]
         backend.post_processor = processors.TemplateProcessing(

@@ -187,7 +187,7 @@ class PackedAttention:
                 # the plain causal mask is the bottom-right one.
                 keys, values = k[lo:hi].to(k_pool.dtype), v[lo:hi].to(v_pool.dtype)
                 o = F.scaled_dot_product_attention(qi, keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-                                                   is_causal=True, enable_gqa=True)
+                                                   is_causal=True, enable_gqa=keys.shape[1] != qi.shape[1])
             else:
                 keys = gather_pages(k_pool, self.page_tables[i][None])[0, :kv_len]
                 values = gather_pages(v_pool, self.page_tables[i][None])[0, :kv_len]

@@ -97,6 +97,7 @@ def test_missing_tokenizer_files_give_clear_errors(tmp_path):
     ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.tokens": [1, 2, 3]}, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.merges": ["nospace"]}, "tokenizer.ggml.merges"),
+    ({"tokenizer.ggml.merges": ["zzzq qqqz"]}, "tokenizer.ggml.merges"),  # tokens the vocabulary lacks
     ({"tokenizer.ggml.token_type": [1]}, "tokenizer.ggml.token_type"),
     ({"tokenizer.ggml.bos_token_id": 10**9}, "tokenizer.ggml.bos_token_id"),
     ({"tokenizer.ggml.eos_token_id": "2"}, "tokenizer.ggml.eos_token_id"),
@@ -111,3 +112,14 @@ def test_a_gguf_with_a_broken_vocabulary_is_a_tokenizer_error_naming_the_key(smo
     metadata = {k: v for k, v in metadata.items() if v is not None}
     with pytest.raises(TokenizerError, match=named):
         tokenizer_from_gguf(metadata)
+
+
+def test_a_gguf_with_a_bad_end_of_turn_id_still_loads(smollm2_path, caplog):
+    """eot only adds a stop token: a bad one is said and ignored, as llama.cpp does."""
+    from laps_agent.gguf_metadata import read_gguf_metadata
+    from laps_agent.tokenizer_gguf import tokenizer_from_gguf, tokenizer_key
+
+    metadata = {**read_gguf_metadata(smollm2_path, wanted=tokenizer_key), "tokenizer.ggml.eot_token_id": 10**9}
+    tok = tokenizer_from_gguf(metadata)
+    assert tok.eos_token_ids == frozenset({metadata["tokenizer.ggml.eos_token_id"]})
+    assert "eot_token_id" in caplog.text and "ignored" in caplog.text
