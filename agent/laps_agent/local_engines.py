@@ -139,15 +139,21 @@ def unknown_engine_args(engine_args: list[str], command: str = "laps local") -> 
     when every engine will take them. Checked before any engine starts or model is built: each
     would otherwise refuse them later, behind the engine's whole usage text."""
     from laps_agent.engine.cli import build_parser  # torch-free
+    from laps_agent.engine.cli_serving import check_server_flags
 
     parser = build_parser()
     parser.exit_on_error = False  # a bad value raises, rather than printing usage and exiting
     try:
-        _, unknown = parser.parse_known_args(engine_args)
+        parsed, unknown = parser.parse_known_args(engine_args)
     except argparse.ArgumentError as err:
         return f"engine flags: {err}"
-    return (f"unrecognized arguments: {' '.join(unknown)} (neither {command}'s flags nor laps engine's)"
-            if unknown else None)
+    if unknown:
+        return f"unrecognized arguments: {' '.join(unknown)} (neither {command}'s flags nor laps engine's)"
+    try:
+        check_server_flags(parsed)   # a value every engine would refuse (--kv-pages -1)
+    except ValueError as err:
+        return f"engine flags: {err}"
+    return None
 
 
 def wait_until_loaded(children: list[EngineChild], timeout: float, say: Callable[[str], None]) -> None:

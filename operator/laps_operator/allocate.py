@@ -28,7 +28,8 @@ from .allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, d
 from .apply import contains
 from .kube import Kube
 from .naming import GATEWAY_PORT, ClusterRef
-from .reconcile import cluster_ref, is_gone, label_pod, parse_cluster, prefill_pods, sync_groups
+from .observed import prefill_pods
+from .reconcile import cluster_ref, is_gone, label_pod, marked_invalid, parse_cluster, sync_groups
 from .spec import ClusterSpec, InvalidSpecError
 from .status import condition, groups_status, set_condition
 from .writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
@@ -145,6 +146,8 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     if is_gone(live, uid):
         return StepOutcome()
     try:
+        if marked_invalid(live):   # refused by the API server: its children run the spec before
+            return StepOutcome(live, reason="invalid spec")
         spec = parse_cluster(live)
     except InvalidSpecError:
         return StepOutcome(live, reason="invalid spec")
@@ -245,6 +248,8 @@ class AllocationLoop:
         if is_gone(live, self.uid):
             return None, None
         try:
+            if marked_invalid(live):   # its interval and Prometheus are not in force either
+                return OFF_RECHECK_S, None
             spec = parse_cluster(live)
         except InvalidSpecError:
             return OFF_RECHECK_S, None

@@ -12,25 +12,14 @@ that differs is merge-patched in place (a rolling update for workloads), never r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from .kube import Kube, KubeError, Ref
-
-Action = Literal["created", "patched", "unchanged", "deleted", "skipped"]
 LAST_APPLIED = "laps.io/last-applied"
 
 # Identity and server-owned parts of an object: never part of a patch.
 _IDENTITY = ("apiVersion", "kind")
 _SERVER_META = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
                 "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink")
-
-
-@dataclass(frozen=True)
-class Applied:
-    ref: Ref
-    action: Action
-    detail: str = ""
 
 
 # Maps whose values are resource quantities (container `resources`, pod `overhead`): the API
@@ -72,10 +61,28 @@ def same_quantity(a: Any, b: Any) -> bool:
 def _holds(live: dict[str, Any], key: str, desired: Any, quantities: bool = False) -> bool:
     if key not in live:
         # A real API server omits empty lists and maps (`volumes: []`) when it serialises an
-        # object; counting that as a difference would patch on every reconcile. A null asks for
-        # the key to be absent, which it is.
-        return desired == [] or desired == {} or desired is None
+        # object, and the zero value of a non-pointer `omitempty` field: "" (an env var's or a
+        # toleration's `value`), false (a mount's `readOnly`), 0. Counting that as a difference
+        # would patch on every reconcile (and the resync call it a repair). A pointer field
+        # keeps its zero (`allowPrivilegeEscalation: false`, `tolerationSeconds: 0`), so one
+        # missing live was removed and is put back. A null asks for the key to be absent.
+        if desired is None or desired == [] or desired == {}:
+            return True
+        return key in _OMITTED_WHEN_ZERO and not desired and isinstance(desired, (str, bool, int, float))
     return contains(live[key], desired, quantities=quantities or key in _QUANTITY_MAPS)
+
+
+# The non-pointer `omitempty` scalar fields (k8s.io/api core/v1 and apps/v1) the children can
+# carry at their zero value; every other scalar the server stores as written.
+_OMITTED_WHEN_ZERO = frozenset({
+    "value", "key", "operator", "effect",                        # EnvVar, Toleration
+    "readOnly", "subPath", "subPathExpr",                        # VolumeMount, volume sources
+    "medium", "hostPort", "hostIP", "nodePort", "appProtocol",   # emptyDir, ports
+    "workingDir", "stdin", "tty", "hostNetwork", "hostPID", "hostIPC",
+    "priorityClassName", "schedulerName", "serviceAccountName", "hostname", "subdomain",
+    "initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold",
+    "minReadySeconds", "revisionHistoryLimit",
+})
 
 
 def _number(value: Any) -> bool:
@@ -192,56 +199,3 @@ def _without_last_applied(manifest: dict[str, Any]) -> dict[str, Any]:
     if annotations:
         meta["annotations"] = annotations
     return {**manifest, "metadata": meta}
-
-
-def apply(kube: Kube, manifest: dict[str, Any]) -> Applied:
-    ref = Ref.of(manifest)
-    desired = with_last_applied(manifest)
-    live = kube.get(ref)
-    if live is None:
-        try:
-            kube.create(desired)
-            return Applied(ref, "created")
-        except KubeError as exc:
-            if exc.status != 409:
-                raise
-            # Someone (a previous run of ours) created it between our read and write.
-            live = kube.get(ref) or {}
-    patch = three_way_patch(last_applied_of(live), desired, live)
-    if not patch:
-        return Applied(ref, "unchanged")
-    kube.patch(ref, patch)
-    return Applied(ref, "patched", ",".join(sorted(patch)))
-
-
-def apply_all(kube: Kube, manifests: list[dict[str, Any]], optional_kinds: frozenset[str] = frozenset()
-              ) -> list[Applied]:
-    """Apply in order. Kinds in `optional_kinds` (e.g. PodMonitor) may be missing from the
-    cluster: their 404 is reported as skipped instead of failing the reconcile."""
-    results = []
-    for manifest in manifests:
-        try:
-            results.append(apply(kube, manifest))
-        except KubeError as exc:
-            if exc.status == 404 and manifest["kind"] in optional_kinds:
-                results.append(Applied(Ref.of(manifest), "skipped", f"{manifest['kind']} API not available"))
-                continue
-            raise
-    return results
-
-
-def delete_if_owned(kube: Kube, ref: Ref, owner_uid: str) -> Applied | None:
-    """Delete an object we no longer want, but only if this cluster owns it."""
-    try:
-        live = kube.get(ref)
-    except KubeError as exc:
-        if exc.status == 404:  # the kind itself is not served
-            return None
-        raise
-    if live is None:
-        return None
-    owners = (live.get("metadata") or {}).get("ownerReferences") or []
-    if not any(o.get("uid") == owner_uid for o in owners):
-        return None
-    kube.delete(ref)
-    return Applied(ref, "deleted")

@@ -31,6 +31,8 @@ PROMETHEUS_URL_PATTERN = r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$"
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED_NAME = rf"({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"  # e.g. a PriorityClass's name, at most 253
+# The chart's values.schema.json carries this one, where no code counts the name's 63 characters.
+LABEL_KEY_PATTERN = rf"^({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
 TOLERATION_KEY_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 TOLERATION_KEY_MAX_LENGTH = 253 + 1 + 63
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
@@ -97,8 +99,39 @@ def overcommittable(name: str) -> bool:
     return _native(name) and not name.startswith("hugepages-")
 
 
+# A container's standard resources (IsStandardContainerResourceName); any other name must be
+# fully qualified (nvidia.com/gpu), else the API server refuses the workload.
+STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+# What an env var's name may be on Kubernetes 1.32 and later (RelaxedEnvironmentVariableValidation,
+# on by default): printable ASCII but '='. An older server's stricter rule (a C identifier, '-'
+# and '.' allowed) is left to it: the operator's dry run reports its refusal with nothing changed.
+ENV_NAME_PATTERN = r"^[ -<>-~]+$"
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why the API server would refuse `name` as a container resource, or None."""
+    if name in STANDARD_CONTAINER_RESOURCES or (name.startswith("hugepages-") and name != "hugepages-"):
+        return None
+    if "/" not in name:
+        return (f"{name!r} is not a container resource: cpu, memory, ephemeral-storage, hugepages-<size>, "
+                "or a fully qualified name such as nvidia.com/gpu")
+    if problem := qualified_name_problem(name):
+        return problem
+    return None
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a current API server would refuse `name` as an env var's name, or None."""
+    if not re.fullmatch(ENV_NAME_PATTERN, name):
+        return f"{name!r} is not an environment variable name (printable ASCII characters other than '=')"
+    return None
+
+
 def resource_problem(name: str, value: int | str) -> str | None:
-    """Why `value` is no valid quantity of the container resource `name`, or None."""
+    """Why `value` is no valid quantity of the container resource `name` (or `name` no resource),
+    or None."""
+    if problem := resource_name_problem(name):
+        return problem
     if problem := quantity_problem(value):
         return problem
     if not _native(name) and quantity(value) != quantity(value).to_integral_value():

@@ -18,6 +18,7 @@ PLURALS: dict[str, tuple[str, bool]] = {
     "Service": ("services", True),
     "ServiceAccount": ("serviceaccounts", True),
     "Pod": ("pods", True),
+    "Event": ("events", True),
     "Role": ("roles", True),
     "RoleBinding": ("rolebindings", True),
     "StatefulSet": ("statefulsets", True),
@@ -89,20 +90,31 @@ class Kube:
                 return None
             raise
 
-    def list(self, ref: Ref, label_selector: dict[str, str] | None = None) -> list[dict[str, Any]]:
-        query = {"labelSelector": ",".join(f"{k}={v}" for k, v in label_selector.items())} if label_selector else None
-        items = (self.request("GET", ref.path(), query=query) or {}).get("items") or []
-        # Filter here too: a server (or emulator) that ignores the selector must not widen it.
+    def list(self, ref: Ref, label_selector: dict[str, str] | None = None,
+             field_selector: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Objects of a collection; `field_selector`: dotted field paths to values (Events:
+        `involvedObject.name`...)."""
+        query: dict[str, str] = {}
+        if label_selector:
+            query["labelSelector"] = ",".join(f"{k}={v}" for k, v in label_selector.items())
+        if field_selector:
+            query["fieldSelector"] = ",".join(f"{k}={v}" for k, v in field_selector.items())
+        items = (self.request("GET", ref.path(), query=query or None) or {}).get("items") or []
+        # Filter here too: a server (or emulator) that ignores a selector must not widen it.
         if label_selector:
             items = [i for i in items if _has_labels(i, label_selector)]
+        if field_selector:
+            items = [i for i in items if all(_field(i, k) == v for k, v in field_selector.items())]
         return items
 
-    def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
-        return self.request("POST", Ref.of(manifest).collection().path(), manifest)
+    def create(self, manifest: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
+        """`dry_run`: validated and admitted (webhooks included) as a write, never stored."""
+        return self.request("POST", Ref.of(manifest).collection().path(), manifest, query=_dry(dry_run))
 
-    def patch(self, ref: Ref, patch: dict[str, Any], *, subresource: str = "") -> dict[str, Any] | None:
+    def patch(self, ref: Ref, patch: dict[str, Any], *, subresource: str = "",
+              dry_run: bool = False) -> dict[str, Any] | None:
         path = ref.path() + (f"/{subresource}" if subresource else "")
-        return self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+        return self.request("PATCH", path, patch, content_type=MERGE_PATCH, query=_dry(dry_run))
 
     def delete(self, ref: Ref) -> bool:
         try:
@@ -114,9 +126,19 @@ class Kube:
             raise
 
 
+def _dry(dry_run: bool) -> dict[str, str] | None:
+    return {"dryRun": "All"} if dry_run else None
+
+
 def _has_labels(obj: dict[str, Any], selector: dict[str, str]) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    for key in path.split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return "" if obj is None else str(obj)
 
 
 def _message(raw: bytes) -> str:

@@ -22,7 +22,7 @@ from .allocate import AllocationLoop
 from .groups import GroupPlan
 from .kube import Kube, KubeError
 from .naming import CLUSTER_LABEL, MANAGER, ROLE_LABEL
-from .reconcile import cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
+from .reconcile import Outcome, cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
 from .spec import GROUP, PLURAL, VERSION
 from .workers import ClusterLoops, Ticker
 
@@ -122,7 +122,8 @@ def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, 
         metrics.RECONCILES.labels(result="invalid").inc()
         kopf.event(live, type="Warning", reason="InvalidSpec", message=outcome.invalid)
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
-    metrics.RECONCILES.labels(result="ok").inc()
+    metrics.RECONCILES.labels(result="error" if outcome.refused else "ok").inc()
+    _report_refused(namespace, name, outcome)
     for action, reason in (("created", "Created"), ("patched", "Updated"), ("deleted", "Deleted")):
         names = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action == action]
         if names:
@@ -165,6 +166,7 @@ def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: An
         LOOPS.stop(namespace, name, uid)
         metrics.forget_cluster(namespace, name, uid)
         writers.forget(namespace, name)
+        _REFUSALS.pop((namespace, name), None)
         return
     kube: Kube = memo.kube
     if LOOPS.ensure(namespace, name, uid, lambda: {
@@ -189,11 +191,13 @@ def _resync(kube: Kube, namespace: str, name: str, uid: str) -> float | None:
         return None   # deleted meanwhile: no Event about it either
     if outcome.phase == "Invalid" and outcome.previous_phase == "Invalid" and not outcome.applied:
         return RESYNC_SECONDS   # reported when the spec changed; nothing to repair until it changes again
-    metrics.RECONCILES.labels(result="invalid" if outcome.invalid else "ok").inc()
+    metrics.RECONCILES.labels(result="invalid" if outcome.invalid else "error" if outcome.refused else "ok").inc()
+    _report_refused(namespace, name, outcome)
     changed = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action in ("created", "patched")]
     meta, status = outcome.cluster["metadata"], outcome.cluster.get("status") or {}
-    if changed and meta.get("generation") != status.get("observedGeneration"):
-        # A spec change the update handler has not reached yet: the resync applied it first.
+    if changed and (meta.get("generation") != status.get("observedGeneration") or outcome.previous_phase == "Invalid"):
+        # A spec change the update handler has not reached yet, or one the API server refused
+        # before (an admission policy since relaxed): the resync applied it.
         kopf.event(outcome.cluster, type="Normal", reason="Updated",
                    message=f"applied generation {meta.get('generation')}: " + ", ".join(changed))
     elif changed:
@@ -201,6 +205,21 @@ def _resync(kube: Kube, namespace: str, name: str, uid: str) -> float | None:
         log.info("resync of %s/%s restored %s", namespace, name, ", ".join(changed))
     _report_groups(outcome.cluster, outcome.plan)
     return RESYNC_SECONDS
+
+
+# The last refused repair said per cluster: a Warning Event when it is new, not every resync.
+_REFUSALS: dict[tuple[str, str], str] = {}
+
+
+def _report_refused(namespace: str, name: str, outcome: Outcome) -> None:
+    key = (namespace, name)
+    if outcome.refused is None:
+        _REFUSALS.pop(key, None)
+        return
+    log.warning("%s/%s: %s", namespace, name, outcome.refused)
+    if _REFUSALS.get(key) != outcome.refused and outcome.cluster is not None:
+        _REFUSALS[key] = outcome.refused
+        kopf.event(outcome.cluster, type="Warning", reason="RepairRefused", message=outcome.refused)
 
 
 def _status_tick(kube: Kube, namespace: str, name: str, uid: str) -> Callable[[], float | None]:

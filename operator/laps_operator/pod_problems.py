@@ -4,11 +4,13 @@ The Ready condition carries this so that `kubectl describe lapscluster` names th
 failures of GPU serving: no node with a free GPU (Unschedulable), a wrong image or pull secret
 (ImagePullBackOff), an engine that crashes (CrashLoopBackOff, with its last exit: OOMKilled...),
 a missing Secret or ConfigMap key (CreateContainerConfigError), and pods the workload cannot
-create at all (a Deployment's ReplicaFailure: quota, Pod Security). The shapes read are the
-API's (core/v1 PodStatus, apps/v1 DeploymentCondition).
+create at all (quota, Pod Security, a missing PriorityClass: a Deployment's ReplicaFailure, a
+StatefulSet's FailedCreate Event). The shapes read are the API's (core/v1 PodStatus and Event,
+apps/v1 DeploymentCondition).
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -101,19 +103,63 @@ def _replica_failure(workload: Mapping[str, Any] | None) -> str:
     return _short(f"{failure.get('reason') or 'ReplicaFailure'}: {failure.get('message') or ''}")
 
 
+def _event_time(event: Mapping[str, Any]) -> str:
+    # core/v1 Events carry lastTimestamp; those written through events.k8s.io carry eventTime
+    # and series. Seconds only: "…05.123456Z" and "…05Z" must compare by time, not by text.
+    said = ((event.get("series") or {}).get("lastObservedTime") or event.get("lastTimestamp")
+            or event.get("eventTime") or event.get("firstTimestamp")
+            or (event.get("metadata") or {}).get("creationTimestamp") or "")
+    return str(said)[:19]
+
+
+def creation_failure(events: Iterable[Mapping[str, Any]], uid: str | None) -> str:
+    """Why a StatefulSet cannot create its pods (a ResourceQuota, Pod Security admission, a
+    PriorityClass that does not exist): its controller says so only in a FailedCreate Event,
+    where a Deployment has ReplicaFailure. The newest such Event of the workload with this `uid`
+    (a deleted namesake's Events outlive it by an hour), in the API server's words; "" if none."""
+    events = [e for e in events if not uid or (e.get("involvedObject") or {}).get("uid") == uid]
+    # A pod created since its refusal (the quota raised, then the pod deleted again) makes
+    # that refusal history; the controller refreshes the Event of one that still fails.
+    created: dict[str, str] = {}
+    for event in events:
+        if event.get("reason") == "SuccessfulCreate" and (pod := _created_pod(event)):
+            created[pod] = max(created.get(pod, ""), _event_time(event))
+    failed = [e for e in events if e.get("reason") == "FailedCreate"
+              and _event_time(e) >= created.get(_created_pod(e), "")]
+    if not failed:
+        return ""
+    message = str(max(failed, key=_event_time).get("message") or "")
+    # "create Pod x-prefill-0 in StatefulSet x-prefill failed error: pods "x-prefill-0" is
+    # forbidden: exceeded quota: ...": the refusal is what is worth the condition's room.
+    return _short(f"FailedCreate: {message.split(' failed error: ', 1)[-1]}")
+
+
+def _created_pod(event: Mapping[str, Any]) -> str:
+    # The StatefulSet controller's words: "create Pod x-prefill-1 in StatefulSet x-prefill ...".
+    found = re.match(r"create Pod (\S+) in ", str(event.get("message") or ""))
+    return found.group(1) if found else ""
+
+
 def _finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
 
 
 def role_problems(pods: Iterable[Mapping[str, Any]], workload: Mapping[str, Any] | None = None,
-                  kind: str = "", want: int | None = None) -> str:
+                  kind: str = "", want: int | None = None, events: Iterable[Mapping[str, Any]] = ()) -> str:
     """Why a role's pods are not ready, in a few words: pods with the same reason and detail
     counted together ("2 pods ImagePullBackOff: ..."), problems before routine start-up, at
     most MAX_FACTS facts. "" when there is nothing to say. `kind`: the workload's kind; `want`:
-    its replicas."""
-    facts = [failure] if (failure := _replica_failure(workload)) else []
+    its replicas; `events`: the workload's Events (read for a StatefulSet short of pods)."""
     pods = list(pods)
-    if want is not None and sum(not _finished(pod) for pod in pods) >= want:
+    live = sum(not _finished(pod) for pod in pods)
+    failure = _replica_failure(workload)
+    if not failure and want is not None and live < want:
+        # Only while pods are missing: once they all exist (the quota raised), an old refusal
+        # is history. The prefill StatefulSet creates its pods in parallel, so a missing one is
+        # one it could not create, or one it is creating right now.
+        failure = creation_failure(events, ((workload or {}).get("metadata") or {}).get("uid"))
+    facts = [failure] if failure else []
+    if want is not None and live >= want:
         # A ReplicaSet never deletes a pod that ended (evicted, its node shut down): it lingers,
         # replaced, until pod GC. Once its replacements are all there it is history, not why.
         pods = [pod for pod in pods if not _finished(pod)]

@@ -9,14 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import metrics
-from .apply import Applied, apply_all, contains, delete_if_owned
+from .apply import contains
+from .apply_writes import Applied, ChildRefused, apply_all, delete_if_owned
 from .builders import build_children, optional_children
-from .groups import GroupPlan, PodView, plan_groups
+from .groups import GroupPlan, plan_groups
 from .kube import Kube, Ref
-from .naming import CLUSTER_LABEL, GROUP_LABEL, GROUPS, ROLE_LABEL, ClusterRef, cluster_name_problem, role_selector
+from .naming import GROUP_LABEL, GROUPS, ClusterRef, cluster_name_problem
 from .network_policy import network_policy_refs
+from .observed import pods_by_role, prefill_pods, workload_events
 from .spec import ClusterSpec, InvalidSpecError, parse_spec
-from .status import groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
+from .status import (CHILD_REFUSED, INVALID_SPEC, condition, groups_status, invalid_status, now_rfc3339,
+                     reconciled_status, workload_readiness)
 from .writers import cluster_lock, cr_ref, retry_on_conflict
 from .writers import forget as forget_writers
 from .writers import patch_status as _patch_status
@@ -32,6 +35,7 @@ class Outcome:
     phase: str = ""
     previous_phase: str = ""
     invalid: str | None = None
+    refused: str | None = None         # a repair of the applied generation the API server refused
     gone: bool = False                 # the cluster no longer exists (or is being deleted)
     cluster: dict[str, Any] | None = None   # the live object it reconciled (for Events)
 
@@ -82,7 +86,7 @@ def _reconcile_live(kube: Kube, namespace: str, name: str, skip_invalid: bool, u
     live = kube.get(cr_ref(namespace, name))
     if is_gone(live, uid):
         return Outcome(gone=True)
-    if skip_invalid and (live.get("status") or {}).get("phase") == "Invalid":
+    if skip_invalid and marked_invalid(live) and not _refused_by_the_server(live):
         return Outcome(phase="Invalid", previous_phase="Invalid", cluster=live)
     outcome = _reconcile(kube, live)
     outcome.cluster = live
@@ -98,14 +102,24 @@ def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
         spec = parse_cluster(body)
     except InvalidSpecError as exc:
         # Nothing is created or changed for a spec we cannot fully honour.
-        status = invalid_status(old_status, generation=generation, message=str(exc), now=now_rfc3339())
-        if not contains(old_status, _without_times(status)):
-            patch_status(kube, ref, status, body["metadata"].get("resourceVersion"))
+        _mark_invalid(kube, ref, body, str(exc))
         outcome.invalid, outcome.phase = str(exc), "Invalid"
         return outcome
 
-    outcome.applied = apply_all(kube, build_children(ref, spec, own_namespace()),
-                                optional_kinds=frozenset({"PodMonitor"}))
+    try:
+        outcome.applied = apply_all(kube, build_children(ref, spec, own_namespace()),
+                                    optional_kinds=frozenset({"PodMonitor"}))
+    except ChildRefused as exc:
+        if _applied(old_status, generation):
+            # The children already run this generation: a repair (or an operator upgrade's new
+            # rendering) was refused, not the spec. They go on serving as they are; say so.
+            outcome.refused = str(exc)
+        else:
+            # A spec problem our checks missed (or an admission policy's): said as an invalid
+            # spec, and tried again each resync (a policy may be relaxed), not at once.
+            _mark_invalid(kube, ref, body, str(exc), reason=CHILD_REFUSED)
+            outcome.invalid, outcome.phase = str(exc), "Invalid"
+            return outcome
     for api_version, kind, name in optional_children(ref, spec):
         removed = delete_if_owned(kube, Ref(api_version, kind, ref.namespace, name), ref.uid)
         if removed:
@@ -116,24 +130,30 @@ def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
     return outcome
 
 
-def prefill_pods(kube: Kube, ref: ClusterRef) -> list[PodView]:
-    pods = kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "prefill"))
-    return [
-        PodView(
-            name=p["metadata"]["name"],
-            group_label=(p["metadata"].get("labels") or {}).get(GROUP_LABEL),
-            terminating=bool(p["metadata"].get("deletionTimestamp")),
-        )
-        for p in pods
-    ]
+def _applied(status: dict[str, Any], generation: int | None) -> bool:
+    return status.get("observedGeneration") == generation and status.get("phase") not in (None, "", "Invalid")
 
 
-def pods_by_role(kube: Kube, ref: ClusterRef) -> dict[str, list[dict[str, Any]]]:
-    """Every pod of the cluster, in one list call, by its role label."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for pod in kube.list(Ref("v1", "Pod", ref.namespace), {CLUSTER_LABEL: ref.name}):
-        out.setdefault((pod["metadata"].get("labels") or {}).get(ROLE_LABEL) or "", []).append(pod)
-    return out
+def marked_invalid(live: dict[str, Any]) -> bool:
+    """Whether status says this very generation is invalid, to the operator's checks or the API
+    server's: the children still run the last valid one, which only the cluster's reconcile may
+    replace, so the group sync and the allocation loop leave this spec alone."""
+    status = live.get("status") or {}
+    return status.get("phase") == "Invalid" and status.get("observedGeneration") == live["metadata"].get("generation")
+
+
+def _refused_by_the_server(live: dict[str, Any]) -> bool:
+    invalid = condition((live.get("status") or {}).get("conditions"), INVALID_SPEC)
+    return bool(invalid and invalid.get("reason") == CHILD_REFUSED)
+
+
+def _mark_invalid(kube: Kube, ref: ClusterRef, body: dict[str, Any], message: str,
+                  reason: str = INVALID_SPEC) -> None:
+    old_status = body.get("status") or {}
+    status = invalid_status(old_status, generation=body["metadata"].get("generation"), message=message,
+                            now=now_rfc3339(), reason=reason)
+    if not contains(old_status, _without_times(status)):
+        patch_status(kube, ref, status, body["metadata"].get("resourceVersion"))
 
 
 def label_pod(kube: Kube, namespace: str, pod: str, group: str) -> None:
@@ -184,8 +204,11 @@ def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation
         gateway = kube.get(Ref("apps/v1", "Deployment", ns, ref.gateway))
         readiness = workload_readiness(spec, prefill, decode, gateway)
         if not readiness.ready or readiness.rollout:
-            # Say why from the pods; a cluster that is ready and rolled out lists none.
-            readiness = workload_readiness(spec, prefill, decode, gateway, pods_by_role(kube, ref))
+            # Say why from the pods; a cluster that is ready and rolled out lists none. A
+            # StatefulSet short of pods says why only in its Events (a Deployment: in status).
+            short = prefill is not None and ((prefill.get("status") or {}).get("replicas") or 0) < spec.prefill.replicas
+            events = {"prefill": workload_events(kube, prefill)} if short else None
+            readiness = workload_readiness(spec, prefill, decode, gateway, pods_by_role(kube, ref), events)
 
         def write() -> str:
             live = kube.get(cr_ref(ns, ref.name))
@@ -203,9 +226,12 @@ def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation
 def _live_valid(kube: Kube, namespace: str, name: str, uid: str | None = None
                 ) -> tuple[dict[str, Any], ClusterSpec] | None:
     """The live cluster and its parsed spec; None when it is gone (or, with `uid`, another of
-    its name) or its spec is invalid."""
+    its name) or its spec is invalid: to the parser, or to the API server (the Invalid phase of
+    this very generation, which only the cluster's reconcile may clear)."""
     live = kube.get(cr_ref(namespace, name))
     if is_gone(live, uid):
+        return None
+    if marked_invalid(live):
         return None
     try:
         return live, parse_cluster(live)
@@ -234,8 +260,10 @@ def sync_groups_of(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any
         if is_gone(live):
             return None
         try:
-            spec = parse_cluster(live)
+            spec = None if marked_invalid(live) else parse_cluster(live)
         except InvalidSpecError:
+            spec = None
+        if spec is None:
             _restore_recorded_groups(kube, cluster_ref(live), (live.get("status") or {}).get("groups") or {})
             return None
         plan = sync_groups(kube, cluster_ref(live), spec)

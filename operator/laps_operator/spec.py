@@ -23,16 +23,9 @@ from pydantic import (
 from .formats import url_problem
 from .gpus import gpu_count_problem
 from .spec_network import NetworkPolicySpec
-from .spec_pods import (
-    AnnotationMap,
-    EngineSpec,
-    LocalObjectReference,
-    ModelSpec,
-    PlacementSpec,
-    PoolSpec,
-    ResourcesSpec,
-    SpecModel as _Model,
-)
+from .spec_placement import AnnotationMap
+from .spec_placement import SpecModel as _Model
+from .spec_pods import EngineSpec, LocalObjectReference, ModelSpec, PlacementSpec, PoolSpec, ResourcesSpec
 
 GROUP = "laps.io"
 VERSION = "v1alpha1"

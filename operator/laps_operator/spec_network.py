@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from .spec_pods import LabelSelector, SpecModel
+from .spec_placement import LabelSelector, SpecModel
 
 
 def _cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

@@ -1,46 +1,33 @@
 """The sections of a LAPSCluster's spec that say what its pods run and where: the model, the
 engine (image, backend), each pool's size and resources, and the placement (nodeSelector,
-tolerations, affinity, priority, topology spread) and pod labels and annotations that the pools
-and the gateway share. spec.py assembles them with the LAPS knobs into ClusterSpec; the same
+tolerations, affinity, priority, topology spread: their parts in spec_placement.py) and pod
+labels and annotations that the pools and the gateway share. spec.py assembles them with the LAPS knobs into ClusterSpec; the same
 camelCase aliases and strictness apply.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
 
-from .formats import (
-    DNS_SUBDOMAIN_PATTERN,
-    LABEL_VALUE_MAX_LENGTH,
-    LABEL_VALUE_PATTERN,
-    TOLERATION_KEY_MAX_LENGTH,
-    TOLERATION_KEY_PATTERN,
-    annotations_problem,
-    label_value_problem,
-    qualified_name_problem,
-    requests_over_limits,
-    resource_problem,
-)
-from .naming import role_selector
+from .formats import DNS_SUBDOMAIN_PATTERN, env_name_problem, requests_over_limits, resource_problem
+from .spec_placement import AnnotationMap, Affinity, LabelMap, SpecModel, Toleration, TopologySpreadConstraint
 
 Quantity = int | str  # as the CRD: x-kubernetes-int-or-string
 
 
-class SpecModel(BaseModel):
-    # camelCase in the CR, snake_case in Python; unknown keys are typos worth reporting.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-# Kubernetes' VolumeSource fields (core/v1 Volume but `name`), as of 1.37.
-VOLUME_SOURCES = frozenset({
-    "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "configMap", "csi",
-    "downwardAPI", "emptyDir", "ephemeral", "fc", "flexVolume", "flocker", "gcePersistentDisk",
-    "gitRepo", "glusterfs", "hostPath", "image", "iscsi", "nfs", "persistentVolumeClaim",
-    "photonPersistentDisk", "portworxVolume", "projected", "quobyte", "rbd", "scaleIO", "secret",
-    "storageos", "vsphereVolume",
-})
+# Kubernetes' VolumeSource fields (core/v1 Volume but `name`), as of 1.37, each with the fields
+# its schema requires (a PVC without claimName is refused on every write of the workload).
+VOLUME_SOURCES: dict[str, tuple[str, ...]] = {
+    "awsElasticBlockStore": ("volumeID",), "azureDisk": ("diskName", "diskURI"),
+    "azureFile": ("secretName", "shareName"), "cephfs": ("monitors",), "cinder": ("volumeID",),
+    "configMap": (), "csi": ("driver",), "downwardAPI": (), "emptyDir": (), "ephemeral": (), "fc": (),
+    "flexVolume": ("driver",), "flocker": (), "gcePersistentDisk": ("pdName",), "gitRepo": ("repository",),
+    "glusterfs": ("endpoints", "path"), "hostPath": ("path",), "image": (), "iscsi": ("targetPortal", "iqn", "lun"),
+    "nfs": ("server", "path"), "persistentVolumeClaim": ("claimName",), "photonPersistentDisk": ("pdID",),
+    "portworxVolume": ("volumeID",), "projected": (), "quobyte": ("registry", "volume"), "rbd": ("monitors", "image"),
+    "scaleIO": ("gateway", "system", "secretRef"), "secret": (), "storageos": (), "vsphereVolume": ("volumePath",),
+}
 
 
 class ModelSpec(SpecModel):
@@ -58,14 +45,23 @@ class ModelSpec(SpecModel):
         if volume is None:
             return None
         sources = [key for key in volume if key != "name"]
-        if unknown := sorted(set(sources) - VOLUME_SOURCES):
+        if unknown := sorted(set(sources) - set(VOLUME_SOURCES)):
             raise ValueError(f"{', '.join(unknown)}: not a Kubernetes volume source "
                              "(persistentVolumeClaim, nfs, csi, hostPath, ...)")
         if len(sources) != 1:
             raise ValueError("needs exactly one volume source, e.g. persistentVolumeClaim: {claimName: models}")
         if not isinstance(volume[sources[0]], dict):
             raise ValueError(f"{sources[0]} must be an object")
+        if missing := [f for f in VOLUME_SOURCES[sources[0]] if volume[sources[0]].get(f) in (None, "", [])]:
+            raise ValueError(f"{sources[0]} needs {', '.join(missing)}")
         return volume
+
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"{path!r}: must be an absolute path, such as /models")
+        return path
 
     @property
     def served(self) -> str:
@@ -91,12 +87,24 @@ class EngineSpec(SpecModel):
     extra_args: tuple[str, ...] = ()
     env: tuple[dict[str, Any], ...] = ()
 
+    @field_validator("image")
+    @classmethod
+    def _no_spaces(cls, image: str) -> str:
+        # The API server refuses whitespace at the ends (a template's slip), the runtime inside.
+        if len(image.split()) != 1 or image.strip() != image:
+            raise ValueError(f"{image!r}: an image reference has no spaces")
+        return image
+
     @field_validator("env")
     @classmethod
     def _env_has_names(cls, env: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
         for item in env:
             if not isinstance(item.get("name"), str) or not item["name"]:
                 raise ValueError("every env entry needs a non-empty 'name'")
+            if problem := env_name_problem(item["name"]):
+                raise ValueError(problem)
+            if item.get("value") not in (None, "") and item.get("valueFrom") is not None:
+                raise ValueError(f"{item['name']}: takes 'value' or 'valueFrom', not both")
         return env
 
 
@@ -116,6 +124,9 @@ class ResourcesSpec(SpecModel):
     def _requests_within_limits(self) -> ResourcesSpec:
         if problem := requests_over_limits(self.requests, self.limits):
             raise ValueError(problem)
+        names = {*self.requests, *self.limits}
+        if any(n.startswith("hugepages-") for n in names) and not names & {"cpu", "memory"}:
+            raise ValueError("hugepages need a cpu or memory request or limit beside them (a Kubernetes rule)")
         return self
 
 
@@ -124,154 +135,10 @@ class LocalObjectReference(SpecModel):
     name: str = Field(min_length=1)
 
 
-class Toleration(SpecModel):
-    """Kubernetes' Toleration, its fields only (a typo such as `kee` is refused, not passed on for
-    the API server to refuse every write of the workload) and its rules."""
-    key: str | None = Field(default=None, max_length=TOLERATION_KEY_MAX_LENGTH, pattern=TOLERATION_KEY_PATTERN)
-    operator: Literal["Exists", "Equal"] | None = None  # unset: Equal
-    value: str | None = Field(default=None, max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE_PATTERN)
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None  # unset: every effect
-    toleration_seconds: int | None = None
-
-    @field_validator("key")
-    @classmethod
-    def _name_part(cls, key: str | None) -> str | None:
-        # The pattern cannot count the part after the prefix, a label name of at most 63.
-        if key and len(key.rpartition("/")[2]) > 63:
-            raise ValueError("the name after the prefix may have at most 63 characters")
-        return key
-
-    @model_validator(mode="after")
-    def _kubernetes_rules(self) -> Toleration:
-        # The API server's own (ValidateTolerations).
-        if not self.key and self.operator != "Exists":
-            raise ValueError("a toleration without a key needs operator Exists (it then tolerates every taint)")
-        if self.operator == "Exists" and self.value:
-            raise ValueError("operator Exists takes no value")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds needs effect NoExecute (only NoExecute taints evict)")
-        return self
-
-
-class LabelSelectorRequirement(SpecModel):
-    key: str = Field(min_length=1)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: tuple[str, ...] | None = None
-
-    @model_validator(mode="after")
-    def _values_fit_operator(self) -> LabelSelectorRequirement:
-        # The API server's own rule (ValidateLabelSelectorRequirement).
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs values")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        return self
-
-
-class LabelSelector(SpecModel):
-    """Kubernetes' LabelSelector, these keys only: the API server drops a misspelt one
-    (`matchLable`), which leaves {}, a selector of everything."""
-    match_labels: dict[str, str] | None = None
-    match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
-
-
-class PodAffinityTerm(SpecModel):
-    # Its selectors are checked (see LabelSelector); topologyKey, namespaces and the rest pass
-    # through as written.
-    model_config = ConfigDict(extra="allow")
-    label_selector: LabelSelector | None = None
-    namespace_selector: LabelSelector | None = None
-
-
-class WeightedPodAffinityTerm(SpecModel):
-    model_config = ConfigDict(extra="allow")  # weight
-    pod_affinity_term: PodAffinityTerm | None = None
-
-
-class NodeAffinity(SpecModel):
-    # Checked down to the scheduling terms, where a misspelt key is likeliest; the node terms
-    # (NodeSelector, PreferredSchedulingTerm) pass through as written.
-    required_during_scheduling_ignored_during_execution: dict[str, Any] | None = None
-    preferred_during_scheduling_ignored_during_execution: tuple[dict[str, Any], ...] | None = None
-
-
-class PodAffinity(SpecModel):
-    required_during_scheduling_ignored_during_execution: tuple[PodAffinityTerm, ...] | None = None
-    preferred_during_scheduling_ignored_during_execution: tuple[WeightedPodAffinityTerm, ...] | None = None
-
-
-class Affinity(SpecModel):
-    # Kubernetes' Affinity, these keys only: a misspelt one is an InvalidSpec naming it, not a
-    # workload the API server refuses on every write.
-    node_affinity: NodeAffinity | None = None
-    pod_affinity: PodAffinity | None = None
-    pod_anti_affinity: PodAffinity | None = None
-
-
-class TopologySpreadConstraint(SpecModel):
-    """Kubernetes' TopologySpreadConstraint, its fields only and the API server's rules. Left out,
-    labelSelector is the role's own pods (in_pod)."""
-    max_skew: int = Field(ge=1, le=2**31 - 1)
-    topology_key: str = Field(min_length=1)
-    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
-    label_selector: LabelSelector | None = None
-    min_domains: int | None = Field(default=None, ge=1, le=2**31 - 1)
-    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
-    node_taints_policy: Literal["Honor", "Ignore"] | None = None
-    match_label_keys: tuple[str, ...] | None = None
-
-    def in_pod(self, own_pods: dict[str, str]) -> dict[str, Any]:
-        """As the role's pods carry it. Without a labelSelector Kubernetes would count no pod and
-        the constraint would spread nothing: it counts `own_pods`, the role's selector, instead."""
-        return {"labelSelector": {"matchLabels": dict(own_pods)},
-                **self.model_dump(mode="json", by_alias=True, exclude_none=True)}
-
-    @model_validator(mode="after")
-    def _kubernetes_rules(self) -> TopologySpreadConstraint:
-        for key in (self.topology_key, *(self.match_label_keys or ())):
-            if problem := qualified_name_problem(key):
-                raise ValueError(problem)
-        if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
-            raise ValueError("minDomains needs whenUnsatisfiable DoNotSchedule")
-        # The API server refuses a matchLabelKeys key that the selector the pods get holds too
-        # (the workload, or since 1.34 each pod as it is created). Its keys, not its values,
-        # matter here: the role selector's are the same for every cluster and role.
-        selector = self.in_pod(role_selector("", ""))["labelSelector"]
-        keys = {*selector.get("matchLabels", {}), *(e["key"] for e in selector.get("matchExpressions", ()))}
-        for key in self.match_label_keys or ():
-            if key in keys:
-                given = "" if self.label_selector else f" (left out: the role's own pods, {', '.join(sorted(keys))})"
-                raise ValueError(f"matchLabelKeys: {key} is also a key of labelSelector{given}, which Kubernetes "
-                                 "refuses (matchLabelKeys adds the pod's own value of it): name it in one only")
-        return self
-
-
-def _labels(labels: dict[str, str]) -> dict[str, str]:
-    # Keys and values the API server accepts: a bad one would get every write of the workload
-    # refused, instead of an InvalidSpec naming it.
-    for key, value in labels.items():
-        if problem := qualified_name_problem(key):
-            raise ValueError(problem)
-        if problem := label_value_problem(value):
-            raise ValueError(f"{key}: {problem}")
-    return labels
-
-
-def _annotations(annotations: dict[str, str]) -> dict[str, str]:
-    if problem := annotations_problem(annotations):
-        raise ValueError(problem)
-    return annotations
-
-
-# A pod's labels; a pod's or a Service's annotations (keys checked by rules of their own).
-LabelMap = Annotated[dict[str, str], AfterValidator(_labels)]
-AnnotationMap = Annotated[dict[str, str], AfterValidator(_annotations)]
-
-
 class PlacementSpec(SpecModel):
     """Where a role's pods may run and what they carry, as in a pod spec: the engine pools and the
     gateway. Pod labels and annotations the operator sets are refused in overrides.py."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: LabelMap = Field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
     affinity: Affinity | None = None
     priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)

@@ -10,6 +10,7 @@ from .pod_problems import role_problems
 from .spec import ClusterSpec
 
 READY, PROGRESSING, INVALID_SPEC = "Ready", "Progressing", "InvalidSpec"
+CHILD_REFUSED = "ChildRefused"   # the InvalidSpec reason when the API server refuses a child
 
 
 def now_rfc3339() -> str:
@@ -64,17 +65,18 @@ def _rolling(name: str, obj: Mapping[str, Any], want: int) -> str | None:
 
 
 def workload_readiness(spec: ClusterSpec, prefill: Mapping | None, decode: Mapping | None,
-                       gateway: Mapping | None, pods: Mapping[str, Sequence[Mapping]] | None = None) -> Readiness:
+                       gateway: Mapping | None, pods: Mapping[str, Sequence[Mapping]] | None = None,
+                       events: Mapping[str, Sequence[Mapping]] | None = None) -> Readiness:
     """Ready when every workload has as many ready replicas as the spec asks for; the rollout
     is done when, besides, every replica runs the workload's current template. `pods`: each
     role's pods, when known: a role not ready or still rolling out says why in brackets
-    (pod_problems.role_problems)."""
+    (pod_problems.role_problems); `events`: a role's workload Events, where read."""
     wanted = [("prefill", prefill, spec.prefill.replicas, "StatefulSet"),
               ("decode", decode, spec.decode.replicas, "Deployment"),
               ("gateway", gateway, spec.gateway.replicas, "Deployment")]
 
     def why(name: str, obj: Mapping | None, kind: str, want: int) -> str:
-        said = role_problems(pods.get(name, ()), obj, kind, want) if pods is not None else ""
+        said = role_problems(pods.get(name, ()), obj, kind, want, (events or {}).get(name, ())) if pods is not None else ""
         return f" [{said}]" if said else ""
 
     waiting = [f"{name} {_count(obj, 'readyReplicas')}/{want}{why(name, obj, kind, want)}"
@@ -117,11 +119,13 @@ def groups_status(groups: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     }
 
 
-def invalid_status(old: Mapping[str, Any] | None, *, generation: int | None, message: str, now: str
-                   ) -> dict[str, Any]:
+def invalid_status(old: Mapping[str, Any] | None, *, generation: int | None, message: str, now: str,
+                   reason: str = INVALID_SPEC) -> dict[str, Any]:
+    """`reason`: InvalidSpec (the operator's own checks) or CHILD_REFUSED (the API server's or
+    an admission policy's, retried every resync: a policy may be relaxed)."""
     conditions = (old or {}).get("conditions")
-    conditions = set_condition(conditions, INVALID_SPEC, True, "InvalidSpec", message, generation=generation, now=now)
-    conditions = set_condition(conditions, READY, False, "InvalidSpec", message, generation=generation, now=now)
-    conditions = set_condition(conditions, PROGRESSING, False, "InvalidSpec", "fix the spec to continue",
+    conditions = set_condition(conditions, INVALID_SPEC, True, reason, message, generation=generation, now=now)
+    conditions = set_condition(conditions, READY, False, reason, message, generation=generation, now=now)
+    conditions = set_condition(conditions, PROGRESSING, False, reason, "fix the spec to continue",
                                generation=generation, now=now)
     return {"phase": "Invalid", "observedGeneration": generation, "conditions": conditions}

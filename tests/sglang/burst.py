@@ -33,8 +33,8 @@ class Sender:
         self.rids: dict[str, str] = {}  # name -> SGLang request id (what the batch logs show)
 
     def send(self, name: str, text: str) -> None:
-        # SGLang's OpenAI endpoints take a request id (`rid`); the gateway passes the body
-        # through, so the prefill server's batch log names the request.
+        # SGLang's OpenAI endpoints take a request id (`rid`); the gateway passes it on made
+        # unique (`<rid>-<hex>`), so the prefill server's batch log names the request.
         rid = self.rids[name] = f"{name}-{uuid.uuid4().hex[:8]}"
 
         def run() -> None:

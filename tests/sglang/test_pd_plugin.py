@@ -72,7 +72,8 @@ def _after(batches: list[dict], start: int) -> list[dict]:
 
 
 def _index_of(batches: list[dict], rid: str) -> int:
-    return next(i for i, b in enumerate(batches) if rid in b["rids"])
+    # The gateway makes a client's rid unique per attempt: `<rid>-<room in hex>`.
+    return next(i for i, b in enumerate(batches) if any(r.startswith(f"{rid}-") for r in b["rids"]))
 
 
 def _wait_long_dispatched(server, seen: int) -> int:

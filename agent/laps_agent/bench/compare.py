@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate-scale", type=positive(float), default=None, help="multiply every phase's rate")
     load.add_argument("--load", type=positive(float), default=None, help="mean rate as a fraction of vanilla-pd's capacity")
-    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
+    p.add_argument("--seed", type=non_negative(int), default=None, help="override the workload's seed")
     p.add_argument("--max-requests", type=positive(int), default=None)
     p.add_argument("--warmup-s", type=non_negative(float), default=30.0, help="warm-up seconds per system (0: none)")
     p.add_argument("--slo", type=slo_seconds, default=None, help="per-class TTFT SLOs, e.g. short=0.3,long=2")

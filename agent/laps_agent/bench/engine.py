@@ -42,7 +42,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--length-threshold", type=non_negative(int), default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--repeats", type=positive(int), default=3)
     p.add_argument("--torch-threads", type=positive(int), default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative(int), default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="as `laps engine --dtype` (auto: bfloat16 on CUDA, float32 on CPU)")

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laps_agent.cli_args import output_dir, positive, slo_seconds, unwritable_dir
+from laps_agent.cli_args import non_negative, output_dir, positive, slo_seconds, unwritable_dir
 from laps_agent.bench._client import StreamClient
 from laps_agent.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
 from laps_agent.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", required=True,
                    help=f"workload YAML file or built-in name ({', '.join(available_workloads())})")
     p.add_argument("--out", type=output_dir, help="result directory (default bench-results/<time>-<label>)")
-    p.add_argument("--seed", type=int, help="override the workload's seed")
+    p.add_argument("--seed", type=non_negative(int), help="override the workload's seed")
     p.add_argument("--rate-scale", type=positive(float), default=1.0, help="multiply every phase's rate")
     p.add_argument("--max-requests", type=positive(int), help="stop the plan after N requests")
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer sizes the prompts; "

@@ -5,7 +5,7 @@ import argparse
 import logging
 
 from laps_agent.engine.cli import bucket_grid, scheduler_config
-from laps_agent.engine.cli_serving import server_settings
+from laps_agent.engine.cli_serving import check_server_flags, server_settings
 from laps_agent.engine.engine_config import EngineConfig
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.model_files import default_model_path
@@ -22,8 +22,7 @@ log = logging.getLogger("laps.engine")
 
 def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngine]:
     profile = load_profile(args.profile)  # ProfileError is a ValueError: `laps engine` reports it
-    if args.kv_pages is not None and args.kv_pages < 1:
-        raise ValueError("--kv-pages must be >= 1")
+    check_server_flags(args)
     grid = bucket_grid(args)
     sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
     path = args.model or str(default_model_path())

@@ -156,11 +156,9 @@ def build(args: argparse.Namespace):
     from laps_agent.engine.server import EngineServer
 
     # Check every flag before the (slow) model load.
-    if args.page_size < 1 or (args.kv_pages is not None and args.kv_pages < 1):
-        raise ValueError("--page-size and --kv-pages must be >= 1")
+    check_server_flags(args)
     grid = bucket_grid(args)
     sched = scheduler_config(args, grid, args.max_prefill_tokens or 8192)
-    check_server_flags(args)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

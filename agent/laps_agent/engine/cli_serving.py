@@ -24,6 +24,8 @@ def check_server_flags(args: argparse.Namespace) -> None:
              ("max-prefill-tokens", args.max_prefill_tokens, ">= 1", lambda v: v >= 1),
              ("max-queued-requests", args.max_queued_requests, ">= 0 (0: no bound)", lambda v: v >= 0),
              ("context-length", args.context_length, ">= 1", lambda v: v >= 1),
+             ("kv-pages", args.kv_pages, ">= 1", lambda v: v >= 1),
+             ("page-size", args.page_size, ">= 1", lambda v: v >= 1),
              ("torch-threads", args.torch_threads, ">= 1", lambda v: v >= 1),
              ("decode-graph-max-context", args.decode_graph_max_context, ">= 1", lambda v: v >= 1))
     for flag, value, rule, ok in rules:

@@ -7,7 +7,11 @@ PD fields go upstream one after the other (`PDPayload.pieces`). Only bytes that 
 UTF-8 JSON object (first byte `{`, last `}` after whitespace) are spliced; anything else
 json.loads accepts (a UTF-16/32 or BOM-prefixed body) is re-encoded, as is a body that carries
 its own `bootstrap_*` keys: those are dropped, so the engines see exactly one of each, the
-gateway's.
+gateway's. A client's own `rid` (SGLang's request id, in /generate and the OpenAI bodies) must
+be unique inside each engine, and clients reuse one (a job id, two workers alike): the engines
+get it made unique per attempt, `<rid>-<room in hex>`, still naming the client's request in
+their logs. Left as it was, two requests with one rid at once were each refused by one engine
+of their pair: the other waited out the KV hand-off and its prefill pod was blamed.
 
 `parse_body` reads it with tokenizer.loads_json_text (a fast parser, json.loads for what that
 refuses), so every body gets json.loads' verdict: its dict, its error message, or a lone
@@ -27,12 +31,14 @@ _JSON_WHITESPACE = b" \t\r\n"
 class PDPayload:
     """One request's body, ready to take the PD fields of each attempt."""
 
-    __slots__ = ("_head", "_comma")
+    __slots__ = ("_head", "_comma", "_rid")
 
     def __init__(self, raw: bytes, body: dict) -> None:
         """`raw` is the request body as received and `body` what json.loads made of it."""
-        if any(key in body for key in BOOTSTRAP_KEYS):
-            body = {k: v for k, v in body.items() if k not in BOOTSTRAP_KEYS}
+        # Not a string: left for the engine to refuse by name.
+        self._rid = body["rid"] if isinstance(body.get("rid"), str) else None
+        if any(key in body for key in BOOTSTRAP_KEYS) or self._rid is not None:
+            body = {k: v for k, v in body.items() if k not in BOOTSTRAP_KEYS and (k != "rid" or self._rid is None)}
             raw = json.dumps(body).encode()
         text = raw.strip(_JSON_WHITESPACE)
         if text[:1] != b"{" or text[-1:] != b"}":
@@ -45,8 +51,9 @@ class PDPayload:
     def pieces(self, host: str, port: int | None, room: int) -> tuple[memoryview, bytes]:
         """An attempt's body as the client's bytes and the PD fields after them: the upstream
         client writes both in one call (writev), so a long body is never copied to join them."""
-        return self._head, b'%s"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
-            self._comma, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
+        rid = b"" if self._rid is None else b'"rid":%s,' % json.dumps(f"{self._rid}-{room:x}").encode()
+        return self._head, b'%s%s"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
+            self._comma, rid, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
 
 
 def upstream_headers(cls: str, request_id: bytes) -> bytes:

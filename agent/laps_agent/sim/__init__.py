@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--load", type=positive(float), default=None,
                       help="set the mean rate to this fraction of vanilla-pd's simulated capacity")
     p.add_argument("--max-requests", type=positive(int), default=None)
-    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
+    p.add_argument("--seed", type=non_negative(int), default=None, help="override the workload's seed")
     # 0 is a threshold of 0 (every prompt long), not "not given"
     p.add_argument("--threshold", type=non_negative(int), default=None, help="default: the workload's (256)")
     p.add_argument("--slo", type=slo_seconds, default=None, help="TTFT SLOs, e.g. short=0.5,long=5")

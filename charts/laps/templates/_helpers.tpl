@@ -56,6 +56,9 @@ app.kubernetes.io/component: operator
        pod network (the NetworkPolicy the operator renders around the gateways lets in pods
        labelled app.kubernetes.io/name=laps, app.kubernetes.io/component=operator:
        laps.selectorLabels).
+     - events: kopf and the operator post Events on LAPSClusters (create); a prefill
+       StatefulSet short of pods says why only in its FailedCreate Events (a ResourceQuota, Pod
+       Security, a missing PriorityClass), listed for the Ready condition (list).
      - children: read before each write, created, repaired by patch, pruned when the spec no
        longer wants them; the workloads are also watched, for readiness.
      - endpointslices list/watch: what the gateway Role grants; RBAC lets only a holder of a
@@ -75,7 +78,7 @@ app.kubernetes.io/component: operator
   verbs: [list, watch, patch]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
   verbs: [get, list, watch, create, patch, delete]

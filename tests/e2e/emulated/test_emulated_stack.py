@@ -112,3 +112,21 @@ def test_prefix_cache_and_class_series_count_emulated_prefills(emulated_stack):
     assert total("laps_engine_ttft_seconds_count", **{"class": "short"}) == 2
     assert _metric(httpx.get(decode + "/metrics").text, "laps_engine_ttft_seconds_count", 0,
                    **{"class": "short"}) == 0
+
+
+def test_two_requests_with_one_rid_at_once_are_both_answered_and_no_pod_is_blamed(emulated_stack):
+    """SGLang's `rid` is often a client's job or idempotency id, and two workers may send one at
+    the same time. Each engine must see it once: passed on as sent, one engine of each pair
+    refused the copy it saw second, so each request broke on one side, and the one whose decode
+    waited for KV got a 503 after the hand-off timeout and its prefill pod ejected."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stack, _ = emulated_stack
+    body = {"text": "the same job", "rid": "job-1", "sampling_params": {"max_new_tokens": 48}}
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: httpx.post(stack.base + "/generate", json=body, timeout=20), range(4)))
+    assert [r.status_code for r in replies] == [200] * 4, [r.text for r in replies]
+    ids = [r.json()["meta_info"]["id"] for r in replies]
+    assert all(i.startswith("job-1-") for i in ids) and len(set(ids)) == 4   # still the client's name
+    status = httpx.get(stack.base + "/laps_status").json()
+    assert all(pod["healthy"] for g in ("short", "long") for pod in status["groups"][g]["pods"])

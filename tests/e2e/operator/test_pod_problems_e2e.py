@@ -51,3 +51,37 @@ def test_the_ready_condition_names_a_pod_that_cannot_pull_its_image_until_it_run
     cluster.report_ready()
     wait_for(lambda: cluster.condition("Ready")["message"] == "all prefill, decode and gateway replicas are ready",
              "Ready", timeout=PROMPTLY)
+
+
+def test_the_ready_condition_names_why_the_statefulset_cannot_create_pods_until_it_can(kube_api, start_operator):
+    """A ResourceQuota (or Pod Security, or a PriorityClass that does not exist) refuses the
+    prefill pods. A StatefulSet keeps no condition for that, only a FailedCreate Event: the
+    condition reads it from there. The test plays the StatefulSet controller: its Event, and the
+    status it writes on each sync (which the operator watches)."""
+    start_operator()
+    cluster = Cluster(kube_api, "quota")
+    cluster.create({"apiVersion": "laps.io/v1alpha1", "kind": "LAPSCluster", "metadata": {"name": "quota"},
+                    "spec": {"model": {"name": "m", "path": "/models/m.gguf"}, "prefill": {"replicas": 2}}})
+    sts = wait_for(cluster.statefulset, "the prefill StatefulSet")
+    refusal = ('pods "quota-prefill-0" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, '
+               'used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8')
+    cluster.core.create_namespaced_event(NS, {
+        "metadata": {"name": "quota-prefill.1"}, "type": "Warning", "reason": "FailedCreate",
+        "involvedObject": {"apiVersion": "apps/v1", "kind": "StatefulSet", "namespace": NS,
+                           "name": sts.metadata.name, "uid": sts.metadata.uid},
+        "message": f"create Pod quota-prefill-0 in StatefulSet quota-prefill failed error: {refusal}",
+        "source": {"component": "statefulset-controller"}, "count": 3,
+        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:09Z"})
+    cluster.apps.patch_namespaced_stateful_set_status(sts.metadata.name, NS, {"status": {
+        "observedGeneration": sts.metadata.generation, "replicas": 0}}, _content_type=MERGE)
+    said = wait_for(lambda: "prefill 0/2 [FailedCreate: " in (c := cluster.condition("Ready") or {}).get("message", "")
+                    and c["message"], "the Ready condition to name the refusal", timeout=PROMPTLY)
+    assert f"prefill 0/2 [FailedCreate: {refusal}"[:120] in said
+
+    # The quota raised: the controller creates both pods, and the refusal is history.
+    cluster.act_as_statefulset_controller()
+    cluster.apps.patch_namespaced_stateful_set_status(sts.metadata.name, NS, {"status": {"replicas": 2}},
+                                                       _content_type=MERGE)
+    wait_for(lambda: "FailedCreate" not in cluster.condition("Ready")["message"]
+             and "prefill 0/2 [2 pods" in cluster.condition("Ready")["message"],
+             "the refusal gone from the Ready condition", timeout=PROMPTLY)

@@ -70,6 +70,7 @@ def test_bench_run_refuses_a_result_directory_it_cannot_make_before_sending(tmp_
     (("--systems", ","), "argument --systems: expected comma-separated names, got ','"),
     (("--warmup-s", "-1"), "argument --warmup-s: must be >= 0, got -1"),  # silently no warm-up
     (("--warmup-s", "nan"), "argument --warmup-s: must be >= 0, got nan"),
+    (("--seed", "-1"), "argument --seed: must be >= 0, got -1"),  # numpy's traceback, exit 1
     (("--model", "/nonexistent"), "cannot load the tokenizer: /nonexistent: no such file or directory"),  # a traceback
     (("--out", "{a_file}"), "argument --out: {a_file}: exists and is not a directory"),  # `laps local` failed
     # `laps local` refused these once started, behind its usage text, with exit code 1:

@@ -170,6 +170,8 @@ def test_a_cluster_created_again_gets_fresh_series_and_nothing_from_the_old_ones
     new_prometheus.released.set()
     poll(lambda: (custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "again").get("status") or {})
          .get("pressure", {}).get("long") == 20.0, message="the new cluster's own pressure in its status")
-    assert 'laps_operator_pressure{cluster="default/again",group="long"} 20.0' in exported("again")
+    # The tick writes status first and its series after: wait for the series as well.
+    poll(lambda: 'laps_operator_pressure{cluster="default/again",group="long"} 20.0' in exported("again"),
+         message="the new cluster's own pressure in its series")
     seen(memo, "DELETED", new)
     assert exported("again") == []

@@ -206,3 +206,67 @@ def test_env_entries_that_are_not_kubernetes_env_vars_are_refused_naming_them(en
     with pytest.raises(helm_python.HelmValuesError) as err:
         render({"env": [entry]})
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("interval", ["30s", "1m30s", "2m", "500ms", "1h"])
+def test_the_service_monitor_takes_every_prometheus_duration(interval):
+    docs = render({"metrics": {"serviceMonitor": {"enabled": True, "interval": interval}}})
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert [e["interval"] for e in monitor["spec"]["endpoints"]] == [interval]
+
+
+@pytest.mark.parametrize("interval", ["", "1 min", "90", "1.5m", "30S"])
+def test_a_service_monitor_interval_prometheus_would_refuse_is_refused(interval):
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render({"metrics": {"serviceMonitor": {"enabled": True, "interval": interval}}})
+    assert "/metrics/serviceMonitor/interval" in str(err.value)
+
+
+@pytest.mark.parametrize(("values", "fragment"), [
+    # Each rendered, then refused by the API server at install (or, for the label, a YAML map
+    # with the key twice: the chart's own label replaced or the install failed, by parser).
+    ({"podLabels": {"bad key": "x"}}, "invalid propertyName 'bad key'"),
+    ({"podLabels": {"team": "ml ops"}}, "/podLabels/team"),
+    ({"podLabels": {"example.com/" + "n" * 64: "x"}}, "invalid propertyName"),   # a name of at most 63
+    ({"env": [{"name": "A=B", "value": "y"}]}, "/env/0/name"),
+    ({"tolerations": [{"key": "a", "operator": "Exists", "tolerationSeconds": 5}]}, "/tolerations/0"),
+    ({"tolerations": [{"key": "a", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]},
+     "/tolerations/0/effect"),
+    ({"resources": {"limits": {"memory": "512 MB"}}}, "/resources/limits/memory"),
+    ({"resources": {"requests": {"cpu": -1}}}, "/resources/requests/cpu"),
+    ({"grafana": {"dashboards": {"label": "app.kubernetes.io/name"}}}, "/grafana/dashboards/label"),
+    ({"grafana": {"dashboards": {"label": "grafana dashboard"}}}, "/grafana/dashboards/label"),
+    ({"grafana": {"dashboards": {"labelValue": "yes please"}}}, "/grafana/dashboards/labelValue"),
+    ({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"helm.sh/chart": "x"}}}},
+     "/metrics/serviceMonitor/labels"),
+])
+def test_values_the_api_server_would_refuse_are_refused_naming_them(values, fragment):
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        render(values)
+    assert fragment in str(err.value)
+
+
+def test_near_misses_the_api_server_takes_render():
+    docs = render({"podLabels": {"example.com/team": "ml-ops", "tier": "", "example.com/" + "n" * 63: "x"},
+                   "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}, {"name": "_a.b-c", "value": "1"},
+                           {"name": "1 X", "value": "1"}],
+                   "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}],
+                   "resources": {"limits": {"memory": "512Mi", "cpu": 1}, "requests": {"cpu": "250m"}},
+                   "grafana": {"dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1"}},
+                   "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}}})
+    assert _pod(docs)["metadata"]["labels"]["example.com/team"] == "ml-ops"
+
+
+def test_the_charts_formats_are_the_operators():
+    """One rule for what a label, a quantity or an env name is: the operator's (formats.py)."""
+    import json
+
+    from laps_operator import formats
+
+    from tests.unit.chart.test_chart import CHART
+    definitions = json.loads((CHART / "values.schema.json").read_text())["definitions"]
+    assert definitions["labelKey"]["pattern"] == formats.LABEL_KEY_PATTERN
+    assert definitions["labelValue"]["pattern"] == formats.LABEL_VALUE_PATTERN
+    assert definitions["quantity"]["oneOf"][0]["pattern"] == formats.QUANTITY_PATTERN
+    env_name = json.loads((CHART / "values.schema.json").read_text())["properties"]["env"]
+    assert env_name["items"]["properties"]["name"]["pattern"] == formats.ENV_NAME_PATTERN

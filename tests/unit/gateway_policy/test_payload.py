@@ -48,3 +48,14 @@ def test_each_attempt_gets_its_own_room_from_one_payload():
     payload = PDPayload(b'{"prompt": "x"}', {"prompt": "x"})
     rooms = [json.loads(b"".join(payload.pieces("h", 1, room)))["bootstrap_room"] for room in (1, 2**63 - 1)]
     assert rooms == [1, 2**63 - 1]
+
+
+def test_a_clients_rid_reaches_the_engines_unique_per_attempt_and_still_named():
+    raw = b'{"text": "x", "rid": "job-1"}'
+    payload = PDPayload(raw, json.loads(raw))
+    sent = [json.loads(b"".join(payload.pieces("h", 1, room)), object_pairs_hook=list) for room in (255, 4096)]
+    assert [dict(body)["rid"] for body in sent] == ["job-1-ff", "job-1-1000"]
+    assert all([k for k, _ in body].count("rid") == 1 for body in sent)
+    # One that is not a string stays as sent, for the engine to refuse by name.
+    raw = b'{"text": "x", "rid": 7}'
+    assert json.loads(b"".join(PDPayload(raw, json.loads(raw)).pieces("h", 1, 1)))["rid"] == 7

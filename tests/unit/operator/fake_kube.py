@@ -23,12 +23,21 @@ def merge(target: Any, patch: Any) -> Any:
     return out
 
 
+def _field(obj: dict, path: str) -> str:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return "" if obj is None else str(obj)
+
+
 class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict] = {}
         self.writes: list[tuple[str, Ref, dict]] = []   # (verb, ref, body) in order
         self.version = 0
         self.fail_next: list[KubeError] = []
+        # What an API server would refuse: (verb, manifest or patch, dry run) -> an error or None.
+        self.refuse: Any = lambda verb, ref, body, dry: None
+        self.dry_runs: list[tuple[str, Ref]] = []
 
     def _key(self, ref: Ref) -> tuple[str, str, str]:
         return (ref.kind, ref.namespace, ref.name)
@@ -44,17 +53,24 @@ class FakeKube:
         obj = self.objects.get(self._key(ref))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def list(self, ref: Ref, label_selector: dict[str, str] | None = None) -> list[dict]:
+    def list(self, ref: Ref, label_selector: dict[str, str] | None = None,
+             field_selector: dict[str, str] | None = None) -> list[dict]:
         found = [o for (kind, ns, _), o in sorted(self.objects.items()) if kind == ref.kind and ns == ref.namespace]
         return [copy.deepcopy(o) for o in found
-                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in (label_selector or {}).items())]
+                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in (label_selector or {}).items())
+                and all(_field(o, k) == v for k, v in (field_selector or {}).items())]
 
-    def patch(self, ref: Ref, patch: dict, *, subresource: str = "") -> dict:
+    def patch(self, ref: Ref, patch: dict, *, subresource: str = "", dry_run: bool = False) -> dict:
         if self.fail_next:
             raise self.fail_next.pop(0)
         key = self._key(ref)
         if key not in self.objects:
             raise KubeError(404, f"{ref.kind} {ref.name} not found")
+        if (refused := self.refuse("patch", ref, patch, dry_run)) is not None:
+            raise refused
+        if dry_run:
+            self.dry_runs.append(("patch", ref))
+            return merge(self.objects[key], patch)
         old = self.objects[key]
         wanted = (patch.get("metadata") or {}).get("resourceVersion")
         if wanted and wanted != old["metadata"]["resourceVersion"]:
@@ -69,7 +85,12 @@ class FakeKube:
         self.writes.append(("patch" + (f"/{subresource}" if subresource else ""), ref, copy.deepcopy(patch)))
         return copy.deepcopy(new)
 
-    def create(self, manifest: dict) -> dict:
+    def create(self, manifest: dict, *, dry_run: bool = False) -> dict:
+        if (refused := self.refuse("create", Ref.of(manifest), manifest, dry_run)) is not None:
+            raise refused
+        if dry_run:
+            self.dry_runs.append(("create", Ref.of(manifest)))
+            return copy.deepcopy(manifest)
         self.writes.append(("create", Ref.of(manifest), copy.deepcopy(manifest)))
         return self.add(manifest)
 

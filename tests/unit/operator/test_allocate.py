@@ -228,3 +228,16 @@ def test_a_loop_that_never_ran_writes_nothing_when_off():
     kube = make_kube(allocation={"enabled": False})
     assert AllocationLoop(kube, "ns", "c", "uid-1").tick() == (OFF_RECHECK_S, None)
     assert kube.writes == []
+
+
+def test_a_spec_the_api_server_refused_moves_nothing_the_children_run_the_one_before():
+    """Generation 2 was refused (a child's dry run): its allocation settings are not in force,
+    so neither the step nor the loop acts on them until the cluster's reconcile applies it."""
+    refused = {"phase": "Invalid", "observedGeneration": 2,
+               "conditions": [{"type": "InvalidSpec", "status": "True", "reason": "ChildRefused", "message": "no"}]}
+    kube = make_kube(status=refused)
+    kube.objects[("LAPSCluster", "ns", "c")]["metadata"]["generation"] = 2
+    outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
+    assert outcome.move is None and outcome.reason == "invalid spec"
+    assert kube.writes == [] and set(labels(kube).values()) == {"short", "long"}
+    assert AllocationLoop(kube, "ns", "c", "uid-1", clock=lambda: 0.0, wall=lambda: NOW).tick() == (OFF_RECHECK_S, None)

@@ -164,3 +164,63 @@ def test_a_pod_still_creating_its_containers_is_told_apart_from_one_loading_the_
                                                                      name="gateway")])
     assert role_problems([mounting, loading]) == (
         "1 pod creating containers (if it stays here, see the pod's events, e.g. FailedMount); 1 pod starting")
+
+
+def failed_create(pod_name: str, why: str, uid: str, last: str, **extra) -> dict:
+    """A FailedCreate Event as the StatefulSet controller records it (core/v1 Event)."""
+    return {"metadata": {"name": f"x-prefill.{last}"}, "type": "Warning", "reason": "FailedCreate",
+            "involvedObject": {"kind": "StatefulSet", "name": "x-prefill", "uid": uid},
+            "message": f"create Pod {pod_name} in StatefulSet x-prefill failed error: {why}", "lastTimestamp": last,
+            **extra}
+
+
+def test_a_statefulset_that_cannot_create_its_pods_says_why_from_its_newest_event():
+    psa = 'pods "x-prefill-0" is forbidden: violates PodSecurity "restricted:latest": privileged'
+    no_class = 'pods "x-prefill-1" is forbidden: no PriorityClass with name gpu-serving was found'
+    sts = {"kind": "StatefulSet", "metadata": {"name": "x-prefill", "uid": "u2"}, "status": {"replicas": 0}}
+    events = [failed_create("x-prefill-1", no_class, "u2", "2026-01-01T10:05:00Z"),
+              failed_create("x-prefill-0", psa, "u2", "2026-01-01T10:04:59Z"),
+              failed_create("x-prefill-0", "quota", "u1", "2026-01-01T10:09:00Z"),   # a deleted namesake's
+              {"reason": "SuccessfulCreate", "involvedObject": {"uid": "u2"}, "lastTimestamp": "2026-01-01T11:00:00Z"}]
+    said = role_problems([], sts, "StatefulSet", 2, events)
+    assert said == f"FailedCreate: {no_class}"
+    # With one pod made and the other refused, the refusal comes first.
+    said = role_problems([pod("x-prefill-0", ready=True)], sts, "StatefulSet", 2, events)
+    assert said == f"FailedCreate: {no_class}"
+    # Once every pod exists (the PriorityClass created), the old refusal is history.
+    both = [pod("x-prefill-0", ready=True), pod("x-prefill-1", containers=[engine({"running": {}})])]
+    assert role_problems(both, sts, "StatefulSet", 2, events) == "1 pod starting"
+    # Nothing in the Events (expired, or not readable): the pointer to them stays.
+    assert role_problems([], sts, "StatefulSet", 2, []) == "no pods yet (see the events of statefulset/x-prefill)"
+
+
+def test_a_refusal_of_a_pod_created_since_is_history():
+    sts = {"kind": "StatefulSet", "metadata": {"name": "x-prefill", "uid": "u"}, "status": {"replicas": 0}}
+    quota, psa = 'pods "x-prefill-1" is forbidden: exceeded quota: gpus', 'pods "x-prefill-0" is forbidden: PodSecurity'
+    events = [failed_create("x-prefill-1", quota, "u", "2026-01-01T10:05:00Z"),
+              failed_create("x-prefill-0", psa, "u", "2026-01-01T10:01:00Z"),
+              {"reason": "SuccessfulCreate", "involvedObject": {"uid": "u"}, "lastTimestamp": "2026-01-01T10:30:00Z",
+               "message": "create Pod x-prefill-1 in StatefulSet x-prefill successful"}]
+    # x-prefill-1 was made at 10:30 (and deleted since): its quota refusal is over; x-prefill-0's is not.
+    assert role_problems([], sts, "StatefulSet", 2, events) == f"FailedCreate: {psa}"
+    events[1] = {**events[1], "message": events[1]["message"].replace("x-prefill-0", "x-prefill-1")}
+    assert role_problems([], sts, "StatefulSet", 2, events) == "no pods yet (see the events of statefulset/x-prefill)"
+
+
+def test_the_newest_refusal_wins_whichever_event_api_wrote_it():
+    sts = {"metadata": {"name": "x-prefill", "uid": "u"}, "status": {"replicas": 0}}
+    older = failed_create("x-prefill-0", "old reason", "u", "2026-01-01T10:05:00Z")
+    newer = failed_create("x-prefill-0", "new reason", "u", None, eventTime="2026-01-01T10:05:01.123456Z")
+    assert role_problems([], sts, "StatefulSet", 1, [newer, older]) == "FailedCreate: new reason"
+    assert role_problems([], sts, "StatefulSet", 1, [older, newer]) == "FailedCreate: new reason"
+    long = failed_create("x-prefill-0", "x" * 1000, "u", "2026-01-01T10:06:00Z")
+    assert len(role_problems([], sts, "StatefulSet", 1, [long])) == DETAIL_CHARS
+
+
+def test_the_ready_condition_carries_the_statefulsets_refusal():
+    quota = 'pods "x-prefill-0" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1'
+    sts = {"kind": "StatefulSet", "metadata": {"name": "x-prefill", "uid": "u", "generation": 1},
+           "status": {"observedGeneration": 1, "replicas": 0, "readyReplicas": 0}}
+    readiness = workload_readiness(SPEC, sts, workload(1, 1), workload(1, 1), {},
+                                   {"prefill": [failed_create("x-prefill-0", quota, "u", "2026-01-01T10:00:00Z")]})
+    assert readiness.message == f"waiting for ready replicas: prefill 0/2 [FailedCreate: {quota}]"

@@ -161,7 +161,19 @@ def test_an_empty_model_volume_is_refused_by_the_crd_and_the_operator():
 def test_the_volume_sources_are_kubernetes_1_37s():
     path = (pathlib.Path(kubernetes_validate.__file__).parent
             / "kubernetes-json-schema" / "v1.37.0-local-strict" / "volume-v1.json")
-    assert VOLUME_SOURCES == set(json.loads(path.read_text())["properties"]) - {"name"}
-    for source in ("persistentVolumeClaim", "nfs", "csi", "hostPath", "ephemeral"):
-        spec = cr(model={"name": "m", "path": "/models/m", "volume": {source: {}}})
-        assert parse_spec(spec["spec"]).model.volume == {source: {}}
+    sources = json.loads(path.read_text())["properties"]
+    definitions = json.loads((path.parent / "_definitions.json").read_text())["$defs"]
+    assert set(VOLUME_SOURCES) == set(sources) - {"name"}
+    for source, required in VOLUME_SOURCES.items():
+        assert required == tuple(definitions[sources[source]["$ref"].split("/")[-1]].get("required", ()))
+    given = {"persistentVolumeClaim": {"claimName": "models"}, "nfs": {"server": "nas", "path": "/m"},
+             "csi": {"driver": "d"}, "hostPath": {"path": "/m"}, "ephemeral": {}}
+    for source, fields in given.items():
+        spec = cr(model={"name": "m", "path": "/models/m", "volume": {source: fields}})
+        assert parse_spec(spec["spec"]).model.volume == {source: fields}
+    # A source missing what its schema requires (a typo in it) is named, not refused by the API
+    # server on every write of the workloads.
+    with pytest.raises(InvalidSpecError, match=r"spec.model.volume: persistentVolumeClaim needs claimName"):
+        parse_spec(cr(model={"name": "m", "path": "/m", "volume": {"persistentVolumeClaim": {"claimNam": "m"}}})["spec"])
+    with pytest.raises(InvalidSpecError, match=r"spec.model.volume: nfs needs path"):
+        parse_spec(cr(model={"name": "m", "path": "/m", "volume": {"nfs": {"server": "nas"}}})["spec"])

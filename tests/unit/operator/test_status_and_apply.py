@@ -191,3 +191,27 @@ def test_a_status_refresh_finding_its_cluster_recreated_meanwhile_writes_nothing
     assert refresh_cluster(racing, "ns", "c", uid="uid-1") == ("", "")
     assert kube.get(cr_ref("ns", "c"))["metadata"]["uid"] == "uid-2"
     assert kube.get(cr_ref("ns", "c"))["status"] == {}   # nothing of uid-1's written into it
+
+
+def test_a_refused_repair_of_the_running_generation_keeps_the_cluster_serving_and_says_so():
+    """A policy added after the cluster was applied refuses the resync's repair of a hand edit
+    (or an upgraded operator's new rendering): the spec is not what is wrong, so the cluster is
+    not marked Invalid (which would stop its group sync and allocation), and the outcome says it."""
+    from laps_operator.kube import KubeError, Ref
+
+    kube = FakeKube()
+    kube.add(cluster(replicas=2))
+    assert reconcile(kube, "ns", "c").phase != "Invalid"
+    gateway = kube.objects[("Deployment", "ns", "c-gateway")]
+    gateway["spec"]["replicas"] = 9   # a hand edit the resync would put back
+    kube.refuse = lambda verb, ref, body, dry: (
+        KubeError(403, 'admission webhook "p" denied the request: replicas are frozen') if verb == "patch" else None)
+    outcome = reconcile(kube, "ns", "c", skip_invalid=True)
+    assert outcome.refused.startswith("the API server refuses Deployment/c-gateway") and outcome.invalid is None
+    status = kube.get(cr_ref("ns", "c"))["status"]
+    assert status["phase"] != "Invalid" and condition(status["conditions"], "InvalidSpec")["status"] == "False"
+    assert kube.get(Ref("apps/v1", "Deployment", "ns", "c-gateway"))["spec"]["replicas"] == 9
+    # Allowed again: the next resync repairs it.
+    kube.refuse = lambda verb, ref, body, dry: None
+    outcome = reconcile(kube, "ns", "c", skip_invalid=True)
+    assert outcome.refused is None and kube.get(Ref("apps/v1", "Deployment", "ns", "c-gateway"))["spec"]["replicas"] == 1

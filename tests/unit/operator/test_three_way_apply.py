@@ -123,6 +123,42 @@ def test_empty_lists_the_server_omits_are_not_a_difference():
     assert three_way_patch(desired, desired, live) == {}
 
 
+def test_zero_values_the_server_omits_are_not_a_difference():
+    """A user's `env: [{name: NO_PROXY, value: ""}]`, a toleration with `value: ""`, a model
+    volume with `readOnly: false`: a real API server stores none of these zero values, so the
+    live object never shows them; they must not be patched (and called a repair) every resync."""
+    desired = {"spec": {"template": {"spec": {
+        "containers": [{"name": "engine", "env": [{"name": "NO_PROXY", "value": ""}]}],
+        "tolerations": [{"key": "gpu", "operator": "Equal", "value": "", "effect": "NoSchedule"}],
+        "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "m", "readOnly": False}}]}}}}
+    live = {"spec": {"template": {"spec": {
+        "containers": [{"name": "engine", "env": [{"name": "NO_PROXY"}]}],
+        "tolerations": [{"key": "gpu", "operator": "Equal", "effect": "NoSchedule"}],
+        "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "m"}}]}}}}
+    assert three_way_patch(desired, desired, live) == {}
+    # A pointer field's zero is stored by the server: one missing live is written (an upgrade
+    # adding `allowPrivilegeEscalation: false`) and put back when someone removes it by hand.
+    secured = copy.deepcopy(desired)
+    secured["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": False}
+    assert three_way_patch(desired, secured, live) == {"spec": {"template": {"spec": {
+        "containers": secured["spec"]["template"]["spec"]["containers"]}}}}
+    stored = copy.deepcopy(live)
+    stored["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": False}
+    assert three_way_patch(secured, secured, stored) == {}
+    assert three_way_patch(secured, secured, live) == {"spec": {"template": {"spec": {
+        "containers": secured["spec"]["template"]["spec"]["containers"]}}}}
+    tolerating, evictable = copy.deepcopy(desired), copy.deepcopy(live)
+    tolerating["spec"]["template"]["spec"]["tolerations"][0].update(effect="NoExecute", tolerationSeconds=0)
+    evictable["spec"]["template"]["spec"]["tolerations"][0].update(effect="NoExecute")
+    assert three_way_patch(tolerating, tolerating, evictable)["spec"]["template"]["spec"]["tolerations"] \
+        == tolerating["spec"]["template"]["spec"]["tolerations"]
+    # A value that is not the zero value is still a difference.
+    changed = {"spec": {"template": {"spec": {**desired["spec"]["template"]["spec"],
+                                              "containers": [{"name": "engine", "env": [{"name": "NO_PROXY", "value": "x"}]}]}}}}
+    assert three_way_patch(desired, changed, live) == {"spec": {"template": {"spec": {
+        "containers": changed["spec"]["template"]["spec"]["containers"]}}}}
+
+
 def test_identity_and_server_fields_are_never_patched():
     desired = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"},
                "data": {"k": "v"}}

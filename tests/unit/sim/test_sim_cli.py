@@ -34,6 +34,8 @@ RUN = ["--workload", "lmsys-steady", "--no-plots", "--max-requests", "20"]
     ("--allocation-interval", "0", "argument --allocation-interval: must be > 0, got 0"),
     ("--allocation-ratio", "0.5", "argument --allocation-ratio: must be >= 1, got 0.5"),
     ("--min-per-group", "0", "argument --min-per-group: must be > 0, got 0"),
+    # numpy's "expected non-negative integer" traceback, exit 1
+    ("--seed", "-1", "argument --seed: must be >= 0, got -1"),
 ])
 def test_impossible_values_are_refused_naming_the_flag(tmp_path, capsys, flag, value, message):
     args = [a for a in RUN if a not in ("--max-requests", "20")] if flag == "--max-requests" else RUN
@@ -161,4 +163,13 @@ def test_flags_no_simulated_engine_or_loop_takes_are_one_line(tmp_path, capsys, 
     their whole usage text; allocation flags no loop uses were silently ignored."""
     assert main([*RUN, "--out", str(tmp_path), *extra]) == 2
     assert capsys.readouterr().err.strip() == f"laps sim: error: {message}"
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--kv-pages", "-1"), ("--context-length", "0")])
+def test_engine_flag_values_every_engine_refuses_are_refused_before_simulating(tmp_path, capsys, flag, value):
+    """laps engine and laps local refuse these; sim used to run them: every request an HTTP 400
+    (--kv-pages -1), or the flag silently ignored (--context-length 0), and exit 0."""
+    assert main([*RUN, "--out", str(tmp_path), flag, value]) == 2
+    assert capsys.readouterr().err.strip() == f"laps sim: error: engine flags: {flag} must be >= 1, got {value}"
     assert not (tmp_path / "results.json").exists()
