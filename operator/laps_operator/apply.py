@@ -73,15 +73,17 @@ def _holds(live: dict[str, Any], key: str, desired: Any, quantities: bool = Fals
 
 
 # The non-pointer `omitempty` scalar fields (k8s.io/api core/v1 and apps/v1) the children can
-# carry at their zero value; every other scalar the server stores as written.
+# carry at their zero value; every other scalar the server stores as written. By key name at any
+# depth: no other field of the children, and none of the LAPSCluster status (`contains` compares
+# that too), has these names with a zero value of its own.
 _OMITTED_WHEN_ZERO = frozenset({
     "value", "key", "operator", "effect",                        # EnvVar, Toleration
     "readOnly", "subPath", "subPathExpr",                        # VolumeMount, volume sources
-    "medium", "hostPort", "hostIP", "nodePort", "appProtocol",   # emptyDir, ports
+    "medium", "hostPort", "hostIP", "nodePort",                  # emptyDir, ports
     "workingDir", "stdin", "tty", "hostNetwork", "hostPID", "hostIPC",
     "priorityClassName", "schedulerName", "serviceAccountName", "hostname", "subdomain",
     "initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold",
-    "minReadySeconds", "revisionHistoryLimit",
+    "minReadySeconds",
 })
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .apply import last_applied_of, three_way_patch, with_last_applied
+from .apply import LAST_APPLIED, last_applied_json, last_applied_of, three_way_patch, with_last_applied
 from .kube import Kube, KubeError, Ref
 
-Action = Literal["created", "patched", "unchanged", "deleted", "skipped"]
+Action = Literal["created", "patched", "unchanged", "deleted", "skipped", "refused"]
 
 
 @dataclass(frozen=True)
@@ -24,14 +24,18 @@ class ChildRefused(KubeError):
     not let change (an operator upgrade that renders a selector differently), which no spec
     edit fixes."""
 
-    def __init__(self, ref: Ref, exc: KubeError, *, dry: bool):
+    def __init__(self, ref: Ref, exc: KubeError, *, dry: bool, repair: bool = False):
         super().__init__(exc.status, exc.message)
-        self.ref, self.dry = ref, dry
+        self.ref, self.dry, self.repair = ref, dry, repair
         self.immutable = exc.status == 422 and "field is immutable" in exc.message
 
     def __str__(self) -> str:
-        done = "no child was changed" if self.dry else "the children before it were applied"
-        said = f"the API server refuses {self.ref.kind}/{self.ref.name} as this spec renders it ({done}): {self.message}"
+        if self.repair:
+            said = (f"the API server refuses to bring {self.ref.kind}/{self.ref.name} back to the spec "
+                    f"(left as it is, the other children applied): {self.message}")
+        else:
+            done = "no child was changed" if self.dry else "the children before it were applied"
+            said = f"the API server refuses {self.ref.kind}/{self.ref.name} as this spec renders it ({done}): {self.message}"
         if self.immutable:
             said += (f"; delete {self.ref.kind}/{self.ref.name} with --cascade=orphan and the operator "
                      "creates it anew, its pods kept")
@@ -51,16 +55,19 @@ class _Write:
     ref: Ref
     desired: dict[str, Any]
     patch: dict[str, Any] | None   # None: create
+    repair: bool = False           # puts back what was applied before: not this edit's
 
 
-def _plan(kube: Kube, manifest: dict[str, Any]) -> _Write | Applied:
+def _plan(kube: Kube, manifest: dict[str, Any], applied: bool = False) -> _Write | Applied:
     ref = Ref.of(manifest)
     desired = with_last_applied(manifest)
     live = kube.get(ref)
     if live is None:
-        return _Write(ref, desired, None)
+        return _Write(ref, desired, None, repair=applied)
     patch = three_way_patch(last_applied_of(live), desired, live)
-    return _Write(ref, desired, patch) if patch else Applied(ref, "unchanged")
+    # The child renders as it did when last applied: the patch only undoes someone else's edit.
+    same = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED) == last_applied_json(manifest)
+    return _Write(ref, desired, patch, repair=applied or same) if patch else Applied(ref, "unchanged")
 
 
 def _send(kube: Kube, write: _Write) -> Applied:
@@ -86,29 +93,41 @@ def apply(kube: Kube, manifest: dict[str, Any]) -> Applied:
     return planned if isinstance(planned, Applied) else _send(kube, planned)
 
 
-def apply_all(kube: Kube, manifests: list[dict[str, Any]], optional_kinds: frozenset[str] = frozenset()
-              ) -> list[Applied]:
+def apply_all(kube: Kube, manifests: list[dict[str, Any]], optional_kinds: frozenset[str] = frozenset(),
+              *, applied: bool = False) -> list[Applied]:
     """Apply in order. An edit is all or nothing as far as the API server can say beforehand:
     every write is first sent as a dry run, so a child it refuses (a value the operator's checks
     let through, an admission policy) raises ChildRefused before any child changes, and an edit
     is never half rolled out (prefill on a new threshold, the gateway on the old). One write is
     not tried dry: a new RoleBinding of a Role new in the same edit, whose dry run the RBAC
-    escalation check would refuse for want of the Role. Kinds in `optional_kinds` (e.g.
-    PodMonitor) may be missing from the cluster: their 404 is reported as skipped."""
+    escalation check would refuse for want of the Role.
+
+    A refused repair is not the spec's fault and holds nothing else back: it is reported as
+    "refused" and the other writes go on. A repair is a write that puts back what was applied
+    before (the child renders as its last-applied record says), or, with `applied` (the spec's
+    generation was applied already: a resync, an operator restart or upgrade), any write.
+    Kinds in `optional_kinds` (e.g. PodMonitor) may be missing from the cluster: their 404 is
+    reported as skipped."""
     results: list[Applied] = []
     writes: list[_Write] = []
     for manifest in manifests:
+        planned: _Write | Applied | None = None
         try:
-            planned = _plan(kube, manifest)
+            planned = _plan(kube, manifest, applied)
             if isinstance(planned, _Write) and not _binds_a_new_role(planned, writes):
                 _dry_run(kube, planned)
         except KubeError as exc:
             if exc.status == 404 and manifest["kind"] in optional_kinds:
                 results.append(Applied(Ref.of(manifest), "skipped", f"{manifest['kind']} API not available"))
                 continue
-            if _refuses_the_object(exc):
-                raise ChildRefused(Ref.of(manifest), exc, dry=True) from exc
-            raise
+            if not _refuses_the_object(exc):
+                raise
+            repair = isinstance(planned, _Write) and planned.repair
+            refused = ChildRefused(Ref.of(manifest), exc, dry=True, repair=repair)
+            if not repair:
+                raise refused from exc
+            results.append(Applied(refused.ref, "refused", str(refused)))
+            continue
         if isinstance(planned, Applied):
             results.append(planned)
         else:
@@ -119,6 +138,8 @@ def apply_all(kube: Kube, manifests: list[dict[str, Any]], optional_kinds: froze
         except KubeError as exc:
             if write.patch is None and exc.status == 404 and write.ref.kind in optional_kinds:
                 results.append(Applied(write.ref, "skipped", f"{write.ref.kind} API not available"))
+            elif _refuses_the_object(exc) and write.repair:
+                results.append(Applied(write.ref, "refused", str(ChildRefused(write.ref, exc, dry=False, repair=True))))
             elif _refuses_the_object(exc):
                 raise ChildRefused(write.ref, exc, dry=False) from exc
             else:
@@ -128,7 +149,11 @@ def apply_all(kube: Kube, manifests: list[dict[str, Any]], optional_kinds: froze
 
 def _dry_run(kube: Kube, write: _Write) -> None:
     if write.patch is None:
-        kube.create(write.desired, dry_run=True)
+        try:
+            kube.create(write.desired, dry_run=True)
+        except KubeError as exc:
+            if exc.status != 409:   # created meanwhile: the write itself patches it instead
+                raise
     else:
         kube.patch(write.ref, write.patch, dry_run=True)
 

@@ -22,7 +22,8 @@ from .allocate import AllocationLoop
 from .groups import GroupPlan
 from .kube import Kube, KubeError
 from .naming import CLUSTER_LABEL, MANAGER, ROLE_LABEL
-from .reconcile import Outcome, cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
+from .reconcile import cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
+from .refusals import RepairRefusals
 from .spec import GROUP, PLURAL, VERSION
 from .workers import ClusterLoops, Ticker
 
@@ -35,6 +36,7 @@ RESYNC_SECONDS = float(os.environ.get("LAPS_OPERATOR_RESYNC_SECONDS", "60"))
 # The status loop runs when woken; this is only its longest sleep (the resync refreshes too).
 IDLE_SECONDS = 3600.0
 LOOPS = ClusterLoops()
+REFUSALS = RepairRefusals()
 log = logging.getLogger(__name__)
 
 
@@ -123,7 +125,7 @@ def reconcile_cluster(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, 
         kopf.event(live, type="Warning", reason="InvalidSpec", message=outcome.invalid)
         raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
     metrics.RECONCILES.labels(result="error" if outcome.refused else "ok").inc()
-    _report_refused(namespace, name, outcome)
+    REFUSALS.report(namespace, name, outcome.refused, outcome.cluster)
     for action, reason in (("created", "Created"), ("patched", "Updated"), ("deleted", "Deleted")):
         names = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action == action]
         if names:
@@ -166,7 +168,7 @@ def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: An
         LOOPS.stop(namespace, name, uid)
         metrics.forget_cluster(namespace, name, uid)
         writers.forget(namespace, name)
-        _REFUSALS.pop((namespace, name), None)
+        REFUSALS.forget(namespace, name)
         return
     kube: Kube = memo.kube
     if LOOPS.ensure(namespace, name, uid, lambda: {
@@ -192,7 +194,7 @@ def _resync(kube: Kube, namespace: str, name: str, uid: str) -> float | None:
     if outcome.phase == "Invalid" and outcome.previous_phase == "Invalid" and not outcome.applied:
         return RESYNC_SECONDS   # reported when the spec changed; nothing to repair until it changes again
     metrics.RECONCILES.labels(result="invalid" if outcome.invalid else "error" if outcome.refused else "ok").inc()
-    _report_refused(namespace, name, outcome)
+    REFUSALS.report(namespace, name, outcome.refused, outcome.cluster)
     changed = [f"{a.ref.kind}/{a.ref.name}" for a in outcome.applied if a.action in ("created", "patched")]
     meta, status = outcome.cluster["metadata"], outcome.cluster.get("status") or {}
     if changed and (meta.get("generation") != status.get("observedGeneration") or outcome.previous_phase == "Invalid"):
@@ -205,21 +207,6 @@ def _resync(kube: Kube, namespace: str, name: str, uid: str) -> float | None:
         log.info("resync of %s/%s restored %s", namespace, name, ", ".join(changed))
     _report_groups(outcome.cluster, outcome.plan)
     return RESYNC_SECONDS
-
-
-# The last refused repair said per cluster: a Warning Event when it is new, not every resync.
-_REFUSALS: dict[tuple[str, str], str] = {}
-
-
-def _report_refused(namespace: str, name: str, outcome: Outcome) -> None:
-    key = (namespace, name)
-    if outcome.refused is None:
-        _REFUSALS.pop(key, None)
-        return
-    log.warning("%s/%s: %s", namespace, name, outcome.refused)
-    if _REFUSALS.get(key) != outcome.refused and outcome.cluster is not None:
-        _REFUSALS[key] = outcome.refused
-        kopf.event(outcome.cluster, type="Warning", reason="RepairRefused", message=outcome.refused)
 
 
 def _status_tick(kube: Kube, namespace: str, name: str, uid: str) -> Callable[[], float | None]:

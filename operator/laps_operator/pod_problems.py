@@ -112,20 +112,22 @@ def _event_time(event: Mapping[str, Any]) -> str:
     return str(said)[:19]
 
 
-def creation_failure(events: Iterable[Mapping[str, Any]], uid: str | None) -> str:
+def creation_failure(events: Iterable[Mapping[str, Any]], uid: str | None, existing: Iterable[str] = ()) -> str:
     """Why a StatefulSet cannot create its pods (a ResourceQuota, Pod Security admission, a
     PriorityClass that does not exist): its controller says so only in a FailedCreate Event,
     where a Deployment has ReplicaFailure. The newest such Event of the workload with this `uid`
     (a deleted namesake's Events outlive it by an hour), in the API server's words; "" if none."""
     events = [e for e in events if not uid or (e.get("involvedObject") or {}).get("uid") == uid]
-    # A pod created since its refusal (the quota raised, then the pod deleted again) makes
-    # that refusal history; the controller refreshes the Event of one that still fails.
+    # A pod that exists (`existing`), or was created after its refusal (the quota raised, then
+    # the pod deleted again), makes that refusal history; the controller refreshes the Event of
+    # one that still fails.
+    existing = set(existing)
     created: dict[str, str] = {}
     for event in events:
         if event.get("reason") == "SuccessfulCreate" and (pod := _created_pod(event)):
             created[pod] = max(created.get(pod, ""), _event_time(event))
-    failed = [e for e in events if e.get("reason") == "FailedCreate"
-              and _event_time(e) >= created.get(_created_pod(e), "")]
+    failed = [e for e in events if e.get("reason") == "FailedCreate" and _created_pod(e) not in existing
+              and (_created_pod(e) not in created or _event_time(e) > created[_created_pod(e)])]
     if not failed:
         return ""
     message = str(max(failed, key=_event_time).get("message") or "")
@@ -157,7 +159,8 @@ def role_problems(pods: Iterable[Mapping[str, Any]], workload: Mapping[str, Any]
         # Only while pods are missing: once they all exist (the quota raised), an old refusal
         # is history. The prefill StatefulSet creates its pods in parallel, so a missing one is
         # one it could not create, or one it is creating right now.
-        failure = creation_failure(events, ((workload or {}).get("metadata") or {}).get("uid"))
+        failure = creation_failure(events, ((workload or {}).get("metadata") or {}).get("uid"),
+                                   {(p.get("metadata") or {}).get("name") for p in pods if not _finished(p)})
     facts = [failure] if failure else []
     if want is not None and live >= want:
         # A ReplicaSet never deletes a pod that ended (evicted, its node shut down): it lingers,

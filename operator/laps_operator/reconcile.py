@@ -35,7 +35,7 @@ class Outcome:
     phase: str = ""
     previous_phase: str = ""
     invalid: str | None = None
-    refused: str | None = None         # a repair of the applied generation the API server refused
+    refused: str | None = None         # repairs the API server refused (the children left as they are)
     gone: bool = False                 # the cluster no longer exists (or is being deleted)
     cluster: dict[str, Any] | None = None   # the live object it reconciled (for Events)
 
@@ -75,8 +75,9 @@ def is_gone(live: dict[str, Any] | None, uid: str | None = None) -> bool:
 def reconcile(kube: Kube, namespace: str, name: str, *, skip_invalid: bool = False,
               uid: str | None = None) -> Outcome:
     """Bring the children of one LAPSCluster in line with its *live* spec and write its status.
-    `skip_invalid`: leave a cluster already marked Invalid alone (the resync: nothing to repair
-    until its spec changes, and that change gets a reconcile of its own). `uid`: only that
+    `skip_invalid`: leave a cluster its spec checks found invalid alone (the resync: nothing to
+    repair until its spec changes, and that change gets a reconcile of its own); one whose
+    children the API server refused is tried again (an admission policy may have been relaxed). `uid`: only that
     incarnation (the resync of a cluster since deleted finds it gone)."""
     with cluster_lock(namespace, name):
         return retry_on_conflict(lambda: _reconcile_live(kube, namespace, name, skip_invalid, uid))
@@ -107,19 +108,18 @@ def _reconcile(kube: Kube, body: dict[str, Any]) -> Outcome:
         return outcome
 
     try:
+        # A generation applied before (a resync, an operator restart or upgrade) is not the
+        # spec's fault when refused now: apply_all reports those writes and goes on.
         outcome.applied = apply_all(kube, build_children(ref, spec, own_namespace()),
-                                    optional_kinds=frozenset({"PodMonitor"}))
+                                    optional_kinds=frozenset({"PodMonitor"}), applied=_applied(old_status, generation))
     except ChildRefused as exc:
-        if _applied(old_status, generation):
-            # The children already run this generation: a repair (or an operator upgrade's new
-            # rendering) was refused, not the spec. They go on serving as they are; say so.
-            outcome.refused = str(exc)
-        else:
-            # A spec problem our checks missed (or an admission policy's): said as an invalid
-            # spec, and tried again each resync (a policy may be relaxed), not at once.
-            _mark_invalid(kube, ref, body, str(exc), reason=CHILD_REFUSED)
-            outcome.invalid, outcome.phase = str(exc), "Invalid"
-            return outcome
+        # A spec problem our checks missed (or an admission policy's): said as an invalid spec,
+        # and tried again each resync (a policy may be relaxed), not at once.
+        _mark_invalid(kube, ref, body, str(exc), reason=CHILD_REFUSED)
+        outcome.invalid, outcome.phase = str(exc), "Invalid"
+        return outcome
+    refused = [a.detail for a in outcome.applied if a.action == "refused"]
+    outcome.refused = "; ".join(refused) or None
     for api_version, kind, name in optional_children(ref, spec):
         removed = delete_if_owned(kube, Ref(api_version, kind, ref.namespace, name), ref.uid)
         if removed:

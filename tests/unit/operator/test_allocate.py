@@ -241,3 +241,18 @@ def test_a_spec_the_api_server_refused_moves_nothing_the_children_run_the_one_be
     assert outcome.move is None and outcome.reason == "invalid spec"
     assert kube.writes == [] and set(labels(kube).values()) == {"short", "long"}
     assert AllocationLoop(kube, "ns", "c", "uid-1", clock=lambda: 0.0, wall=lambda: NOW).tick() == (OFF_RECHECK_S, None)
+
+
+def test_a_pod_event_on_a_refused_spec_gives_a_recreated_pod_its_recorded_group_and_plans_nothing():
+    """Generation 2 (prefill.replicas 4 -> 2) was refused: the StatefulSet still runs 4 pods. A
+    pod event must not plan groups for 2 pods; a recreated pod gets back its recorded group."""
+    from laps_operator.reconcile import sync_groups_of
+
+    refused = {"phase": "Invalid", "observedGeneration": 2,
+               "conditions": [{"type": "InvalidSpec", "status": "True", "reason": "ChildRefused", "message": "no"}]}
+    kube = make_kube(status=refused, replicas=2)
+    kube.objects[("LAPSCluster", "ns", "c")]["metadata"]["generation"] = 2
+    kube.add(prefill_pod("c-prefill-3", None))   # recreated by its StatefulSet, no group label yet
+    assert sync_groups_of(kube, "ns", "c") is None
+    assert labels(kube) == {"c-prefill-0": "short", "c-prefill-1": "short", "c-prefill-2": "long", "c-prefill-3": "long"}
+    assert live_status(kube)["groups"] == GROUPS

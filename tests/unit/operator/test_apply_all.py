@@ -83,3 +83,24 @@ def test_an_immutable_field_says_how_to_let_the_operator_recreate_the_child():
     with pytest.raises(ChildRefused) as refused:
         apply_all(kube, [{**sts, "spec": {"selector": {"matchLabels": {"a": "2"}}}}])
     assert refused.value.immutable and "--cascade=orphan" in str(refused.value)
+
+
+def test_a_refused_repair_is_reported_and_holds_back_no_other_write():
+    """The child renders as last applied and someone edited it: putting it back is a repair,
+    and its refusal (a policy added since) is not the edit's: the other writes go on."""
+    kube = FakeKube()
+    apply_all(kube, [config_map("a"), config_map("b")])
+    kube.objects[("ConfigMap", "ns", "a")]["data"] = {"k": "by hand"}
+    kube.refuse = lambda verb, ref, body, dry: (
+        KubeError(403, 'admission webhook "p" denied the request: frozen') if ref.name == "a" else None)
+    results = apply_all(kube, [config_map("a"), config_map("b", "2"), config_map("c")])
+    assert [(r.ref.name, r.action) for r in results] == [("a", "refused"), ("b", "patched"), ("c", "created")]
+    assert results[0].detail.startswith("the API server refuses to bring ConfigMap/a back to the spec")
+    assert kube.get(Ref("v1", "ConfigMap", "ns", "a"))["data"] == {"k": "by hand"}
+    # A change of the refused child itself is the edit's: all or nothing again.
+    with pytest.raises(ChildRefused):
+        apply_all(kube, [config_map("a", "3"), config_map("b", "4")])
+    assert kube.get(Ref("v1", "ConfigMap", "ns", "b"))["data"] == {"k": "2"}
+    # Unless the spec was applied before (an operator upgrade's new rendering, at a resync).
+    results = apply_all(kube, [config_map("a", "3"), config_map("b", "4")], applied=True)
+    assert [(r.ref.name, r.action) for r in results] == [("a", "refused"), ("b", "patched")]

@@ -203,6 +203,8 @@ def test_a_refusal_of_a_pod_created_since_is_history():
                "message": "create Pod x-prefill-1 in StatefulSet x-prefill successful"}]
     # x-prefill-1 was made at 10:30 (and deleted since): its quota refusal is over; x-prefill-0's is not.
     assert role_problems([], sts, "StatefulSet", 2, events) == f"FailedCreate: {psa}"
+    # x-prefill-0 exists now, its SuccessfulCreate Event expired (they live an hour): history too.
+    assert role_problems([pod("x-prefill-0")], sts, "StatefulSet", 2, events[:2]).startswith(f"FailedCreate: {quota};")
     events[1] = {**events[1], "message": events[1]["message"].replace("x-prefill-0", "x-prefill-1")}
     assert role_problems([], sts, "StatefulSet", 2, events) == "no pods yet (see the events of statefulset/x-prefill)"
 

@@ -193,25 +193,55 @@ def test_a_status_refresh_finding_its_cluster_recreated_meanwhile_writes_nothing
     assert kube.get(cr_ref("ns", "c"))["status"] == {}   # nothing of uid-1's written into it
 
 
-def test_a_refused_repair_of_the_running_generation_keeps_the_cluster_serving_and_says_so():
-    """A policy added after the cluster was applied refuses the resync's repair of a hand edit
-    (or an upgraded operator's new rendering): the spec is not what is wrong, so the cluster is
-    not marked Invalid (which would stop its group sync and allocation), and the outcome says it."""
+def test_a_refused_repair_keeps_the_cluster_serving_and_holds_back_neither_repairs_nor_edits():
+    """A policy added after the cluster was applied refuses the repair of a hand edit (or an
+    upgraded operator's new rendering): the spec is not what is wrong, so the cluster is not
+    marked Invalid (which would stop its group sync and allocation), the other children are
+    still repaired, and an edit that does not touch the refused child is applied."""
     from laps_operator.kube import KubeError, Ref
 
     kube = FakeKube()
     kube.add(cluster(replicas=2))
     assert reconcile(kube, "ns", "c").phase != "Invalid"
-    gateway = kube.objects[("Deployment", "ns", "c-gateway")]
-    gateway["spec"]["replicas"] = 9   # a hand edit the resync would put back
+    gateway, decode = Ref("apps/v1", "Deployment", "ns", "c-gateway"), Ref("apps/v1", "Deployment", "ns", "c-decode")
+    kube.objects[("Deployment", "ns", "c-gateway")]["spec"]["replicas"] = 9   # hand edits the resync puts back
+    kube.objects[("Deployment", "ns", "c-decode")]["spec"]["replicas"] = 5
     kube.refuse = lambda verb, ref, body, dry: (
-        KubeError(403, 'admission webhook "p" denied the request: replicas are frozen') if verb == "patch" else None)
+        KubeError(403, 'admission webhook "p" denied the request: replicas are frozen') if ref == gateway else None)
     outcome = reconcile(kube, "ns", "c", skip_invalid=True)
-    assert outcome.refused.startswith("the API server refuses Deployment/c-gateway") and outcome.invalid is None
+    assert outcome.refused.startswith("the API server refuses to bring Deployment/c-gateway back to the spec")
+    assert outcome.invalid is None
     status = kube.get(cr_ref("ns", "c"))["status"]
     assert status["phase"] != "Invalid" and condition(status["conditions"], "InvalidSpec")["status"] == "False"
-    assert kube.get(Ref("apps/v1", "Deployment", "ns", "c-gateway"))["spec"]["replicas"] == 9
+    assert kube.get(gateway)["spec"]["replicas"] == 9 and kube.get(decode)["spec"]["replicas"] == 1
+    # An edit of what no child renders (the allocation cooldown) lands beside the refused repair.
+    live = kube.objects[("LAPSCluster", "ns", "c")]
+    live["spec"]["laps"]["allocation"]["cooldownSeconds"] = 30
+    live["metadata"]["generation"] = 2
+    outcome = reconcile(kube, "ns", "c")
+    assert outcome.invalid is None and outcome.refused and kube.get(cr_ref("ns", "c"))["status"]["observedGeneration"] == 2
     # Allowed again: the next resync repairs it.
     kube.refuse = lambda verb, ref, body, dry: None
     outcome = reconcile(kube, "ns", "c", skip_invalid=True)
-    assert outcome.refused is None and kube.get(Ref("apps/v1", "Deployment", "ns", "c-gateway"))["spec"]["replicas"] == 1
+    assert outcome.refused is None and kube.get(gateway)["spec"]["replicas"] == 1
+
+
+def test_the_resync_retries_a_spec_the_api_server_refused_but_not_one_its_checks_refused():
+    from laps_operator.kube import KubeError
+
+    kube = FakeKube()
+    kube.add(cluster(replicas=2))
+    kube.refuse = lambda verb, ref, body, dry: (
+        KubeError(422, 'Service "c-gateway" is invalid: spec.ports') if ref.kind == "Service" else None)
+    outcome = reconcile(kube, "ns", "c")
+    invalid = condition(kube.get(cr_ref("ns", "c"))["status"]["conditions"], "InvalidSpec")
+    assert outcome.phase == "Invalid" and invalid["reason"] == "ChildRefused"
+    assert [verb for verb, _, _ in kube.writes if verb != "patch/status"] == []   # no child, not one
+    kube.refuse = lambda verb, ref, body, dry: None
+    assert reconcile(kube, "ns", "c", skip_invalid=True).phase != "Invalid"   # the resync tried again
+    # A spec the operator's own checks refuse waits for the next edit: the resync writes nothing.
+    live = kube.objects[("LAPSCluster", "ns", "c")]
+    live["spec"]["prefill"]["replicas"], live["metadata"]["generation"] = -1, 2
+    assert reconcile(kube, "ns", "c").phase == "Invalid"
+    writes = len(kube.writes)
+    assert reconcile(kube, "ns", "c", skip_invalid=True).phase == "Invalid" and len(kube.writes) == writes
