@@ -27,11 +27,12 @@ _SERVER_META = ("name", "namespace", "uid", "resourceVersion", "generation", "cr
 _QUANTITY_MAPS = frozenset({"requests", "limits", "overhead"})
 
 
-def contains(live: Any, desired: Any, *, quantities: bool = False) -> bool:
+def contains(live: Any, desired: Any, *, quantities: bool = False, literal: bool = False) -> bool:
     """True when `live` already holds everything in `desired` (extra server-set fields ignored).
-    With `quantities` (set below the keys of _QUANTITY_MAPS), scalars compare as quantities."""
+    With `quantities` (set below the keys of _QUANTITY_MAPS), scalars compare as quantities;
+    with `literal` (the keys of a _LITERAL_MAPS map), every key is data, kept as written."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(_holds(live, k, v, quantities) for k, v in desired.items())
+        return isinstance(live, dict) and all(_holds(live, k, v, quantities, literal) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
                 and all(contains(a, b) for a, b in zip(live, desired)))
@@ -58,7 +59,7 @@ def same_quantity(a: Any, b: Any) -> bool:
         return False
 
 
-def _holds(live: dict[str, Any], key: str, desired: Any, quantities: bool = False) -> bool:
+def _holds(live: dict[str, Any], key: str, desired: Any, quantities: bool = False, literal: bool = False) -> bool:
     if key not in live:
         # A real API server omits empty lists and maps (`volumes: []`) when it serialises an
         # object, and the zero value of a non-pointer `omitempty` field: "" (an env var's or a
@@ -68,14 +69,16 @@ def _holds(live: dict[str, Any], key: str, desired: Any, quantities: bool = Fals
         # missing live was removed and is put back. A null asks for the key to be absent.
         if desired is None or desired == [] or desired == {}:
             return True
-        return key in _OMITTED_WHEN_ZERO and not desired and isinstance(desired, (str, bool, int, float))
-    return contains(live[key], desired, quantities=quantities or key in _QUANTITY_MAPS)
+        return (not literal and key in _OMITTED_WHEN_ZERO and not desired
+                and isinstance(desired, (str, bool, int, float)))
+    return contains(live[key], desired, quantities=quantities or key in _QUANTITY_MAPS, literal=key in _LITERAL_MAPS)
 
 
 # The non-pointer `omitempty` scalar fields (k8s.io/api core/v1 and apps/v1) the children can
-# carry at their zero value; every other scalar the server stores as written. By key name at any
-# depth: no other field of the children, and none of the LAPSCluster status (`contains` compares
-# that too), has these names with a zero value of its own.
+# carry at their zero value; every other scalar the server stores as written. By field name at
+# any depth but inside the string maps of _LITERAL_MAPS (a ConfigMap key `value: ""` is data): no
+# other field of the children, nor of the LAPSCluster status (`contains` compares that too), has
+# these names with a zero value of its own.
 _OMITTED_WHEN_ZERO = frozenset({
     "value", "key", "operator", "effect",                        # EnvVar, Toleration
     "readOnly", "subPath", "subPathExpr",                        # VolumeMount, volume sources
@@ -85,6 +88,11 @@ _OMITTED_WHEN_ZERO = frozenset({
     "initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold", "failureThreshold",
     "minReadySeconds",
 })
+
+
+# Maps whose keys are data, not fields: the server keeps every entry, "" values included.
+_LITERAL_MAPS = frozenset({"data", "stringData", "binaryData", "labels", "annotations", "matchLabels",
+                           "nodeSelector", "selector"})
 
 
 def _number(value: Any) -> bool:
@@ -168,15 +176,16 @@ def _removals(last: dict[str, Any], desired: dict[str, Any], live: dict[str, Any
     return out
 
 
-def _changes(live: dict[str, Any], desired: dict[str, Any], quantities: bool = False) -> dict[str, Any]:
+def _changes(live: dict[str, Any], desired: dict[str, Any], quantities: bool = False,
+             literal: bool = False) -> dict[str, Any]:
     """Desired values that `live` does not hold yet, as narrowly as maps allow."""
     out: dict[str, Any] = {}
     for key, want in desired.items():
-        if _holds(live, key, want, quantities):
+        if _holds(live, key, want, quantities, literal):
             continue
         have = live.get(key)
         if isinstance(want, dict) and isinstance(have, dict):
-            out[key] = _changes(have, want, quantities or key in _QUANTITY_MAPS)
+            out[key] = _changes(have, want, quantities or key in _QUANTITY_MAPS, key in _LITERAL_MAPS)
         else:
             out[key] = want
     return out

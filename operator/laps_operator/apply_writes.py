@@ -148,14 +148,19 @@ def apply_all(kube: Kube, manifests: list[dict[str, Any]], optional_kinds: froze
 
 
 def _dry_run(kube: Kube, write: _Write) -> None:
-    if write.patch is None:
-        try:
+    try:
+        if write.patch is None:
             kube.create(write.desired, dry_run=True)
-        except KubeError as exc:
-            if exc.status != 409:   # created meanwhile: the write itself patches it instead
-                raise
-    else:
-        kube.patch(write.ref, write.patch, dry_run=True)
+        else:
+            kube.patch(write.ref, write.patch, dry_run=True)
+    except KubeError as exc:
+        if write.patch is None and exc.status == 409:
+            return   # created meanwhile: the write itself patches it instead
+        if exc.status == 400 and "does not support dry run" in exc.message:
+            # A webhook with side effects (sideEffects Unknown or Some) refuses every dry run:
+            # nothing can be known beforehand, so this child is only tried for real.
+            return
+        raise
 
 
 def _binds_a_new_role(write: _Write, earlier: list[_Write]) -> bool:

@@ -104,3 +104,29 @@ def test_a_refused_repair_is_reported_and_holds_back_no_other_write():
     # Unless the spec was applied before (an operator upgrade's new rendering, at a resync).
     results = apply_all(kube, [config_map("a", "3"), config_map("b", "4")], applied=True)
     assert [(r.ref.name, r.action) for r in results] == [("a", "refused"), ("b", "patched")]
+
+
+def test_what_a_dry_run_cannot_tell_is_left_to_the_write():
+    # A webhook with side effects answers every dry run so (k8s.io/apiserver's admission
+    # dispatcher); the object itself is not refused: the real write decides.
+    kube = FakeKube()
+    kube.refuse = lambda verb, ref, body, dry: (
+        KubeError(400, 'admission webhook "audit.example.com" does not support dry run') if dry else None)
+    assert [r.action for r in apply_all(kube, [config_map("a"), config_map("b")])] == ["created", "created"]
+    # Created by another writer between the read and the dry run: the write patches it.
+    kube = FakeKube()
+    kube.refuse = lambda verb, ref, body, dry: (
+        KubeError(409, 'configmaps "a" already exists') if dry and verb == "create" else None)
+    assert [r.action for r in apply_all(kube, [config_map("a")])] == ["created"]
+
+
+def test_a_repair_refused_only_by_the_real_write_is_reported_and_the_rest_goes_on():
+    kube = FakeKube()
+    apply_all(kube, [config_map("a"), config_map("b")])
+    kube.objects[("ConfigMap", "ns", "a")]["data"] = {"k": "by hand"}
+    kube.objects[("ConfigMap", "ns", "b")]["data"] = {"k": "by hand"}
+    kube.refuse = lambda verb, ref, body, dry: (
+        KubeError(422, "quota webhook: over budget") if ref.name == "a" and not dry else None)
+    results = apply_all(kube, [config_map("a"), config_map("b")])
+    assert [(r.ref.name, r.action) for r in results] == [("a", "refused"), ("b", "patched")]
+    assert "(left as it is, the other children applied)" in results[0].detail

@@ -214,12 +214,13 @@ def test_a_refused_repair_keeps_the_cluster_serving_and_holds_back_neither_repai
     status = kube.get(cr_ref("ns", "c"))["status"]
     assert status["phase"] != "Invalid" and condition(status["conditions"], "InvalidSpec")["status"] == "False"
     assert kube.get(gateway)["spec"]["replicas"] == 9 and kube.get(decode)["spec"]["replicas"] == 1
-    # An edit of what no child renders (the allocation cooldown) lands beside the refused repair.
+    # An edit of another child (decode replicas) lands beside the refused repair.
     live = kube.objects[("LAPSCluster", "ns", "c")]
-    live["spec"]["laps"]["allocation"]["cooldownSeconds"] = 30
+    live["spec"]["decode"] = {**(live["spec"].get("decode") or {}), "replicas": 3}
     live["metadata"]["generation"] = 2
     outcome = reconcile(kube, "ns", "c")
     assert outcome.invalid is None and outcome.refused and kube.get(cr_ref("ns", "c"))["status"]["observedGeneration"] == 2
+    assert kube.get(decode)["spec"]["replicas"] == 3 and kube.get(gateway)["spec"]["replicas"] == 9
     # Allowed again: the next resync repairs it.
     kube.refuse = lambda verb, ref, body, dry: None
     outcome = reconcile(kube, "ns", "c", skip_invalid=True)

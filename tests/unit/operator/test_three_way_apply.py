@@ -159,6 +159,14 @@ def test_zero_values_the_server_omits_are_not_a_difference():
         "containers": changed["spec"]["template"]["spec"]["containers"]}}}}
 
 
+def test_an_empty_value_in_a_map_of_data_is_written():
+    """`value: ""` is a field's zero value in an env var, but data in a ConfigMap or a label map:
+    the server keeps it, so one missing live is written."""
+    desired = {"data": {"value": "", "key": ""}, "metadata": {"labels": {"value": ""}}}
+    live = {"data": {}, "metadata": {"labels": {}}}
+    assert three_way_patch(desired, desired, live) == desired
+
+
 def test_identity_and_server_fields_are_never_patched():
     desired = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"},
                "data": {"k": "v"}}
