@@ -29,8 +29,8 @@ from .apply import contains
 from .kube import Kube
 from .naming import GATEWAY_PORT, ClusterRef
 from .observed import prefill_pods
-from .reconcile import cluster_ref, is_gone, label_pod, marked_invalid, parse_cluster, sync_groups
-from .spec import ClusterSpec, InvalidSpecError
+from .reconcile import cluster_ref, is_gone, label_pod, spec_in_force, sync_groups
+from .spec import ClusterSpec
 from .status import condition, groups_status, set_condition
 from .writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
 
@@ -145,11 +145,8 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     live = kube.get(cr_ref(namespace, name))
     if is_gone(live, uid):
         return StepOutcome()
-    try:
-        if marked_invalid(live):   # refused by the API server: its children run the spec before
-            return StepOutcome(live, reason="invalid spec")
-        spec = parse_cluster(live)
-    except InvalidSpecError:
+    spec = spec_in_force(live)   # None also for a spec the API server refused: not the children's
+    if spec is None:
         return StepOutcome(live, reason="invalid spec")
     if not active(spec):
         return StepOutcome(live, reason=OFF_DECISION)
@@ -247,11 +244,8 @@ class AllocationLoop:
         live = self.kube.get(cr_ref(self.namespace, self.name))
         if is_gone(live, self.uid):
             return None, None
-        try:
-            if marked_invalid(live):   # its interval and Prometheus are not in force either
-                return OFF_RECHECK_S, None
-            spec = parse_cluster(live)
-        except InvalidSpecError:
+        spec = spec_in_force(live)   # a refused spec's interval and Prometheus are not in force either
+        if spec is None:
             return OFF_RECHECK_S, None
         if not active(spec):
             self.window, self.last_decision, self.decided = pressure.GatewayWindow(), None, None

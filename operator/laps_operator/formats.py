@@ -115,9 +115,7 @@ def resource_name_problem(name: str) -> str | None:
     if "/" not in name:
         return (f"{name!r} is not a container resource: cpu, memory, ephemeral-storage, hugepages-<size>, "
                 "or a fully qualified name such as nvidia.com/gpu")
-    if problem := qualified_name_problem(name):
-        return problem
-    return None
+    return qualified_name_problem(name)
 
 
 def env_name_problem(name: str) -> str | None:

@@ -104,7 +104,7 @@ class Kube:
         if label_selector:
             items = [i for i in items if _has_labels(i, label_selector)]
         if field_selector:
-            items = [i for i in items if all(_field(i, k) == v for k, v in field_selector.items())]
+            items = [i for i in items if all(field_value(i, k) == v for k, v in field_selector.items())]
         return items
 
     def create(self, manifest: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any] | None:
@@ -135,7 +135,8 @@ def _has_labels(obj: dict[str, Any], selector: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _field(obj: dict[str, Any], path: str) -> str:
+def field_value(obj: dict[str, Any], path: str) -> str:
+    """The value at a field selector's dotted path, as the selector compares it ("" if absent)."""
     for key in path.split("."):
         obj = obj.get(key) if isinstance(obj, dict) else None
     return "" if obj is None else str(obj)

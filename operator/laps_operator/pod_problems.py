@@ -123,11 +123,14 @@ def creation_failure(events: Iterable[Mapping[str, Any]], uid: str | None, exist
     # one that still fails.
     existing = set(existing)
     created: dict[str, str] = {}
+    failures: list[tuple[str, Mapping[str, Any]]] = []
     for event in events:
-        if event.get("reason") == "SuccessfulCreate" and (pod := _created_pod(event)):
+        pod = _created_pod(event)
+        if event.get("reason") == "SuccessfulCreate" and pod:
             created[pod] = max(created.get(pod, ""), _event_time(event))
-    failed = [e for e in events if e.get("reason") == "FailedCreate" and _created_pod(e) not in existing
-              and (_created_pod(e) not in created or _event_time(e) > created[_created_pod(e)])]
+        elif event.get("reason") == "FailedCreate" and pod not in existing:
+            failures.append((pod, event))
+    failed = [e for pod, e in failures if pod not in created or _event_time(e) > created[pod]]
     if not failed:
         return ""
     message = str(max(failed, key=_event_time).get("message") or "")

@@ -142,6 +142,18 @@ def marked_invalid(live: dict[str, Any]) -> bool:
     return status.get("phase") == "Invalid" and status.get("observedGeneration") == live["metadata"].get("generation")
 
 
+def spec_in_force(live: dict[str, Any]) -> ClusterSpec | None:
+    """The spec the cluster's children run, parsed; None when this generation is invalid (to
+    the parser, or marked so in status: see marked_invalid), which readers other than the
+    cluster's reconcile (the group sync, the allocation loop, the status refresh) leave alone."""
+    if marked_invalid(live):
+        return None
+    try:
+        return parse_cluster(live)
+    except InvalidSpecError:
+        return None
+
+
 def _refused_by_the_server(live: dict[str, Any]) -> bool:
     invalid = condition((live.get("status") or {}).get("conditions"), INVALID_SPEC)
     return bool(invalid and invalid.get("reason") == CHILD_REFUSED)
@@ -231,12 +243,8 @@ def _live_valid(kube: Kube, namespace: str, name: str, uid: str | None = None
     live = kube.get(cr_ref(namespace, name))
     if is_gone(live, uid):
         return None
-    if marked_invalid(live):
-        return None
-    try:
-        return live, parse_cluster(live)
-    except InvalidSpecError:
-        return None
+    spec = spec_in_force(live)
+    return None if spec is None else (live, spec)
 
 
 def refresh_cluster(kube: Kube, namespace: str, name: str, uid: str | None = None) -> tuple[str, str] | None:
@@ -259,10 +267,7 @@ def sync_groups_of(kube: Kube, namespace: str, name: str) -> tuple[dict[str, Any
         live = kube.get(cr_ref(namespace, name))
         if is_gone(live):
             return None
-        try:
-            spec = None if marked_invalid(live) else parse_cluster(live)
-        except InvalidSpecError:
-            spec = None
+        spec = spec_in_force(live)
         if spec is None:
             _restore_recorded_groups(kube, cluster_ref(live), (live.get("status") or {}).get("groups") or {})
             return None

@@ -28,6 +28,16 @@ def example(name: str = "smollm2", **spec_changes) -> dict:
     return doc
 
 
+def reconciled_without_allocation(kube_api, name: str) -> Cluster:
+    """The example cluster `name` with the allocation loop off, once its first spec is reconciled."""
+    cluster = Cluster(kube_api, name)
+    body = example(name)
+    body["spec"]["laps"]["allocation"]["enabled"] = False
+    cluster.create(body)
+    wait_for(lambda: cluster.status().get("observedGeneration") == 1, "the first reconcile")
+    return cluster
+
+
 class Cluster:
     """A user's view of one LAPSCluster through the official client."""
 

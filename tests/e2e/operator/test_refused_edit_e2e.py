@@ -15,7 +15,7 @@ import threading
 import kmock
 
 from tests.e2e.operator.conftest import wait_for
-from tests.e2e.operator.test_operator_e2e import NS, Cluster, example
+from tests.e2e.operator.test_operator_e2e import NS, reconciled_without_allocation
 
 DENIED = ('admission webhook "policy.example.com" denied the request: containers must not set '
           '--length-threshold above 256 without approval')
@@ -27,11 +27,7 @@ def _threshold(args: list[str]) -> str:
 
 def test_an_edit_the_api_server_refuses_for_one_child_changes_no_child_and_says_why(kube_api, start_operator):
     start_operator(LAPS_OPERATOR_RESYNC_SECONDS="1")
-    cluster = Cluster(kube_api, "policy")
-    body = example("policy")
-    body["spec"]["laps"]["allocation"]["enabled"] = False
-    cluster.create(body)
-    wait_for(lambda: cluster.status().get("observedGeneration") == 1, "the first reconcile")
+    cluster = reconciled_without_allocation(kube_api, "policy")
     before = _threshold(cluster.statefulset().spec.template.spec.containers[0].args)
 
     refusing = threading.Event()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import kmock
 
 from tests.e2e.operator.conftest import wait_for
-from tests.e2e.operator.test_operator_e2e import Cluster, example
+from tests.e2e.operator.test_operator_e2e import Cluster, example, reconciled_without_allocation
 
 RESOURCES = {"requests": {"cpu": "1000m", "memory": "2048Mi"}, "limits": {"memory": "4096Mi", "cpu": "1.5"}}
 
@@ -35,11 +35,7 @@ def test_resync_leaves_canonicalised_quantities_alone(kube_api, start_operator):
 
 def test_writes_that_keep_failing_show_in_a_condition_until_they_succeed(kube_api, start_operator):
     start_operator(LAPS_OPERATOR_RESYNC_SECONDS="0.5")
-    cluster = Cluster(kube_api, "denied")
-    body = example("denied")
-    body["spec"]["laps"]["allocation"]["enabled"] = False
-    cluster.create(body)
-    wait_for(lambda: cluster.status().get("observedGeneration") == 1, "the first reconcile")
+    cluster = reconciled_without_allocation(kube_api, "denied")
     # The API server refuses the next 6 StatefulSet writes (RBAC taken away, an admission
     # webhook saying no...), then accepts them again.
     kube_api.call(lambda: kube_api.emulator["patch", kmock.resource("apps", "v1", "statefulsets")][:6]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from laps_operator.kube import KubeError, Ref
+from laps_operator.kube import KubeError, Ref, field_value
 
 
 def merge(target: Any, patch: Any) -> Any:
@@ -21,12 +21,6 @@ def merge(target: Any, patch: Any) -> Any:
         else:
             out[key] = merge(out.get(key), value)
     return out
-
-
-def _field(obj: dict, path: str) -> str:
-    for part in path.split("."):
-        obj = obj.get(part) if isinstance(obj, dict) else None
-    return "" if obj is None else str(obj)
 
 
 class FakeKube:
@@ -58,7 +52,7 @@ class FakeKube:
         found = [o for (kind, ns, _), o in sorted(self.objects.items()) if kind == ref.kind and ns == ref.namespace]
         return [copy.deepcopy(o) for o in found
                 if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in (label_selector or {}).items())
-                and all(_field(o, k) == v for k, v in (field_selector or {}).items())]
+                and all(field_value(o, k) == v for k, v in (field_selector or {}).items())]
 
     def patch(self, ref: Ref, patch: dict, *, subresource: str = "", dry_run: bool = False) -> dict:
         if self.fail_next:
