@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -88,7 +89,15 @@ def unwritable_dir(path: Path) -> str | None:
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is not a directory"
-    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot create it in {parent} (not writable)"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create it in {parent} (not writable)"
+    # Permissions are not the whole story (/proc and /sys refuse any new entry, even to root):
+    # a directory made and removed at once says it, before a run whose results it would lose.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".laps-", dir=parent))
+    except OSError as exc:
+        return f"cannot create it in {parent} ({exc.strerror or exc})"
+    return None
 
 
 def output_dir(text: str) -> Path:

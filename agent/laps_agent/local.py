@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
     p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
-                        "beyond which a class gets 429 (0: no bound; default: laps gateway's)")
+                        "beyond which a class gets 429, beside the engines' measured bound (0: "
+                        "neither; default: laps gateway's)")
     p.add_argument("--max-decode-share", type=decode_share, default=None,
                    help="the gateway's admission control: the share of the decode slots one class "
                         "may hold, beyond which it gets 429 (0: no bound; default: laps gateway's, "

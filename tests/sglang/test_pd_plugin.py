@@ -261,3 +261,22 @@ def test_engine_info_follows_the_operator_relabelling_the_pod(laps_prefill):
     new.write_text('app="laps"\nlaps.io/prefill-group="long"\n')
     os.replace(new, laps_prefill.labels_file)  # whole, as the kubelet swaps it
     poll(lambda: info() == {"short": 0, "long": 1}, timeout=30, message="laps_engine_info to show the long group")
+
+
+def test_a_batch_sent_twice_at_once_with_the_clients_rids_is_answered_both_times(gateway):
+    """SGLang's /generate takes a list of prompts with a list of rids, each of which must be
+    unique inside SGLang; a client may send the same batch twice (a retry, two workers alike).
+    The gateway makes each rid unique per attempt, as it does a single one: the engines see four
+    requests, each still named by the client's rid."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"text": ["The capital of France is", "One, two, three,"], "rid": ["job-a", "job-b"],
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda _: httpx.post(f"{gateway}/generate", json=body, timeout=120), range(2)))
+    for reply in replies:
+        assert reply.status_code == 200, reply.text
+        answers = reply.json()
+        assert "Paris" in answers[0]["text"]
+        assert [a["meta_info"]["id"].rsplit("-", 1)[0] for a in answers] == ["job-a", "job-b"]
+    assert len({a["meta_info"]["id"] for reply in replies for a in reply.json()}) == 4

@@ -137,4 +137,5 @@ class Engine(EngineCore):
         self.snapshot = {"running": len(self._running), "queues": self.scheduler.pending(),
                          "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
                          "waiting_kv": len(self._imports), "live": len(self._live),
-                         "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms)}
+                         "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms),
+                         "prefill_cost": self.scheduler.prefill_cost()}

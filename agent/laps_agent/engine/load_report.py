@@ -19,6 +19,14 @@ rather than each by the requests it dispatched itself.
                       (X-LAPS-Class; a request without it counts in neither). On a decode
                       engine every gateway replica's requests together: what the decode share
                       counts over all replicas
+  max_pending_tokens  prefill role, once a prefill batch has run: the uncached
+                      prompt tokens it expects to prefill within QUEUE_SHARE_OF_TIMEOUT of its
+                      KV hand-off timeout (--bootstrap-timeout), by its own measured cost per
+                      batch and per token (scheduling/window.py's PrefillCostModel). The gateway
+                      sends a request to the pod only if it fits in this with the pod's queue
+                      (gateway/admission.py in_time): a token bound alone cannot know the
+                      hardware, and on a slow one a queue under it still outlasts the timeout,
+                      so the requests at its back fail late (503) instead of at once (429)
 
 The figures come from the engine loop's snapshot (refreshed every iteration, and before a
 prefill batch starts, so a long batch counts while it runs) plus the server's KV fetches, and
@@ -31,12 +39,27 @@ from laps_agent.drain import WORK_PATHS
 from laps_agent.engine.api_models import LAPS_CLASS_HEADER
 
 _HEADER = LAPS_CLASS_HEADER.lower().encode()
+# A queued request's prefill must end well before its decode engine stops waiting for the KV:
+# half the timeout leaves the other half for the cost estimate's error (a linear fit, while
+# attention makes long prompts cost more per token) and for the hand-off itself.
+QUEUE_SHARE_OF_TIMEOUT = 0.5
+
+
+def prefill_capacity(cost: tuple[float, float] | None, seconds: float) -> int | None:
+    """The uncached prompt tokens a prefill costing `cost` (overhead seconds, seconds per
+    token) gets through in `seconds`, at least 1 (so an idle pod still takes a request); None
+    when unknown (no cost measured yet, or no per-token cost to divide by)."""
+    if cost is None or not cost[1] > 0:
+        return None
+    overhead, per_token = cost
+    return max(1, int((seconds - overhead) / per_token))
 
 
 def load_report(role: str, snapshot: dict[str, Any], fetching: int,
                 max_running: int | None = None,
                 held_by_class: dict[str, int] | None = None,
-                max_prompt_tokens: int | None = None) -> dict[str, Any]:
+                max_prompt_tokens: int | None = None,
+                bootstrap_timeout_s: float | None = None) -> dict[str, Any]:
     queues = snapshot.get("queues") or {}
     prefilling_requests, prefilling_tokens = snapshot.get("prefilling") or (0, 0)
     report = {"role": role,
@@ -50,6 +73,10 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         report["held_by_class"] = dict(held_by_class)
     if max_prompt_tokens is not None:
         report["max_prompt_tokens"] = max_prompt_tokens
+    if role == "prefill" and bootstrap_timeout_s is not None:
+        capacity = prefill_capacity(snapshot.get("prefill_cost"), QUEUE_SHARE_OF_TIMEOUT * bootstrap_timeout_s)
+        if capacity is not None:
+            report["max_pending_tokens"] = capacity
     return report
 
 

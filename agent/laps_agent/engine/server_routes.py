@@ -111,7 +111,7 @@ def build_app(server: EngineServer) -> FastAPI:
         is answered as plain bytes (no response validation)."""
         return Response(json.dumps(load_report(s.role, engine.snapshot, server.fetching,
                                                engine.config.max_running_requests, held,
-                                               engine.max_prompt_tokens())),
+                                               engine.max_prompt_tokens(), s.bootstrap_timeout_s)),
                         media_type="application/json")
 
     @app.get("/metrics")

@@ -12,8 +12,20 @@ included when the engines report it, or the gateway's own count if that is more)
 The bound is a watermark, not a budget: a request is admitted whenever the group is below it,
 whatever its own size, so a prompt larger than the bound still runs when its group has room, and
 the queue overshoots the bound by at most one request. Choose the bound so that a pod prefills
-that much well within the engines' --bootstrap-timeout (30 s): SmolLM2 on a CPU prefills about
-1,000 tokens/s, a 32B model on an H200 about 10,000/s.
+that much well within the engines' --bootstrap-timeout (30 s): a 32B model on an H200 prefills
+about 10,000 tokens/s, SmolLM2 on two CPU cores 250 (3,000-token prompts) to 1,000 (short ones).
+
+The engines also measure it themselves: a pod whose /get_load reports `max_pending_tokens`
+(what it expects to prefill within half its KV hand-off timeout at its measured speed,
+engine/load_report.py; this project's engines, once they have run a prefill batch) takes a
+request only while its queue and that request together stay within it (`in_time`), or when it
+holds nothing (so a prompt longer than that still runs). The check is on the pod routing chose,
+whose queue the request joins, and counts the request itself: a watermark lets one request past
+it, which at the measured speed is one request too late. Without it a slow pod's queue under
+the token bound outlasts the timeout: on two CPU cores, a burst of 3,000-token chats was all
+admitted up to 18,000 tokens, and the ones at its back failed with 503 after 30 s instead of a
+429 at once. A pod that reports none (stock SGLang, an engine yet to prefill, no fresh answer)
+is bounded by the token bound alone; a token bound of 0 (admission off) turns this off too.
 
 The decode pool is shared by both classes, so a bound on prefill alone does not isolate them: a
 flood of long requests with long answers prefills quickly, then piles up in the decode engines
@@ -69,6 +81,13 @@ def admit(pending_tokens: int, pods: int, max_pending_tokens_per_pod: int) -> Ad
     return Admission(bound is None or pending_tokens < bound, pending_tokens, bound)
 
 
+def in_time(pending_tokens: int, work: int, capacity: int | None) -> bool:
+    """Whether a prefill pod with `pending_tokens` queued, which expects to prefill `capacity`
+    tokens in time (None: unknown), takes a request of `work` uncached tokens more: always when
+    it holds nothing."""
+    return capacity is None or pending_tokens == 0 or pending_tokens + work <= capacity
+
+
 def group_load(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],
                own_pending_tokens: int) -> tuple[int, int]:
     """(routable pods, pending tokens) of a group whose pods are `members`. The pods' tokens
@@ -104,15 +123,21 @@ def decode_share_bound(share: float, slots: int) -> int | None:
 
 
 def refusal(d: RouteDecision, group: tuple[int, int], held: int, slots: int,
-            max_pending_tokens_per_pod: int, max_decode_share: float) -> str | None:
+            max_pending_tokens_per_pod: int, max_decode_share: float,
+            pod: tuple[int, int, int | None] = (0, 0, None)) -> str | None:
     """Why a request routed as `d` is refused (None: admitted). `group`: (routable pods,
-    pending tokens) of its prefill group; `held`: its class's requests on the decode pool of
-    `slots` slots."""
+    pending tokens) of its prefill group; `pod`: (pending tokens, the request's work, measured
+    capacity) of the prefill pod it is routed to (`in_time`); `held`: its class's requests on
+    the decode pool of `slots` slots."""
     pods, pending = group
     verdict = admit(pending, pods, max_pending_tokens_per_pod)
     if not verdict.admitted:
         why = (f"the {d.group} prefill group is overloaded: {pending} prompt tokens pending, its "
                f"bound is {verdict.bound} ({max_pending_tokens_per_pod} per pod x {pods} pods)")
+    elif verdict.bound is not None and not in_time(*pod):   # 0 turns the token bound and this off
+        why = (f"the {d.group} prefill group is overloaded: its pod {d.prefill.name} holds {pod[0]} "
+               f"prompt tokens, and with this request's {pod[1]} more it would not prefill them "
+               f"within half its KV hand-off timeout at its measured speed (about {pod[2]} tokens)")
     else:
         bound = decode_share_bound(max_decode_share, slots)
         if bound is None or held < bound:

@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                         default=GatewayConfig.max_pending_tokens_per_pod,
                         help="admission control: a prefill group takes new requests while its "
                              "pending prompt tokens are below this many per routable pod; beyond, "
-                             "its class gets 429 + Retry-After (0: no bound)")
+                             "its class gets 429 + Retry-After; so does a request that would not fit "
+                             "within what the pod it goes to reports it prefills in time (0: neither)")
     limits.add_argument("--max-decode-share", type=decode_share, default=GatewayConfig.max_decode_share,
                         help="admission control: each class may hold at most this share of the "
                              "decode pool's slots (its pods' max running requests, from their "

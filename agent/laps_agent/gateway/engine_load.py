@@ -60,6 +60,7 @@ class LoadReport(NamedTuple):
     slots: int | None = None                 # max running requests; None: not reported
     held: Mapping[str, int] | None = None    # requests held per class; None: not reported
     max_prompt: int | None = None            # longest prompt it takes; None: not reported
+    capacity: int | None = None              # its max_pending_tokens; None: not reported
 
 
 @dataclass(slots=True)
@@ -71,6 +72,7 @@ class _Pod:
     held: Mapping[str, int] | None = None     # its held_by_class in that answer, if it had one
     held_then: dict[str, int] = field(default_factory=dict)  # of which this gateway's, at most
     max_prompt: PromptLimit | None = None     # longest prompt it takes (ANY_LENGTH: any); None: unknown
+    capacity: int | None = None               # its max_pending_tokens, as last reported
 
 
 class EngineLoads:
@@ -91,7 +93,7 @@ class EngineLoads:
 
     def answered(self, name: str, mark: tuple, requests: int, tokens: int, slots: int | None = None,
                  held: Mapping[str, int] | None = None, max_prompt: int | None = None,
-                 own_held: OwnHeld = _NONE_HELD) -> None:
+                 capacity: int | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
         """The answer to the poll `mark`: the pod's figures, and `own_held` as of now."""
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
@@ -101,6 +103,7 @@ class EngineLoads:
             pod.slots = slots
         if max_prompt:
             pod.max_prompt = PromptLimit(max_prompt)
+        pod.capacity = capacity
         pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
     def slots(self, name: str) -> int | None:
@@ -108,6 +111,13 @@ class EngineLoads:
         long ago: a setting of the engine, not a load, so an old answer still holds."""
         pod = self._pods.get(name)
         return pod.slots if pod is not None else None
+
+    def capacity(self, name: str) -> int | None:
+        """The prompt tokens pod `name` expects to prefill in time (its max_pending_tokens,
+        engine/load_report.py) as of its last fresh answer; None without one. A measurement
+        that follows the traffic, unlike slots: an old one is not kept."""
+        pod = self._pods.get(name)
+        return pod.capacity if pod is not None and self._fresh(pod, self._clock()) else None
 
     def learnt_limit(self, name: str, limit: PromptLimit | None) -> None:
         """The longest prompt pod `name` takes, learnt apart from its load (stock SGLang's;
@@ -171,6 +181,8 @@ class EngineLoads:
                   "age_s": round(now - pod.asked_at, 3)}
         if pod.held is not None:
             report["held_by_class"] = dict(pod.held)
+        if pod.capacity is not None:
+            report["max_pending_tokens"] = pod.capacity
         return report
 
 
@@ -209,7 +221,8 @@ def parse_report(body: bytes) -> LoadReport:
         return LoadReport(requests, int(doc["pending_tokens"]),
                           int(doc.get("max_running_requests", 0)) or None,
                           None if held is None else {str(cls): int(n) for cls, n in held.items()},
-                          int(doc.get("max_prompt_tokens", 0)) or None)
+                          int(doc.get("max_prompt_tokens", 0)) or None,
+                          int(doc.get("max_pending_tokens", 0)) or None)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a load report: {exc!r}") from None
 

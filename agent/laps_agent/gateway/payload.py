@@ -10,8 +10,9 @@ its own `bootstrap_*` keys: those are dropped, so the engines see exactly one of
 gateway's. A client's own `rid` (SGLang's request id, in /generate and the OpenAI bodies) must
 be unique inside each engine, and clients reuse one (a job id, two workers alike): the engines
 get it made unique per attempt, `<rid>-<room in hex>`, still naming the client's request in
-their logs. Left as it was, two requests with one rid at once were each refused by one engine
-of their pair: the other waited out the KV hand-off and its prefill pod was blamed.
+their logs; a batch's list of rids (SGLang's /generate) gets the suffix on each. Left as it was,
+two requests with one rid at once were each refused by one engine of their pair: the other
+waited out the KV hand-off and its prefill pod was blamed.
 
 `parse_body` reads it with tokenizer.loads_json_text (a fast parser, json.loads for what that
 refuses), so every body gets json.loads' verdict: its dict, its error message, or a lone
@@ -35,8 +36,10 @@ class PDPayload:
 
     def __init__(self, raw: bytes, body: dict) -> None:
         """`raw` is the request body as received and `body` what json.loads made of it."""
-        # Not a string: left for the engine to refuse by name.
-        self._rid = body["rid"] if isinstance(body.get("rid"), str) else None
+        # Neither a string nor a list of them: left for the engine to refuse by name.
+        rid = body.get("rid")
+        self._rid = rid if isinstance(rid, str) or (
+            isinstance(rid, list) and rid and all(isinstance(r, str) for r in rid)) else None
         if any(key in body for key in BOOTSTRAP_KEYS) or self._rid is not None:
             body = {k: v for k, v in body.items() if k not in BOOTSTRAP_KEYS and (k != "rid" or self._rid is None)}
             raw = json.dumps(body).encode()
@@ -51,7 +54,11 @@ class PDPayload:
     def pieces(self, host: str, port: int | None, room: int) -> tuple[memoryview, bytes]:
         """An attempt's body as the client's bytes and the PD fields after them: the upstream
         client writes both in one call (writev), so a long body is never copied to join them."""
-        rid = b"" if self._rid is None else b'"rid":%s,' % json.dumps(f"{self._rid}-{room:x}").encode()
+        rid = b""
+        if self._rid is not None:
+            suffix = f"-{room:x}"
+            unique = [r + suffix for r in self._rid] if isinstance(self._rid, list) else self._rid + suffix
+            rid = b'"rid":%s,' % json.dumps(unique).encode()
         return self._head, b'%s%s"bootstrap_host":%s,"bootstrap_port":%s,"bootstrap_room":%d}' % (
             self._comma, rid, json.dumps(host).encode(), b"null" if port is None else b"%d" % port, room)
 

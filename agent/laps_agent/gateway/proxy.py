@@ -55,6 +55,11 @@ class ProxyCall:
     engine_checked: bool = False         # an engine's answer said how much it found cached
     prefill_ended: float = 0.0           # the latest attempt's; the answering one's is the TTFT
 
+    def work(self, d: RouteDecision) -> int:
+        """Its prefill work on the pod `d` routes it to: the tokens that pod is expected not to
+        hold (routing's expected cached prefix taken off)."""
+        return max(1, self.tokens - d.cached)
+
 
 class PDProxy:
     def __init__(self, config: GatewayConfig, discovery: Discovery, tracker: LoadTracker,
@@ -91,17 +96,21 @@ class PDProxy:
                             membership.decode, loads, exclude=frozenset(exclude),
                             tiebreak=next(self._tiebreak), held=held, bound=self._config.affinity_bound)
 
-    def admit(self, d: RouteDecision, membership: Membership, loads: Mapping[str, EndpointLoad]) -> None:
+    def admit(self, d: RouteDecision, work: int, membership: Membership,
+              loads: Mapping[str, EndpointLoad]) -> None:
         """Admission control (admission.refusal) of the group that would serve the request (its
-        class's own, or the other one on fallback, which must not be swamped either) and of the
-        class's share of the decode pool: 429 when either is full."""
+        class's own, or the other one on fallback, which must not be swamped either), of the pod
+        it goes to (`work`: the request's expected uncached tokens), and of the class's share of
+        the decode pool: 429 when any is full."""
         cfg = self._config
+        pod = (loads.get(d.prefill.name, EndpointLoad()).pending_tokens, work,
+               self.engine_loads.capacity(d.prefill.name))
         message = refusal(d, group_load(membership.groups.get(d.group, ()), loads,
                                         self._tracker.group_pending(d.group)[1]),
                           decode_held(membership.decode, loads, d.cls, self._tracker.decode_held(d.cls),
                                       self.engine_loads.others_held),
                           decode_slots(membership.decode, loads, self.engine_loads.slots),
-                          cfg.max_pending_tokens_per_pod, cfg.max_decode_share)
+                          cfg.max_pending_tokens_per_pod, cfg.max_decode_share, pod)
         if message is not None:
             self._metrics.rejected_of[d.cls].inc()
             raise GatewayError(429, "overloaded", message, cfg.retry_after_s)
@@ -125,7 +134,7 @@ class PDProxy:
                     message += f"; last failure: {failure.message}"
                 raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s, busy=all_busy) from None
             if attempt == 0:
-                self.admit(decision, membership, loads)  # retries were admitted already
+                self.admit(decision, call.work(decision), membership, loads)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
                 self.affinity.routed(decision)
                 if decision.fallback:
@@ -146,8 +155,7 @@ class PDProxy:
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
         payload = call.body.pieces(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
                                    self._rooms.getrandbits(63))
-        # The pod's work is what it is expected not to hold (routing's expected uncached length).
-        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, max(1, call.tokens - d.cached))
+        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, call.work(d))
         self.affinity.sent(d, call.prefix)
         self._tracker.begin_decode(d.decode.name, d.cls)
         headers = upstream_headers(d.cls, call.request_id)

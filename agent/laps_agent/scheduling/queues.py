@@ -210,6 +210,11 @@ class PrefillScheduler:
     def window_setting(self) -> WindowSetting:
         return self.window.setting()
 
+    def prefill_cost(self) -> tuple[float, float] | None:
+        """(overhead seconds, seconds per uncached token) of a prefill batch here, as measured so
+        far (window.PrefillCostModel.linear); None before the first batch."""
+        return self.window.cost.linear()
+
     def observe_prefill(self, batch: list[PrefillItem], seconds: float) -> None:
         """Feed the cost model: a batch of these requests took `seconds` of prefill. Call it
         after every batch (also in fixed-window mode: rule 3 uses the estimate)."""

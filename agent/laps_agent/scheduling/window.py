@@ -83,14 +83,18 @@ class PrefillCostModel:
             return 0.0, self._xy / self._xx
         return overhead, per_token
 
-    def predict(self, tokens: int) -> float | None:
-        """Expected seconds for a batch of `tokens` uncached tokens; None before any sample."""
+    def linear(self) -> tuple[float, float] | None:
+        """(overhead seconds, seconds per token) to predict with: the fit, or while overhead and
+        per-token cost cannot be told apart the one operating point known, scaled
+        proportionally (no overhead); None before any sample."""
         if self.samples == 0:
             return None
-        coef = self.coefficients()
-        if coef is None:  # one operating point known: scale it proportionally
-            return tokens * self._y / self._x
-        return coef[0] + coef[1] * tokens
+        return self.coefficients() or (0.0, self._y / self._x)
+
+    def predict(self, tokens: int) -> float | None:
+        """Expected seconds for a batch of `tokens` uncached tokens; None before any sample."""
+        line = self.linear()
+        return None if line is None else line[0] + line[1] * tokens
 
 
 class Ewma:

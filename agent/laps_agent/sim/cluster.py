@@ -12,9 +12,11 @@ from the profile, a prefix cache on each prefill engine). A request's path mirro
   -> (systems with prefix warming, a conversation's turn) one hop later its prefill engine is
      sent prompt + answer to compute when idle (engine/prefix_warm.py).
 
-Admission control is the gateway's (`admission.admit` on the group's pending tokens: a refused
-request fails with 429 at once). Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through the
-gateway and engines costs on a busy machine): two before the prefill engine has the request
+Admission control is the gateway's `admission.refusal` on the group's pending tokens and on the
+chosen pod's queue against what its model measured it prefills within half the engines'
+--bootstrap-timeout (a refused request fails with 429 at once; the decode share is not
+modelled). Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through
+the gateway and engines costs on a busy machine): two before the prefill engine has the request
 (client -> gateway -> engine), one for the decode engine's KV fetch, two for the first token's
 way back (decode engine -> gateway -> client). Not modelled: client think time and failures.
 """
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field
 from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
-from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, admit
+from laps_agent.engine.load_report import QUEUE_SHARE_OF_TIMEOUT, prefill_capacity
+from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, refusal
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
@@ -132,6 +135,7 @@ class SimCluster:
         self.interval_s, self.hop_s = interval_s, hop_s
         bound = system.max_pending_tokens_per_pod if max_pending_tokens_per_pod is None else max_pending_tokens_per_pod
         self.max_pending_tokens_per_pod = DEFAULT_MAX_PENDING_TOKENS_PER_POD if bound is None else bound
+        self.in_time_s = QUEUE_SHARE_OF_TIMEOUT * args.bootstrap_timeout   # what the engines report by
         # What `laps local`'s StaticAllocator does, on the virtual clock (allocation.py).
         self.allocator = SimAllocator(system.allocation, self.allocation, self.prefill_eps)
         self.moves = self.allocator.moves  # (time, move) of every pod moved between groups
@@ -195,21 +199,23 @@ class SimCluster:
 
     def _route(self, r: SimRequest, now: float) -> None:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
+        loads = self.tracker.loads()
         try:
-            d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps,
-                             self.tracker.loads(), tiebreak=next(self._tiebreak),
-                             held=self.prefixes.held(r.conversation, r.prompt_tokens))
+            d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads,
+                             tiebreak=next(self._tiebreak), held=self.prefixes.held(r.conversation, r.prompt_tokens))
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
-        verdict = admit(self.tracker.group_pending(d.group)[1], len(self.groups[d.group]),
-                        self.max_pending_tokens_per_pod)
-        if not verdict.admitted:  # the gateway's admission control: refused before any engine
+        prefill = self._prefill_index[d.prefill.name]
+        work = max(1, r.routed_tokens - d.cached)  # what the pod is not expected to hold (as the gateway books it)
+        capacity = prefill_capacity(self.prefill[prefill].scheduler.prefill_cost(), self.in_time_s)
+        pod = (loads[d.prefill.name].pending_tokens if d.prefill.name in loads else 0, work, capacity)
+        if refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]), 0, 0,
+                   self.max_pending_tokens_per_pod, 0.0, pod) is not None:   # refused before any engine
             self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
             return
-        r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
-        r.expected = d.cached  # the pod's work: what it is not expected to hold (as the gateway books it)
-        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, max(1, r.routed_tokens - d.cached))
+        r.prefill, r.decode, r.expected = prefill, self._decode_index[d.decode.name], d.cached
+        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, work)
         self.tracker.begin_decode(d.decode.name)
         self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
         if self.hop_s > 0:

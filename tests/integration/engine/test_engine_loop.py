@@ -250,6 +250,8 @@ def test_the_load_report_counts_a_prefill_batch_while_its_forward_pass_runs(make
         return forward(*args, **kwargs)
 
     engine.runner.forward = held_forward
+    # Nothing prefilled yet: as a prefill engine it could not say what it prefills in time.
+    assert "max_pending_tokens" not in load_report("prefill", engine.snapshot, 0, bootstrap_timeout_s=30)
     outs: queue.Queue = queue.Queue()
     engine.submit(GenerateWork("held", prompt(40), SamplingParams(max_new_tokens=2, temperature=0.0)),
                   outs.put)
@@ -262,6 +264,11 @@ def test_the_load_report_counts_a_prefill_batch_while_its_forward_pass_runs(make
     assert collect(outs, 1)["held"][-1].completion_tokens == 2
     poll(lambda: load_report("mixed", engine.snapshot, fetching=0)["waiting_requests"] == 0,
          message="the report to drop the finished request")
+    # Its prefill was measured: a prefill engine reports what it prefills within half its
+    # hand-off timeout (the gateway admits to it by that), a bigger figure for a longer timeout.
+    within = [load_report("prefill", engine.snapshot, 0, bootstrap_timeout_s=t)["max_pending_tokens"]
+              for t in (30, 300)]
+    assert 1 <= within[0] < within[1]
 
 
 def test_a_broken_output_consumer_is_logged_with_the_clients_request_id(make_engine, caplog):

@@ -100,6 +100,10 @@ def test_dashboards_ship_as_labelled_configmaps_with_valid_json():
     [
         ({"replicas": 2}, "/replicas"),
         ({"image": {"repository": "x", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        # A digest alone as the tag would render repository:sha256:…, which the kubelet only
+        # refuses at pull time (InvalidImageName).
+        ({"image": {"repository": "x", "pullPolicy": "Always", "tag": "sha256:" + "a" * 64}}, "/image/tag"),
+        ({"image": {"repository": "x", "pullPolicy": "Always", "digest": "sha256:abc"}}, "/image/digest"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"metrics": {"port": 8081}}, "/metrics/port"),
         ({"unknownKey": 1}, "unknownKey"),
@@ -184,3 +188,11 @@ def test_non_default_values_reach_the_operator_pod_and_its_bindings():
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "laps-operator-sa", "namespace": "ops"}]
     assert all(d["metadata"].get("namespace") == "ops" for d in docs
                if d["kind"] not in ("Role", "RoleBinding", "ClusterRole"))
+
+
+def test_an_image_digest_pins_the_operator_image():
+    digest = "sha256:" + "0123456789abcdef" * 4
+    (deploy,) = by_kind(render({"image": {"repository": "registry.example/laps-operator", "tag": "1.2.3",
+                                          "digest": digest, "pullPolicy": "IfNotPresent"}}), "Deployment")
+    (ctr,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert ctr["image"] == f"registry.example/laps-operator@{digest}"

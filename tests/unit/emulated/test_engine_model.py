@@ -210,3 +210,21 @@ def test_the_load_report_counts_a_prefill_batch_while_it_runs_and_the_queue_behi
     assert load_report("prefill", m.snapshot(), fetching=0) == {
         "role": "prefill", "waiting_requests": 0, "pending_tokens": 0, "running_requests": 0,
         "transfer_requests": 0}
+
+
+def test_a_prefill_engine_reports_what_it_prefills_within_half_its_hand_off_timeout():
+    """The gateway admits to a prefill pod by this figure (gateway/admission.py in_time): the
+    engine measures its own cost per batch and per token, so the figure follows the hardware."""
+    from laps_agent.engine.load_report import load_report
+
+    m = EngineModel(profile(), "prefill", SchedulerConfig(wait_window_ms=0, length_threshold=64))
+    assert "max_pending_tokens" not in load_report("prefill", m.snapshot(), 0, bootstrap_timeout_s=30)
+    at = 0.0
+    for rid, tokens in (("a", 1000), ("b", 200)):   # two sizes: overhead and per-token cost apart
+        m.add(ModelRequest(rid, "prefill", tokens, 1, at), at)
+        at = max(e.time for e in run_until_idle(m, at))
+    # The profile: 0.01 s per batch + 0.001 s per token; half of 30 s holds (15 - 0.01) / 0.001.
+    assert load_report("prefill", m.snapshot(), 0, bootstrap_timeout_s=30)["max_pending_tokens"] == \
+        pytest.approx(14990, abs=2)
+    # A decode engine prefills nothing for the gateway to bound.
+    assert "max_pending_tokens" not in load_report("decode", m.snapshot(), 0, bootstrap_timeout_s=30)

@@ -1,10 +1,11 @@
 """Admission control per prefill group: a watermark on pending prompt tokens, proportional to
-the group's routable pods; 0 turns it off."""
+the group's routable pods; 0 turns it off. Per prefill pod, by its measured capacity: the
+request must fit with what the pod holds."""
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from laps_agent.gateway.admission import admit, decode_share_bound, decode_slots, group_bound, refusal
+from laps_agent.gateway.admission import admit, decode_share_bound, decode_slots, group_bound, in_time, refusal
 from laps_agent.gateway.routing import Endpoint, EndpointLoad, RouteDecision
 
 
@@ -76,3 +77,17 @@ def test_a_class_at_its_decode_share_is_refused_while_the_other_is_admitted():
     # The prefill group's bound is checked too, and named.
     assert refusal(_routed("long"), (1, 1000), 0, 8, 1000, 0.75).startswith(
         "the long prefill group is overloaded: 1000 prompt tokens pending")
+
+
+def test_a_pod_takes_a_request_only_if_it_fits_with_what_it_holds_in_its_measured_capacity():
+    assert in_time(pending_tokens=2000, work=1000, capacity=3000)
+    assert not in_time(pending_tokens=2001, work=1000, capacity=3000)
+    assert in_time(pending_tokens=0, work=10_000, capacity=3000)    # idle: a longer prompt still runs
+    assert in_time(pending_tokens=10**6, work=1, capacity=None)     # not measured: the group bound alone
+    refused = refusal(_routed("long"), (1, 2500), 0, 8, 16384, 0.75, pod=(2500, 1000, 3000))
+    assert refused.startswith("the long prefill group is overloaded: its pod p holds 2500 prompt tokens, "
+                              "and with this request's 1000 more it would not prefill them within half "
+                              "its KV hand-off timeout at its measured speed (about 3000 tokens)"), refused
+    assert refusal(_routed("long"), (1, 2000), 0, 8, 16384, 0.75, pod=(2000, 1000, 3000)) is None
+    # Admission off (0): the measured bound is off too, as a benchmark of an unbounded queue needs.
+    assert refusal(_routed("long"), (1, 2500), 0, 8, 0, 0.75, pod=(2500, 1000, 3000)) is None

@@ -107,6 +107,8 @@ def test_a_report_is_read_from_get_load_json():
     assert parse_report(body[:-1] + b', "max_running_requests": 48}') == LoadReport(6, 20, 48, None)
     assert parse_report(body[:-1] + b', "held_by_class": {"short": 1, "long": 5}}') == LoadReport(
         6, 20, None, {"short": 1, "long": 5})
+    # A prefill engine says what it prefills in time (admission.in_time bounds its queue by it).
+    assert parse_report(body[:-1] + b', "max_pending_tokens": 5000}').capacity == 5000
     for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}',
                 body[:-1] + b', "held_by_class": [1, 2]}', body[:-1] + b', "held_by_class": {"long": "x"}}'):
         with pytest.raises(ValueError):
@@ -172,3 +174,16 @@ def test_without_classes_in_the_reports_a_class_counts_this_gateways_own_alone(c
     assert loads.report("d2")["held_by_class"] == {"long": 4} and "held_by_class" not in loads.report("d1")
     clock.now += loads.stale_after_s + 0.01
     assert decode_held(DECODE, {}, "long", 1, loads.others_held) == 1
+
+
+def test_a_pods_measured_capacity_counts_only_while_its_reports_are_fresh(clock):
+    """A measurement that follows the traffic (unlike a pod's slots): once the pod stops
+    answering, its queue is bounded by the token setting alone, not by an old speed."""
+    loads = EngineLoads(0.1, clock)
+    assert loads.capacity("a") is None                      # never asked
+    loads.answered("a", loads.asking("a", IDLE), requests=0, tokens=0, capacity=5000)
+    assert loads.capacity("a") == 5000 and loads.report("a")["max_pending_tokens"] == 5000
+    clock.now += loads.stale_after_s + 1
+    assert loads.capacity("a") is None
+    loads.answered("a", loads.asking("a", IDLE), requests=0, tokens=0)   # an engine without it
+    assert loads.capacity("a") is None

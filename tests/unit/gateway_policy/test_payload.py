@@ -59,3 +59,14 @@ def test_a_clients_rid_reaches_the_engines_unique_per_attempt_and_still_named():
     # One that is not a string stays as sent, for the engine to refuse by name.
     raw = b'{"text": "x", "rid": 7}'
     assert json.loads(b"".join(PDPayload(raw, json.loads(raw)).pieces("h", 1, 1)))["rid"] == 7
+
+
+def test_a_batch_of_rids_gets_each_made_unique_per_attempt():
+    """SGLang's /generate takes a list of prompts with a list of rids: each must be unique in
+    the engine, as a single one must."""
+    raw = b'{"text": ["a", "b"], "rid": ["job-1", "job-2"]}'
+    payload = PDPayload(raw, json.loads(raw))
+    sent = [json.loads(b"".join(payload.pieces("h", 1, room)))["rid"] for room in (255, 4096)]
+    assert sent == [["job-1-ff", "job-2-ff"], ["job-1-1000", "job-2-1000"]]
+    for odd in (b'{"text": ["a"], "rid": ["x", 7]}', b'{"text": [], "rid": []}'):  # the engine's to refuse
+        assert json.loads(b"".join(PDPayload(odd, json.loads(odd)).pieces("h", 1, 1)))["rid"] == json.loads(odd)["rid"]
