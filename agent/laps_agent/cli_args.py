@@ -80,7 +80,8 @@ def slo_seconds(text: str) -> dict[str, float]:
 
 def unwritable_dir(path: Path) -> str | None:
     """Why `path` cannot be (or become) a directory this process writes into; None if it can.
-    Nothing is created: a run refused later for another reason leaves no empty directory."""
+    Nothing is left behind (a trial directory is made and removed at once): a run refused later
+    for another reason leaves no empty directory."""
     if path.exists():
         return None if path.is_dir() and os.access(path, os.W_OK | os.X_OK) else (
             "exists and is not a directory" if not path.is_dir() else "is not writable")

@@ -64,6 +64,7 @@ class EngineModel:
         self._finishing: list[tuple[int, int, str]] = []   # (finish step, tie, rid)
         self._sum_prompt = self._sum_start = 0              # over running: context bookkeeping
         self._stage, self._batch = _IDLE, []
+        self._cost: tuple[list[PrefillItem], float] = ([], 0.0)  # the running prefill's, observed at its end
         self.busy_until: float | None = None
         self.wake_at: float | None = None
         self.busy_seconds = 0.0                             # modelled compute time, for utilisation
@@ -213,7 +214,7 @@ class EngineModel:
         uncached = [max(1, r.prompt_tokens - r.cached_tokens) for r in batch]
         seconds, bucket = prefill_batch_cost(self.profile, self.grid, decision.queue, uncached,
                                              [r.cached_tokens for r in batch], self.batch_prefill_graphs_mode)
-        self.scheduler.observe_prefill(items, seconds)
+        self._cost = (items, seconds)  # the cost model learns it when the batch ends, as the builtin's
         if self.on_prefill is not None:
             self.on_prefill(prefill_record(decision.queue, uncached, bucket, seconds, self.profile.graphs, batch))
         self._batch = batch
@@ -233,6 +234,7 @@ class EngineModel:
         stage, self._stage = self._stage, _IDLE
         if stage == _PREFILL:
             batch, self._batch = self._batch, []
+            self.scheduler.observe_prefill(*self._cost)
             for req in batch:
                 if self.requests.get(req.rid) is not req:
                     continue  # aborted while its batch ran

@@ -41,7 +41,10 @@ from laps_agent.engine.api_models import LAPS_CLASS_HEADER
 _HEADER = LAPS_CLASS_HEADER.lower().encode()
 # A queued request's prefill must end well before its decode engine stops waiting for the KV:
 # half the timeout leaves the other half for the cost estimate's error (a linear fit, while
-# attention makes long prompts cost more per token) and for the hand-off itself.
+# attention makes long prompts cost more per token; one batch's overhead counted where a queue
+# runs in several) and for the hand-off itself. The timeout is the prefill engine's own; the
+# decode engine's is the one that fails a request, and `laps local` and the operator give both
+# engines the same.
 QUEUE_SHARE_OF_TIMEOUT = 0.5
 
 

@@ -19,13 +19,19 @@ The engines also measure it themselves: a pod whose /get_load reports `max_pendi
 (what it expects to prefill within half its KV hand-off timeout at its measured speed,
 engine/load_report.py; this project's engines, once they have run a prefill batch) takes a
 request only while its queue and that request together stay within it (`in_time`), or when it
-holds nothing (so a prompt longer than that still runs). The check is on the pod routing chose,
-whose queue the request joins, and counts the request itself: a watermark lets one request past
-it, which at the measured speed is one request too late. Without it a slow pod's queue under
-the token bound outlasts the timeout: on two CPU cores, a burst of 3,000-token chats was all
-admitted up to 18,000 tokens, and the ones at its back failed with 503 after 30 s instead of a
-429 at once. A pod that reports none (stock SGLang, an engine yet to prefill, no fresh answer)
-is bounded by the token bound alone; a token bound of 0 (admission off) turns this off too.
+holds nothing (so a prompt longer than that still runs). The check is on the pod the request
+would join, and counts the request itself: a watermark lets one request past it, which at the
+measured speed is one request too late. When the pod routing chose (by cache affinity, or by
+pending tokens where pods differ in speed) would not take it in time, the least loaded pod of
+the group that would takes it instead (`in_time_route`), and only a group with none refuses.
+Without this a slow pod's queue under the token bound outlasts the timeout: on two CPU cores, a
+burst of 3,000-token chats was admitted up to 18,000 tokens, and the ones at its back failed with
+503 after 30 s instead of a 429 at once. A pod that reports none (stock SGLang, an engine yet to
+prefill: a cold engine's first burst; no fresh answer) is bounded by the token bound alone; a
+token bound of 0 (admission off) turns this off too. A prompt longer than a pod's figure (one
+that alone takes over half the timeout: long prompts on a CPU; never on a GPU, whose figure is
+well past the context) waits for an idle pod, so under a steady stream of shorter ones of its
+group it gets 429s until the stream pauses.
 
 The decode pool is shared by both classes, so a bound on prefill alone does not isolate them: a
 flood of long requests with long answers prefills quickly, then piles up in the decode engines
@@ -48,7 +54,7 @@ hold up to N times its share."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from laps_agent.gateway.routing import Endpoint, EndpointLoad, RouteDecision
 
@@ -86,6 +92,25 @@ def in_time(pending_tokens: int, work: int, capacity: int | None) -> bool:
     tokens in time (None: unknown), takes a request of `work` uncached tokens more: always when
     it holds nothing."""
     return capacity is None or pending_tokens == 0 or pending_tokens + work <= capacity
+
+
+def in_time_route(d: RouteDecision, tokens: int, members: Sequence[Endpoint],
+                  loads: Mapping[str, EndpointLoad], capacity: Callable[[str], int | None],
+                  max_pending_tokens_per_pod: int) -> RouteDecision:
+    """`d`, unless its pod would not take the request (`tokens` prompt tokens, `d.cached` of
+    them expected cached there) in time while another routable pod of its group (`members`)
+    would: then `d` sent to the least loaded of those, with all the tokens as its work (the
+    cached prefix is on the other pod). Admission off (a bound of 0): `d`."""
+    def fits(e: Endpoint, work: int) -> bool:
+        return in_time(loads.get(e.name, _IDLE).pending_tokens, work, capacity(e.name))
+
+    if max_pending_tokens_per_pod <= 0 or fits(d.prefill, max(1, tokens - d.cached)):
+        return d
+    others = [e for e in members if e.name != d.prefill.name and loads.get(e.name, _IDLE).healthy
+              and fits(e, max(1, tokens))]
+    if not others:
+        return d   # refusal says why
+    return replace(d, prefill=min(others, key=lambda e: loads.get(e.name, _IDLE).pending_tokens), cached=0)
 
 
 def group_load(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],

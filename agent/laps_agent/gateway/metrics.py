@@ -35,7 +35,8 @@ class GatewayMetrics:
         self.rejected = Counter(
             "laps_gateway_rejected", "Requests refused by admission control (429): the prefill "
             "group that would serve them was over its pending-token bound "
-            "(--max-pending-tokens-per-pod), or their class held its share of the decode slots "
+            "(--max-pending-tokens-per-pod), no pod of it would prefill them within what it "
+            "reports it prefills in time, or their class held its share of the decode slots "
             "(--max-decode-share)", ["class"], registry=r)
         self.ejections = Counter(
             "laps_gateway_ejections", "Pods taken out of routing by passive health checks "

@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-from laps_agent.gateway.admission import decode_held, decode_slots, group_load, refusal
+from laps_agent.gateway.admission import decode_held, decode_slots, group_load, in_time_route, refusal
 from laps_agent.gateway.affinity import CacheAffinity
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery import Discovery, Membership
@@ -96,17 +96,16 @@ class PDProxy:
                             membership.decode, loads, exclude=frozenset(exclude),
                             tiebreak=next(self._tiebreak), held=held, bound=self._config.affinity_bound)
 
-    def admit(self, d: RouteDecision, work: int, membership: Membership,
-              loads: Mapping[str, EndpointLoad]) -> None:
+    def admit(self, d: RouteDecision, call: ProxyCall, membership: Membership,
+              loads: Mapping[str, EndpointLoad]) -> RouteDecision:
         """Admission control (admission.refusal) of the group that would serve the request (its
         class's own, or the other one on fallback, which must not be swamped either), of the pod
-        it goes to (`work`: the request's expected uncached tokens), and of the class's share of
-        the decode pool: 429 when any is full."""
-        cfg = self._config
-        pod = (loads.get(d.prefill.name, EndpointLoad()).pending_tokens, work,
-               self.engine_loads.capacity(d.prefill.name))
-        message = refusal(d, group_load(membership.groups.get(d.group, ()), loads,
-                                        self._tracker.group_pending(d.group)[1]),
+        it goes to, and of the class's share of the decode pool: 429 when any is full. Returns
+        the route: `d`, or `d` moved to a pod of its group that prefills it in time (in_time_route)."""
+        cfg, members, capacity = self._config, membership.groups.get(d.group, ()), self.engine_loads.capacity
+        d = in_time_route(d, call.tokens, members, loads, capacity, cfg.max_pending_tokens_per_pod)
+        pod = (loads.get(d.prefill.name, EndpointLoad()).pending_tokens, call.work(d), capacity(d.prefill.name))
+        message = refusal(d, group_load(members, loads, self._tracker.group_pending(d.group)[1]),
                           decode_held(membership.decode, loads, d.cls, self._tracker.decode_held(d.cls),
                                       self.engine_loads.others_held),
                           decode_slots(membership.decode, loads, self.engine_loads.slots),
@@ -114,6 +113,7 @@ class PDProxy:
         if message is not None:
             self._metrics.rejected_of[d.cls].inc()
             raise GatewayError(429, "overloaded", message, cfg.retry_after_s)
+        return d
 
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
@@ -134,7 +134,7 @@ class PDProxy:
                     message += f"; last failure: {failure.message}"
                 raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s, busy=all_busy) from None
             if attempt == 0:
-                self.admit(decision, call.work(decision), membership, loads)  # retries were admitted already
+                decision = self.admit(decision, call, membership, loads)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
                 self.affinity.routed(decision)
                 if decision.fallback:

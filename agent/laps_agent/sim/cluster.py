@@ -32,7 +32,7 @@ from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
 from laps_agent.engine.load_report import QUEUE_SHARE_OF_TIMEOUT, prefill_capacity
-from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, refusal
+from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
@@ -206,15 +206,17 @@ class SimCluster:
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
-        prefill = self._prefill_index[d.prefill.name]
+        bound = self.max_pending_tokens_per_pod
+        d = in_time_route(d, r.routed_tokens, self.groups[d.group], loads, self._capacity, bound)
         work = max(1, r.routed_tokens - d.cached)  # what the pod is not expected to hold (as the gateway books it)
-        capacity = prefill_capacity(self.prefill[prefill].scheduler.prefill_cost(), self.in_time_s)
-        pod = (loads[d.prefill.name].pending_tokens if d.prefill.name in loads else 0, work, capacity)
-        if refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]), 0, 0,
-                   self.max_pending_tokens_per_pod, 0.0, pod) is not None:   # refused before any engine
+        pending = loads[d.prefill.name].pending_tokens if d.prefill.name in loads else 0
+        pod = (pending, work, self._capacity(d.prefill.name))
+        if refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]), 0, 0, bound, 0.0,
+                   pod) is not None:   # refused before any engine
             self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
             return
-        r.prefill, r.decode, r.expected = prefill, self._decode_index[d.decode.name], d.cached
+        r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
+        r.expected = d.cached
         r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, work)
         self.tracker.begin_decode(d.decode.name)
         self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
@@ -222,6 +224,11 @@ class SimCluster:
             heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
         else:
             self._arrive(r, now)
+
+    def _capacity(self, name: str) -> int | None:
+        """What prefill pod `name` reports it prefills in time (engine/load_report.py), always
+        fresh (the gateway's view is up to one load poll old)."""
+        return prefill_capacity(self.prefill[self._prefill_index[name]].scheduler.prefill_cost(), self.in_time_s)
 
     def _arrive(self, r: SimRequest, now: float) -> None:
         engine = self.prefill[r.prefill]

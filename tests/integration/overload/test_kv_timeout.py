@@ -37,12 +37,7 @@ def stuck_long_group(engine_launcher, tiny_engine_model, gateway_server, tmp_pat
     long_ = emulated("prefill", _profile("stuck", 3600.0))
     decode = emulated("decode", _profile("fast", 0.001), "--bootstrap-timeout", "1")
     discovery = StaticDiscovery(StaticSpec((short.url,), (long_.url,), (decode.url,)), poll_s=0.05)
-    # No load polls: an emulated engine knows a batch's cost as it starts it, and from its
-    # report the gateway would refuse the requests after the first with a 429 at once
-    # (admission.in_time, tests/e2e/emulated/test_admission_measured.py). A hung pod, this
-    # test's story, says no such thing.
-    gateway = gateway_server(discovery, served_model_name="test-model", length_threshold=64,
-                             engine_load_poll=False)
+    gateway = gateway_server(discovery, served_model_name="test-model", length_threshold=64)
     poll(lambda: all(discovery.membership().groups.values()), message="both prefill groups")
     return gateway, long_
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from laps_agent.gateway.admission import admit, decode_share_bound, decode_slots, group_bound, in_time, refusal
+from laps_agent.gateway.admission import (admit, decode_share_bound, decode_slots, group_bound, in_time, in_time_route,
+                                          refusal)
 from laps_agent.gateway.routing import Endpoint, EndpointLoad, RouteDecision
 
 
@@ -91,3 +92,20 @@ def test_a_pod_takes_a_request_only_if_it_fits_with_what_it_holds_in_its_measure
     assert refusal(_routed("long"), (1, 2000), 0, 8, 16384, 0.75, pod=(2000, 1000, 3000)) is None
     # Admission off (0): the measured bound is off too, as a benchmark of an unbounded queue needs.
     assert refusal(_routed("long"), (1, 2500), 0, 8, 0, 0.75, pod=(2500, 1000, 3000)) is None
+
+
+def test_a_request_its_pod_would_not_prefill_in_time_goes_to_one_of_its_group_that_would():
+    """Routing chose pod a (cache affinity: 500 of the 2,000 tokens held there), whose queue of
+    2,500 and the request's 1,500 pass its measured 3,750: the least loaded pod that would take
+    all 2,000 in time serves it, and only a group with none refuses."""
+    a, b, c, gone = (Endpoint(n, f"http://{n}", n, 1) for n in ("a", "b", "c", "gone"))
+    d = RouteDecision("long", "long", a, Endpoint("d", "http://d", "d", None), False, cached=500)
+    loads = {"a": EndpointLoad(1, 2500), "b": EndpointLoad(1, 1000), "c": EndpointLoad(1, 900),
+             "gone": EndpointLoad(0, 0, healthy=False)}
+    capacity = {"a": 3750, "b": 3000, "c": 2500, "gone": 10**6}.get
+    moved = in_time_route(d, 2000, [a, b, c, gone], loads, capacity, 16384)
+    assert (moved.prefill, moved.cached, moved.group) == (b, 0, "long")   # c is less loaded, but 900 + 2,000 > 2,500
+    assert in_time_route(d, 1750, [a, b, c], loads, capacity, 16384) is d   # a takes 1,250 more in time
+    nowhere = {**loads, "b": EndpointLoad(2, 2000)}
+    assert in_time_route(d, 2000, [a, b, c], nowhere, capacity, 16384) is d   # none would: refusal says so
+    assert in_time_route(d, 2000, [a, b, c], loads, capacity, 0) is d         # admission off

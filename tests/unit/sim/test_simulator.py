@@ -126,3 +126,22 @@ def test_answers_stop_at_the_context_as_the_engines_stop_them():
                            engine_args=engine_args).records
         assert (records.status == 200).all() and (records.tokens == tokens).all(), engine_args
         assert (records.output_tokens == 8).all()  # what was asked for
+
+
+def test_the_simulated_gateway_refuses_by_what_each_pod_prefills_in_time():
+    """As the gateway does (admission.in_time_route): a pod takes a request only if it would
+    prefill it within half the engines' --bootstrap-timeout at its measured speed. The same
+    burst of long prompts on CPU engines is refused more the shorter that timeout, and not at
+    all with admission off."""
+    cpu = load_profile("cpu-smollm2")
+    spec = workload(4.0, seconds=10, short_share=0.01)
+    plan = plan_requests(spec)
+
+    def refused(*engine_args: str, system: str = "laps") -> int:
+        result = simulate(plan, cpu, SYSTEMS[system], prefill=2, decode=1, threshold=256,
+                          engine_args=engine_args)
+        return int((result.records.status == 429).sum())
+
+    tight, loose = refused("--bootstrap-timeout", "10"), refused("--bootstrap-timeout", "3000")
+    assert tight > loose, (tight, loose)
+    assert refused("--bootstrap-timeout", "10", system="reference") == 0   # its bound is 0: admission off
