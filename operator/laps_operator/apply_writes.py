@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .apply import LAST_APPLIED, last_applied_json, last_applied_of, three_way_patch, with_last_applied
+from .apply import LAST_APPLIED, last_applied_of, three_way_patch, with_last_applied
 from .kube import Kube, KubeError, Ref
 
 Action = Literal["created", "patched", "unchanged", "deleted", "skipped", "refused"]
@@ -65,9 +65,12 @@ def _plan(kube: Kube, manifest: dict[str, Any], applied: bool = False) -> _Write
     if live is None:
         return _Write(ref, desired, None, repair=applied)
     patch = three_way_patch(last_applied_of(live), desired, live)
+    if not patch:
+        return Applied(ref, "unchanged")
     # The child renders as it did when last applied: the patch only undoes someone else's edit.
-    same = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED) == last_applied_json(manifest)
-    return _Write(ref, desired, patch, repair=applied or same) if patch else Applied(ref, "unchanged")
+    said = desired["metadata"]["annotations"][LAST_APPLIED]
+    same = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED) == said
+    return _Write(ref, desired, patch, repair=applied or same)
 
 
 def _send(kube: Kube, write: _Write) -> Applied:

@@ -96,21 +96,30 @@ def in_time(pending_tokens: int, work: int, capacity: int | None) -> bool:
 
 def in_time_route(d: RouteDecision, tokens: int, members: Sequence[Endpoint],
                   loads: Mapping[str, EndpointLoad], capacity: Callable[[str], int | None],
-                  max_pending_tokens_per_pod: int) -> RouteDecision:
+                  max_pending_tokens_per_pod: int) -> tuple[RouteDecision, tuple[int, int, int | None]]:
     """`d`, unless its pod would not take the request (`tokens` prompt tokens, `d.cached` of
     them expected cached there) in time while another routable pod of its group (`members`)
     would: then `d` sent to the least loaded of those, with all the tokens as its work (the
-    cached prefix is on the other pod). Admission off (a bound of 0): `d`."""
-    def fits(e: Endpoint, work: int) -> bool:
-        return in_time(loads.get(e.name, _IDLE).pending_tokens, work, capacity(e.name))
+    cached prefix is on the other pod). Admission off (a bound of 0): `d`. With the route, its
+    _pod_queue (refusal's `pod`)."""
+    pod = _pod_queue(d, tokens, loads, capacity)
+    if max_pending_tokens_per_pod <= 0 or in_time(*pod):
+        return d, pod
+    fitting = []
+    for e in members:
+        if e.name != d.prefill.name and loads.get(e.name, _IDLE).healthy:
+            moved = replace(d, prefill=e, cached=0)   # its cached prefix is on d's pod
+            if in_time(*(there := _pod_queue(moved, tokens, loads, capacity))):
+                fitting.append((moved, there))
+    # None fitting: d, and refusal says why.
+    return min(fitting, key=lambda f: f[1][0]) if fitting else (d, pod)
 
-    if max_pending_tokens_per_pod <= 0 or fits(d.prefill, max(1, tokens - d.cached)):
-        return d
-    others = [e for e in members if e.name != d.prefill.name and loads.get(e.name, _IDLE).healthy
-              and fits(e, max(1, tokens))]
-    if not others:
-        return d   # refusal says why
-    return replace(d, prefill=min(others, key=lambda e: loads.get(e.name, _IDLE).pending_tokens), cached=0)
+
+def _pod_queue(d: RouteDecision, tokens: int, loads: Mapping[str, EndpointLoad],
+               capacity: Callable[[str], int | None]) -> tuple[int, int, int | None]:
+    """(pending tokens, the request's work, measured capacity) of the prefill pod of route `d`
+    for a `tokens`-token prompt: `in_time`'s arguments, `refusal`'s `pod`."""
+    return loads.get(d.prefill.name, _IDLE).pending_tokens, d.work(tokens), capacity(d.prefill.name)
 
 
 def group_load(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad],

@@ -55,11 +55,6 @@ class ProxyCall:
     engine_checked: bool = False         # an engine's answer said how much it found cached
     prefill_ended: float = 0.0           # the latest attempt's; the answering one's is the TTFT
 
-    def work(self, d: RouteDecision) -> int:
-        """Its prefill work on the pod `d` routes it to: the tokens that pod is expected not to
-        hold (routing's expected cached prefix taken off)."""
-        return max(1, self.tokens - d.cached)
-
 
 class PDProxy:
     def __init__(self, config: GatewayConfig, discovery: Discovery, tracker: LoadTracker,
@@ -103,8 +98,7 @@ class PDProxy:
         it goes to, and of the class's share of the decode pool: 429 when any is full. Returns
         the route: `d`, or `d` moved to a pod of its group that prefills it in time (in_time_route)."""
         cfg, members, capacity = self._config, membership.groups.get(d.group, ()), self.engine_loads.capacity
-        d = in_time_route(d, call.tokens, members, loads, capacity, cfg.max_pending_tokens_per_pod)
-        pod = (loads.get(d.prefill.name, EndpointLoad()).pending_tokens, call.work(d), capacity(d.prefill.name))
+        d, pod = in_time_route(d, call.tokens, members, loads, capacity, cfg.max_pending_tokens_per_pod)
         message = refusal(d, group_load(members, loads, self._tracker.group_pending(d.group)[1]),
                           decode_held(membership.decode, loads, d.cls, self._tracker.decode_held(d.cls),
                                       self.engine_loads.others_held),
@@ -155,7 +149,7 @@ class PDProxy:
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
         payload = call.body.pieces(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
                                    self._rooms.getrandbits(63))
-        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, call.work(d))
+        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, d.work(call.tokens))
         self.affinity.sent(d, call.prefix)
         self._tracker.begin_decode(d.decode.name, d.cls)
         headers = upstream_headers(d.cls, call.request_id)

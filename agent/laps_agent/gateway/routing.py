@@ -66,6 +66,11 @@ class RouteDecision:
     fallback: bool
     cached: int = 0     # prompt tokens the prefill pod is expected to hold (affinity); 0: none
 
+    def work(self, tokens: int) -> int:
+        """The prefill work of a `tokens`-token prompt on this route's pod: what that pod is
+        expected not to hold (what the gateway books on it and admission weighs), at least 1."""
+        return max(1, tokens - self.cached)
+
 
 @dataclass(frozen=True, slots=True)
 class AffinityBound:

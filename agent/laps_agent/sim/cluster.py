@@ -207,17 +207,14 @@ class SimCluster:
             self._fail(r, now, 503, str(exc))
             return
         bound = self.max_pending_tokens_per_pod
-        d = in_time_route(d, r.routed_tokens, self.groups[d.group], loads, self._capacity, bound)
-        work = max(1, r.routed_tokens - d.cached)  # what the pod is not expected to hold (as the gateway books it)
-        pending = loads[d.prefill.name].pending_tokens if d.prefill.name in loads else 0
-        pod = (pending, work, self._capacity(d.prefill.name))
+        d, pod = in_time_route(d, r.routed_tokens, self.groups[d.group], loads, self._capacity, bound)
         if refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]), 0, 0, bound, 0.0,
                    pod) is not None:   # refused before any engine
             self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
             return
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
-        r.expected = d.cached
-        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, work)
+        r.expected = d.cached  # the pod's work is what it is not expected to hold, as the gateway books it
+        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, d.work(r.routed_tokens))
         self.tracker.begin_decode(d.decode.name)
         self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
         if self.hop_s > 0:

@@ -103,9 +103,10 @@ def test_a_request_its_pod_would_not_prefill_in_time_goes_to_one_of_its_group_th
     loads = {"a": EndpointLoad(1, 2500), "b": EndpointLoad(1, 1000), "c": EndpointLoad(1, 900),
              "gone": EndpointLoad(0, 0, healthy=False)}
     capacity = {"a": 3750, "b": 3000, "c": 2500, "gone": 10**6}.get
-    moved = in_time_route(d, 2000, [a, b, c, gone], loads, capacity, 16384)
+    moved, pod = in_time_route(d, 2000, [a, b, c, gone], loads, capacity, 16384)
     assert (moved.prefill, moved.cached, moved.group) == (b, 0, "long")   # c is less loaded, but 900 + 2,000 > 2,500
-    assert in_time_route(d, 1750, [a, b, c], loads, capacity, 16384) is d   # a takes 1,250 more in time
+    assert pod == (1000, 2000, 3000)                                      # b's queue, the whole prompt, b's figure
+    assert in_time_route(d, 1750, [a, b, c], loads, capacity, 16384)[0] is d   # a takes 1,250 more in time
     nowhere = {**loads, "b": EndpointLoad(2, 2000)}
-    assert in_time_route(d, 2000, [a, b, c], nowhere, capacity, 16384) is d   # none would: refusal says so
-    assert in_time_route(d, 2000, [a, b, c], loads, capacity, 0) is d         # admission off
+    assert in_time_route(d, 2000, [a, b, c], nowhere, capacity, 16384) == (d, (2500, 1500, 3750))  # refusal says so
+    assert in_time_route(d, 2000, [a, b, c], loads, capacity, 0)[0] is d         # admission off
