@@ -39,9 +39,9 @@ class Toleration(SpecModel):
     @field_validator("key")
     @classmethod
     def _name_part(cls, key: str | None) -> str | None:
-        # The pattern cannot count the part after the prefix, a label name of at most 63.
-        if key and len(key.rpartition("/")[2]) > 63:
-            raise ValueError("the name after the prefix may have at most 63 characters")
+        # The pattern cannot count the part after the prefix (a label key's rule: at most 63).
+        if key and (problem := qualified_name_problem(key)):
+            raise ValueError(problem)
         return key
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from laps_agent.tokenizer import TokenizerError, load_tokenizer, tokenizer_probl
 
 from .core import EngineModel
 from .engine import EmulatedEngine, EmulatedKVCodec
+from .prefill_cost import calibrate
 from .prefix_cache import PrefixCacheModel
 from .profile import load_profile
 
@@ -50,6 +51,7 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
                         on_prefill=on_prefill, on_warm=metrics.observe_warm)
     if args.prefix_cache and args.role != "decode":   # decode engines keep no cache (as the builtin)
         model.prefix_cache = PrefixCacheModel(model.num_pages * model.page_size, model.page_size)
+    calibrate(model)
     engine = EmulatedEngine(model, tokenizer, config, on_first_token=metrics.observe_first_token)
     settings = server_settings(args, name, max_running, backend="emulated", profile=profile.name)
     log.info("emulated engine: profile %s (%s), %d KV pages x %d tokens, max %d running", profile.name,

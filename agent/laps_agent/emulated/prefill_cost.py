@@ -8,12 +8,17 @@ builtin engine's own choice (`bucket_for_batch`); only the seconds are the profi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from laps_agent.engine.engine_config import PrefillRecord, PrefillRequest
 from laps_agent.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
+from laps_agent.scheduling.window import calibration_lengths
 
 from .profile import Profile
 from .requests import ModelRequest
+
+if TYPE_CHECKING:
+    from .core import EngineModel
 
 
 def prefill_batch_cost(profile: Profile, grid: BucketGrid | None, queue: str, uncached: list[int],
@@ -38,3 +43,15 @@ def prefill_record(queue: str, uncached: list[int], bucket: Bucket | None, secon
                          path=path, bucketed=bucket is not None, seconds=seconds,
                          requests=[PrefillRequest(r.prompt_tokens, r.cached_tokens, r.cls, r.gateway_cls)
                                    for r in batch])
+
+
+def calibrate(model: EngineModel) -> None:
+    """What the builtin engine measures at start-up (engine/calibration.py), from the profile: an
+    eager prefill of each calibration length, fed to the model's cost fit, so that a fresh
+    emulated (or simulated) prefill engine reports its speed from the start, as the builtin one
+    does. A decode engine is not calibrated."""
+    if model.role == "decode":
+        return
+    longest = min(model.max_prompt_tokens(), model.scheduler.config.max_prefill_tokens)
+    model.scheduler.calibrate([(tokens, model.profile.prefill_seconds([tokens]))
+                               for tokens in calibration_lengths(longest)])

@@ -197,6 +197,11 @@ def build(args: argparse.Namespace):
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,
                     on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
                     on_first_token=metrics.observe_first_token, on_warm=metrics.observe_warm)
+    if args.role != "decode":   # before the server listens: /get_load has the figure from the start
+        from laps_agent.engine.calibration import calibrate_prefill
+
+        samples = calibrate_prefill(engine)
+        log.info("prefill speed measured: %s", ", ".join(f"{n} tokens in {s * 1e3:.1f} ms" for n, s in samples))
     return EngineServer(engine, server_settings(args, name, max_running), metrics), engine
 
 

@@ -17,7 +17,7 @@ about 10,000 tokens/s, SmolLM2 on two CPU cores 250 (3,000-token prompts) to 1,0
 
 The engines also measure it themselves: a pod whose /get_load reports `max_pending_tokens`
 (what it expects to prefill within half its KV hand-off timeout at its measured speed,
-engine/load_report.py; this project's engines, once they have run a prefill batch) takes a
+engine/load_report.py; this project's prefill engines, from start-up on) takes a
 request only while its queue and that request together stay within it (`in_time`), or when it
 holds nothing (so a prompt longer than that still runs). The check is on the pod the request
 would join, and counts the request itself: a watermark lets one request past it, which at the
@@ -26,8 +26,9 @@ pending tokens where pods differ in speed) would not take it in time, the least 
 the group that would takes it instead (`in_time_route`), and only a group with none refuses.
 Without this a slow pod's queue under the token bound outlasts the timeout: on two CPU cores, a
 burst of 3,000-token chats was admitted up to 18,000 tokens, and the ones at its back failed with
-503 after 30 s instead of a 429 at once. A pod that reports none (stock SGLang, an engine yet to
-prefill: a cold engine's first burst; no fresh answer) is bounded by the token bound alone; a
+503 after 30 s instead of a 429 at once. The engines measure their speed at start-up too
+(engine/calibration.py), so a fresh pod's first burst is bounded by it. A pod that reports none
+(stock SGLang, a decode-only pod, no fresh answer) is bounded by the token bound alone; a
 token bound of 0 (admission off) turns this off too. A prompt longer than a pod's figure (one
 that alone takes over half the timeout: long prompts on a CPU; never on a GPU, whose figure is
 well past the context) waits for an idle pod, so under a steady stream of shorter ones of its

@@ -41,6 +41,7 @@ With `enabled=False` there is one FIFO queue and no window (the baseline).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .buckets import BucketGrid
@@ -220,6 +221,14 @@ class PrefillScheduler:
         after every batch (also in fixed-window mode: rule 3 uses the estimate)."""
         if batch:
             self.window.observe_prefill(sum(item.uncached for item in batch), seconds)
+
+    def calibrate(self, samples: Sequence[tuple[int, float]]) -> None:
+        """Feed the cost model prefills timed at start-up, before any request ((tokens, seconds)
+        each: engine/calibration.py): a fresh engine knows its speed from its first /get_load on,
+        for the gateway's admission and for the window. Real batches outweigh them within
+        ~1/_COST_DECAY batches."""
+        for tokens, seconds in samples:
+            self.window.observe_prefill(tokens, seconds)
 
     # -- the decision ------------------------------------------------------------------------
     def _dispatch(self, name: str, reason: str) -> Decision:

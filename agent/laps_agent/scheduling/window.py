@@ -46,6 +46,16 @@ _COST_DECAY = 0.05
 # Token counts must spread by at least this relative stddev before overhead and per-token cost
 # can be told apart; with less, the fit would be noise.
 _MIN_RELATIVE_SPREAD = 0.05
+# The prompt lengths an engine times at start-up (engine/calibration.py, and the emulated engine
+# from its profile): far enough apart that the fit separates the per-batch overhead from the
+# per-token cost, and short enough to take about a second on a CPU.
+CALIBRATION_TOKENS = (64, 1024)
+
+
+def calibration_lengths(longest: int) -> list[int]:
+    """The calibration prefill lengths an engine whose batches hold at most `longest` tokens
+    can run (one length only where that is below both)."""
+    return sorted({max(1, min(tokens, longest)) for tokens in CALIBRATION_TOKENS})
 
 
 class PrefillCostModel:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from laps_agent.emulated.core import EngineModel, Event, ModelRequest
+from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
 from laps_agent.engine.load_report import QUEUE_SHARE_OF_TIMEOUT, prefill_capacity
@@ -107,9 +108,11 @@ class SimCluster:
                                     oracle=oracle)
 
         def model(role: str, cache=None) -> EngineModel:
-            return EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
-                               max_running=running, kv_pages=args.kv_pages, context_len=args.context_length,
-                               token_events=False, prefix_cache=cache)
+            engine = EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
+                                 max_running=running, kv_pages=args.kv_pages, context_len=args.context_length,
+                                 token_events=False, prefix_cache=cache)
+            calibrate(engine)   # as `laps engine` at start-up
+            return engine
 
         self.profile, self.system = profile, system
         self.prefill = [model("prefill", self.prefixes.caches[i]) for i in range(prefill)]

@@ -228,3 +228,19 @@ def test_a_prefill_engine_reports_what_it_prefills_within_half_its_hand_off_time
         pytest.approx(14990, abs=2)
     # A decode engine prefills nothing for the gateway to bound.
     assert "max_pending_tokens" not in load_report("decode", m.snapshot(), 0, bootstrap_timeout_s=30)
+
+
+def test_a_calibrated_prefill_engine_reports_its_figure_before_any_request():
+    """As `laps engine` measures its speed at start-up (engine/calibration.py), the emulated and
+    simulated engines take theirs from the profile: a fresh cluster's first burst is admitted by
+    it. A decode engine, which prefills nothing, is left as it was."""
+    from laps_agent.emulated.prefill_cost import calibrate
+    from laps_agent.engine.load_report import load_report
+
+    config = SchedulerConfig(wait_window_ms=0, length_threshold=64)
+    prefill, decode = EngineModel(profile(), "prefill", config), EngineModel(profile(), "decode", config)
+    calibrate(prefill)
+    calibrate(decode)
+    assert load_report("prefill", prefill.snapshot(), 0, bootstrap_timeout_s=30)["max_pending_tokens"] == \
+        pytest.approx(14990, abs=2)   # the same figure as measured from real batches above
+    assert decode.snapshot()["prefill_cost"] is None

@@ -191,6 +191,8 @@ TOLERATION_ERRORS = [
     ({"key": "gpu", "effect": "NoSchedul"}, "spec.prefill.tolerations.0.effect: Input should be"),
     ({"key": "gpu type"}, "spec.prefill.tolerations.0.key: String should match pattern"),
     ({"key": "gpu", "value": "x" * 64}, "spec.prefill.tolerations.0.value: String should have at most 63"),
+    ({"key": "example.com/" + "k" * 64}, "spec.prefill.tolerations.0.key: 'example.com/" + "k" * 64
+     + "': at most 253 characters before the '/' and 63 after it"),
     ({"value": "gpu"}, "spec.prefill.tolerations.0: a toleration without a key needs operator Exists"),
     ({"key": "gpu", "operator": "Exists", "value": "yes"},
      "spec.prefill.tolerations.0: operator Exists takes no value"),
