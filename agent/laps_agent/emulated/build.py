@@ -37,7 +37,7 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
                           batch_prefill_graphs_mode=args.batch_prefill_graphs_mode, max_running_requests=max_running,
                           context_len=context)
     name = args.served_model_name or profile.model.name
-    metrics = EngineMetrics(args.role, name, args.labels_file)
+    metrics = EngineMetrics(args.role, name, args.labels_file, args.bootstrap_timeout)
     evicted = [0]   # the cache model's evictions already reported
 
     def on_prefill(rec) -> None:

@@ -193,7 +193,7 @@ def build(args: argparse.Namespace):
                           max_running_requests=max_running, context_len=context,
                           prefix_cache=args.prefix_cache)
     name = args.served_model_name or loaded.name
-    metrics = EngineMetrics(args.role, name, args.labels_file)
+    metrics = EngineMetrics(args.role, name, args.labels_file, args.bootstrap_timeout)
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,
                     on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
                     on_first_token=metrics.observe_first_token, on_warm=metrics.observe_warm)

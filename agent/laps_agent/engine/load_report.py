@@ -19,7 +19,7 @@ rather than each by the requests it dispatched itself.
                       (X-LAPS-Class; a request without it counts in neither). On a decode
                       engine every gateway replica's requests together: what the decode share
                       counts over all replicas
-  max_pending_tokens  prefill role, once a prefill batch has run: the uncached
+  max_pending_tokens  prefill role, from start-up on (engine/calibration.py): the uncached
                       prompt tokens it expects to prefill within QUEUE_SHARE_OF_TIMEOUT of its
                       KV hand-off timeout (--bootstrap-timeout), by its own measured cost per
                       batch and per token (scheduling/window.py's PrefillCostModel). The gateway
@@ -58,6 +58,16 @@ def prefill_capacity(cost: tuple[float, float] | None, seconds: float) -> int | 
     return max(1, int((seconds - overhead) / per_token))
 
 
+def in_time_tokens(role: str, snapshot: dict[str, Any], bootstrap_timeout_s: float | None) -> int | None:
+    """`max_pending_tokens` (see the module docstring): what a prefill engine expects to prefill
+    within QUEUE_SHARE_OF_TIMEOUT of its hand-off timeout; None on other roles, before its cost
+    is measured, or without a timeout. /get_load and /metrics (laps_engine_prefill_in_time_tokens)
+    both report this."""
+    if role != "prefill" or bootstrap_timeout_s is None:
+        return None
+    return prefill_capacity(snapshot.get("prefill_cost"), QUEUE_SHARE_OF_TIMEOUT * bootstrap_timeout_s)
+
+
 def load_report(role: str, snapshot: dict[str, Any], fetching: int,
                 max_running: int | None = None,
                 held_by_class: dict[str, int] | None = None,
@@ -76,10 +86,9 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         report["held_by_class"] = dict(held_by_class)
     if max_prompt_tokens is not None:
         report["max_prompt_tokens"] = max_prompt_tokens
-    if role == "prefill" and bootstrap_timeout_s is not None:
-        capacity = prefill_capacity(snapshot.get("prefill_cost"), QUEUE_SHARE_OF_TIMEOUT * bootstrap_timeout_s)
-        if capacity is not None:
-            report["max_pending_tokens"] = capacity
+    capacity = in_time_tokens(role, snapshot, bootstrap_timeout_s)
+    if capacity is not None:
+        report["max_pending_tokens"] = capacity
     return report
 
 

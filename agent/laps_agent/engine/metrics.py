@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from laps_agent.engine.engine_config import PrefillRecord
+from laps_agent.engine.load_report import in_time_tokens
 from laps_agent.engine.prefix_warm import WARM_OUTCOMES
 from laps_agent.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
@@ -41,8 +43,10 @@ def read_group(path: str | Path | None) -> str | None:
 
 
 class EngineMetrics:
-    def __init__(self, role: str, model: str, labels_file: str | None) -> None:
+    def __init__(self, role: str, model: str, labels_file: str | None,
+                 bootstrap_timeout_s: float | None = None) -> None:
         self.role, self.model, self.labels_file = role, model, labels_file
+        self.bootstrap_timeout_s = bootstrap_timeout_s
         self.registry = CollectorRegistry()
         r = self.registry
         self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r)
@@ -72,6 +76,12 @@ class EngineMetrics:
         # Clients that hung up before their whole answer (mid-upload, waiting, mid-stream): a
         # client's own timeout, not an engine error, so counted apart from failures.
         self.client_disconnects = Counter("laps_engine_client_disconnects_total", "Requests whose client hung up before its whole answer", registry=r)
+        # A prefill engine's admission figure (load_report.in_time_tokens), beside its queued
+        # tokens: the headroom before the gateway answers 429. Not exported by other roles.
+        self.prefill_in_time = Gauge(
+            "laps_engine_prefill_in_time_tokens", "Uncached prompt tokens this prefill engine expects to prefill "
+            "within half its KV hand-off timeout at its measured speed; the gateway admits to it up to this",
+            registry=r) if role == "prefill" else None
         self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r)
         for queue in ("short", "long"):
             self.queue_requests.labels(queue)
@@ -123,6 +133,9 @@ class EngineMetrics:
         self.kv_usage.set(snapshot.get("kv_usage", 0.0))
         self.running.set(snapshot.get("running", 0))
         self.prefix_pages.set(snapshot.get("prefix_cache_pages", 0))
+        if self.prefill_in_time is not None:
+            figure = in_time_tokens(self.role, snapshot, self.bootstrap_timeout_s)
+            self.prefill_in_time.set(math.nan if figure is None else figure)  # NaN: not measured yet
         # The group label changes under a running pod (operator relabels): re-read every scrape.
         self.info.clear()
         self.info.labels(self.role, read_group(self.labels_file) or "", self.model).set(1)

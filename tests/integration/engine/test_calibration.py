@@ -11,6 +11,7 @@ from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.load_report import load_report
 from laps_agent.engine.runner import ModelRunner
 from laps_agent.scheduling.window import CALIBRATION_TOKENS
+from tests.support.metrics_text import metric_value
 
 
 def test_calibration_feeds_the_cost_model_and_leaves_the_kv_pool_whole(tiny_loaded):
@@ -35,5 +36,9 @@ def test_a_fresh_prefill_engine_reports_its_figure_before_serving_anything(engin
     report = httpx.get(prefill.url + "/get_load", timeout=10).json()
     assert report["waiting_requests"] == 0 and report["max_pending_tokens"] >= 1, report
     assert "prefill speed measured: 64 tokens in" in prefill.log_tail(100_000)
+    # The same figure for Prometheus (the dashboard's headroom panel).
+    assert metric_value(httpx.get(prefill.url + "/metrics", timeout=10).text,
+                        "laps_engine_prefill_in_time_tokens") == report["max_pending_tokens"]
     # A decode engine prefills nothing: it measures nothing and reports no figure.
     assert "max_pending_tokens" not in httpx.get(decode.url + "/get_load", timeout=10).json()
+    assert "laps_engine_prefill_in_time_tokens" not in httpx.get(decode.url + "/metrics", timeout=10).text
