@@ -10,9 +10,13 @@ immediate 429 was due. The waiting window has the estimate from the first reques
 
 The first prefill is not timed: lazy kernel set-up and allocator growth would count as the
 engine's speed. Prefills run eager (no bucket, no graph), on pages taken and given back: nothing
-enters the prefix cache. A decode engine prefills nothing and is not calibrated."""
+enters the prefix cache. Where real batches run faster (CUDA graphs, a warm allocator) the figure
+starts low, the safe side: a few more 429s until real batches correct it. A decode engine
+prefills nothing and is not calibrated. Measuring is an estimate's input, not serving: an engine
+whose calibration fails (a device error) starts without the figure, as before it existed."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -22,28 +26,37 @@ from laps_agent.scheduling.window import calibration_lengths
 if TYPE_CHECKING:
     from laps_agent.engine.engine_core import EngineCore
 
+log = logging.getLogger("laps.engine")
+
 
 def calibrate_prefill(core: EngineCore) -> list[tuple[int, float]]:
     """Time a prefill of each calibration length on `core`'s runner and feed the scheduler's cost
-    model; returns the (tokens, seconds) samples. Call it before the engine thread starts."""
+    model; returns the (tokens, seconds) samples, none when a prefill failed (logged). Call it
+    before the engine thread starts."""
     longest = min(core.max_prompt_tokens(), core.config.scheduler.max_prefill_tokens)
     lengths = calibration_lengths(longest)
     samples = []
-    for i, tokens in enumerate([lengths[0], *lengths]):
-        seconds = _timed_prefill(core, f"calibration-{i}", tokens)
-        if i:
-            samples.append((tokens, seconds))
+    try:
+        for i, tokens in enumerate([lengths[0], *lengths]):
+            seconds = _timed_prefill(core, f"calibration-{i}", tokens)
+            if i:
+                samples.append((tokens, seconds))
+    except Exception as exc:  # noqa: BLE001 - serving does not depend on it (module docstring)
+        log.warning("prefill speed not measured at start-up (%s: %s): the gateway bounds this "
+                    "engine by its token setting until its first prefill batch", type(exc).__name__, exc)
+        return []
     core.scheduler.calibrate(samples)
     return samples
 
 
 def _timed_prefill(core: EngineCore, rid: str, tokens: int) -> float:
-    ids = [1 + i % 97 for i in range(tokens)]   # any ids: the cost does not depend on them
-    core.kv.allocate(rid, tokens)               # without the prompt: nothing shared or cached
+    vocab = core.runner.config.vocab_size
+    ids = [1 + i % (vocab - 1) for i in range(tokens)]   # any ids: the cost does not depend on them
+    core.kv.allocate(rid, tokens)   # without the prompt: nothing shared or cached
     try:
         started = time.monotonic()
         logits, _ = core.runner.forward([ForwardItem(token_ids=ids, start_pos=0, pages=core.kv.pages(rid))])
-        logits.argmax(dim=-1).tolist()          # waits for the device, as sampling a batch does
+        logits.argmax(dim=-1).tolist()   # waits for the device, as sampling a batch does
         return time.monotonic() - started
     finally:
         core.kv.free(rid)

@@ -200,8 +200,8 @@ def build(args: argparse.Namespace):
     if args.role != "decode":   # before the server listens: /get_load has the figure from the start
         from laps_agent.engine.calibration import calibrate_prefill
 
-        samples = calibrate_prefill(engine)
-        log.info("prefill speed measured: %s", ", ".join(f"{n} tokens in {s * 1e3:.1f} ms" for n, s in samples))
+        if samples := calibrate_prefill(engine):
+            log.info("prefill speed measured: %s", ", ".join(f"{n} tokens in {s * 1e3:.1f} ms" for n, s in samples))
     return EngineServer(engine, server_settings(args, name, max_running), metrics), engine
 
 

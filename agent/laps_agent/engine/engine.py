@@ -45,6 +45,7 @@ class Engine(EngineCore):
 
     # ---- thread-safe API -------------------------------------------------------------------
     def start(self) -> None:
+        self._publish_snapshot()   # what start-up measured (calibration.py) shows from the first /get_load
         self._thread = threading.Thread(target=self._loop, name="laps-engine", daemon=True)
         self._thread.start()
 

@@ -17,8 +17,8 @@ Requests are classified by their *uncached* prompt tokens (what prefill really c
    overrun past the window; the short batch first delays each of the m long requests by the
    short batch's expected duration S. The long batch goes first iff k * overrun <= m * S
    (Smith's rule on summed delay); otherwise the window is cut and the short batch runs now.
-   Durations come from the cost model fed by `observe_prefill`; without one, the window is
-   cut. Either way the device never idles while a long request waits. (Simulated with
+   Durations come from the cost model fed by `observe_prefill` (and `calibrate`); without one,
+   the window is cut. Either way the device never idles while a long request waits. (Simulated with
    launch-bound GPU-like costs at 300 req/s this kept short TTFT at the no-window level while
    long TTFT stayed near the reference's, against ~1 s for pure short-first.)
    `long_in_window="always"` selects the reference's rule instead, for comparisons.
@@ -213,7 +213,7 @@ class PrefillScheduler:
 
     def prefill_cost(self) -> tuple[float, float] | None:
         """(overhead seconds, seconds per uncached token) of a prefill batch here, as measured so
-        far (window.PrefillCostModel.linear); None before the first batch."""
+        far (window.PrefillCostModel.linear); None before the first batch or start-up calibration."""
         return self.window.cost.linear()
 
     def observe_prefill(self, batch: list[PrefillItem], seconds: float) -> None:

@@ -46,6 +46,9 @@ _COST_DECAY = 0.05
 # Token counts must spread by at least this relative stddev before overhead and per-token cost
 # can be told apart; with less, the fit would be noise.
 _MIN_RELATIVE_SPREAD = 0.05
+# A per-token cost below this share of a mean batch's time is rounding, not cost (a profile with a
+# fixed cost per batch gives two calibration prefills the same time): read as none.
+_NEGLIGIBLE_TOKEN_SHARE = 1e-6
 # The prompt lengths an engine times at start-up (engine/calibration.py, and the emulated engine
 # from its profile): far enough apart that the fit separates the per-batch overhead from the
 # per-token cost, and short enough to take about a second on a CPU.
@@ -87,8 +90,8 @@ class PrefillCostModel:
         mean_y = self._y / self._w
         per_token = (self._xy / self._w - mean_x * mean_y) / var_x
         overhead = mean_y - per_token * mean_x
-        if per_token < 0:  # noise: cost does not fall with more tokens
-            return max(mean_y, 0.0), 0.0
+        if per_token < 0 or per_token * mean_x <= _NEGLIGIBLE_TOKEN_SHARE * mean_y:
+            return max(mean_y, 0.0), 0.0   # noise: cost does not fall (or rise) with more tokens
         if overhead < 0:   # noise the other way: refit through the origin
             return 0.0, self._xy / self._xx
         return overhead, per_token

@@ -4,12 +4,16 @@ anything, so the gateway's admission holds for a new pod's first burst; the meas
 KV pool and the prefix cache as they were."""
 from __future__ import annotations
 
+import queue
+
 import httpx
 
 from laps_agent.engine.calibration import calibrate_prefill
 from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.load_report import load_report
+from laps_agent.engine.requests import GenerateWork
 from laps_agent.engine.runner import ModelRunner
+from laps_agent.engine.sampling import SamplingParams
 from laps_agent.scheduling.window import CALIBRATION_TOKENS
 from tests.support.metrics_text import metric_value
 
@@ -28,6 +32,31 @@ def test_calibration_feeds_the_cost_model_and_leaves_the_kv_pool_whole(tiny_load
     assert figure["max_pending_tokens"] >= 1
     # Nothing held, nothing cached: a client's first prompt finds the pool as it would have.
     assert engine.kv.free_pages == 256 and engine.kv.cached_pages == 0
+
+
+def test_an_engine_whose_calibration_fails_serves_without_the_figure(tiny_loaded, caplog):
+    """Measuring feeds an estimate; it must not keep an engine from serving (a device error in a
+    prefill fails that request alone, not the pod)."""
+    runner = ModelRunner(tiny_loaded, num_pages=256, page_size=16)
+    engine = Engine(runner, tiny_loaded.tokenizer, EngineConfig(role="prefill", context_len=4096))
+
+    def failing_forward(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    runner.forward, real_forward = failing_forward, runner.forward
+    assert calibrate_prefill(engine) == []
+    assert "prefill speed not measured at start-up (RuntimeError: CUDA error: out of memory)" in caplog.text
+    assert engine.scheduler.prefill_cost() is None and engine.kv.free_pages == 256
+    runner.forward = real_forward   # the device recovered: the engine serves, and measures its batches
+    engine.start()
+    try:
+        outs: queue.Queue = queue.Queue()
+        engine.submit(GenerateWork("r", list(range(1, 41)), SamplingParams(max_new_tokens=1, temperature=0.0)), outs.put)
+        while not (out := outs.get(timeout=60)).finished:
+            pass
+        assert out.error is None and engine.scheduler.prefill_cost() is not None
+    finally:
+        engine.stop()
 
 
 def test_a_fresh_prefill_engine_reports_its_figure_before_serving_anything(engine_launcher, tiny_engine_model):

@@ -163,10 +163,11 @@ def test_dashboard_queries_show_a_real_pd_stack(scraped_stack):
     # Per-pod panels name the engine pods.
     kv_panel = next(e for t, e in panel_queries() if "laps_engine_kv_usage_ratio" in e)
     assert {s["metric"]["pod"] for s in prom.query(kv_panel)} == {"laps-prefill-0", "laps-decode-0"}
-    # The headroom panel: the prefill pod alone (a decode engine prefills nothing), with the
-    # figure it measured at start-up, beside its queued tokens.
-    in_time = next(e for t, e in panel_queries() if e.startswith("max by (pod) (laps_engine_prefill_in_time"))
-    assert {s["metric"]["pod"]: float(s["value"][1]) > 0 for s in prom.query(in_time)} == {"laps-prefill-0": True}
+    # The headroom panel: the prefill pod alone (a decode engine prefills nothing), its measured
+    # figure beside its queued tokens.
+    figure, queued = [e for t, e in panel_queries() if "laps_engine_prefill_in_time_tokens" in e]
+    assert {s["metric"]["pod"]: float(s["value"][1]) > 0 for s in prom.query(figure)} == {"laps-prefill-0": True}
+    assert {s["metric"]["pod"] for s in prom.query(queued)} == {"laps-prefill-0"}
 
 
 def test_invalid_promql_is_reported_with_prometheus_message(prometheus_server):

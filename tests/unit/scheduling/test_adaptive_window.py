@@ -34,6 +34,18 @@ def test_cost_model_recovers_overhead_and_per_token_cost():
     assert overhead == pytest.approx(0.01) and per_token == pytest.approx(0.0001)
 
 
+def test_a_cost_that_does_not_grow_with_tokens_reads_as_overhead_alone():
+    """A profile with a fixed cost per batch times both calibration prefills alike: rounding must
+    not turn that into a per-token cost of 1e-19 s (and a pod admitting one request at a time)."""
+    from laps_agent.engine.load_report import prefill_capacity
+
+    model = PrefillCostModel()
+    for tokens in (64, 1024):
+        model.observe(tokens, 3600.0 + 0.1)
+    assert model.coefficients() == (pytest.approx(3600.1), 0.0)
+    assert prefill_capacity(model.linear(), 15.0) is None   # no figure: the token bound alone
+
+
 def test_before_any_measurement_the_fixed_values_apply():
     sched = PrefillScheduler(SchedulerConfig(adaptive_window=True, wait_window_ms=5, wait_max_batch=6))
     setting = sched.window_setting()
