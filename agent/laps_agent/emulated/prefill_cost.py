@@ -52,6 +52,5 @@ def calibrate(model: EngineModel) -> None:
     does. A decode engine is not calibrated."""
     if model.role == "decode":
         return
-    longest = min(model.max_prompt_tokens(), model.scheduler.config.max_prefill_tokens)
-    model.scheduler.calibrate([(tokens, model.profile.prefill_seconds([tokens]))
-                               for tokens in calibration_lengths(longest)])
+    lengths = calibration_lengths(model.max_prompt_tokens(), model.scheduler.config.max_prefill_tokens)
+    model.scheduler.calibrate([(tokens, model.profile.prefill_seconds([tokens])) for tokens in lengths])

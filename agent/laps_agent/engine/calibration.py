@@ -31,10 +31,11 @@ log = logging.getLogger("laps.engine")
 
 def calibrate_prefill(core: EngineCore) -> list[tuple[int, float]]:
     """Time a prefill of each calibration length on `core`'s runner and feed the scheduler's cost
-    model; returns the (tokens, seconds) samples, none when a prefill failed (logged). Call it
-    before the engine thread starts."""
-    longest = min(core.max_prompt_tokens(), core.config.scheduler.max_prefill_tokens)
-    lengths = calibration_lengths(longest)
+    model; returns the (tokens, seconds) samples: none on a decode engine, or when a prefill
+    failed (logged). Call it before the engine thread starts."""
+    if core.config.role == "decode":
+        return []
+    lengths = calibration_lengths(core.max_prompt_tokens(), core.config.scheduler.max_prefill_tokens)
     samples = []
     try:
         for i, tokens in enumerate([lengths[0], *lengths]):

@@ -149,6 +149,7 @@ def build(args: argparse.Namespace):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
+    from laps_agent.engine.calibration import calibrate_prefill
     from laps_agent.engine.engine import Engine, EngineConfig
     from laps_agent.engine.loader import default_model_path, load_model, resolve_dtype
     from laps_agent.engine.metrics import EngineMetrics
@@ -197,11 +198,9 @@ def build(args: argparse.Namespace):
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,
                     on_prefill=lambda rec: metrics.observe_prefill(rec, grid is not None),
                     on_first_token=metrics.observe_first_token, on_warm=metrics.observe_warm)
-    if args.role != "decode":   # before the server listens: /get_load has the figure from the start
-        from laps_agent.engine.calibration import calibrate_prefill
-
-        if samples := calibrate_prefill(engine):
-            log.info("prefill speed measured: %s", ", ".join(f"{n} tokens in {s * 1e3:.1f} ms" for n, s in samples))
+    # Before the server listens: /get_load has the figure from the start.
+    if samples := calibrate_prefill(engine):
+        log.info("prefill speed measured: %s", ", ".join(f"{n} tokens in {s * 1e3:.1f} ms" for n, s in samples))
     return EngineServer(engine, server_settings(args, name, max_running), metrics), engine
 
 

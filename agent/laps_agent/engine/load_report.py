@@ -58,14 +58,14 @@ def prefill_capacity(cost: tuple[float, float] | None, seconds: float) -> int | 
     return max(1, int((seconds - overhead) / per_token))
 
 
-def in_time_tokens(role: str, snapshot: dict[str, Any], bootstrap_timeout_s: float | None) -> int | None:
-    """`max_pending_tokens` (see the module docstring): what a prefill engine expects to prefill
-    within QUEUE_SHARE_OF_TIMEOUT of its hand-off timeout; None on other roles, before its cost
-    is measured, or without a timeout. /get_load and /metrics (laps_engine_prefill_in_time_tokens)
-    both report this."""
+def in_time_tokens(role: str, cost: tuple[float, float] | None, bootstrap_timeout_s: float | None) -> int | None:
+    """`max_pending_tokens` (see the module docstring): what a prefill engine whose prefill costs
+    `cost` (its snapshot's `prefill_cost`) expects to prefill within QUEUE_SHARE_OF_TIMEOUT of its
+    hand-off timeout; None on other roles, before its cost is measured, or without a timeout.
+    /get_load, /metrics (laps_engine_prefill_in_time_tokens) and `laps sim` all use this."""
     if role != "prefill" or bootstrap_timeout_s is None:
         return None
-    return prefill_capacity(snapshot.get("prefill_cost"), QUEUE_SHARE_OF_TIMEOUT * bootstrap_timeout_s)
+    return prefill_capacity(cost, QUEUE_SHARE_OF_TIMEOUT * bootstrap_timeout_s)
 
 
 def load_report(role: str, snapshot: dict[str, Any], fetching: int,
@@ -86,7 +86,7 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         report["held_by_class"] = dict(held_by_class)
     if max_prompt_tokens is not None:
         report["max_prompt_tokens"] = max_prompt_tokens
-    capacity = in_time_tokens(role, snapshot, bootstrap_timeout_s)
+    capacity = in_time_tokens(role, snapshot.get("prefill_cost"), bootstrap_timeout_s)
     if capacity is not None:
         report["max_pending_tokens"] = capacity
     return report

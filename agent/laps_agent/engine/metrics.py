@@ -134,7 +134,7 @@ class EngineMetrics:
         self.running.set(snapshot.get("running", 0))
         self.prefix_pages.set(snapshot.get("prefix_cache_pages", 0))
         if self.prefill_in_time is not None:
-            figure = in_time_tokens(self.role, snapshot, self.bootstrap_timeout_s)
+            figure = in_time_tokens(self.role, snapshot.get("prefill_cost"), self.bootstrap_timeout_s)
             self.prefill_in_time.set(math.nan if figure is None else figure)  # NaN: not measured yet
         # The group label changes under a running pod (operator relabels): re-read every scrape.
         self.info.clear()

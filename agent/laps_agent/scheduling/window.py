@@ -55,9 +55,11 @@ _NEGLIGIBLE_TOKEN_SHARE = 1e-6
 CALIBRATION_TOKENS = (64, 1024)
 
 
-def calibration_lengths(longest: int) -> list[int]:
-    """The calibration prefill lengths an engine whose batches hold at most `longest` tokens
-    can run (one length only where that is below both)."""
+def calibration_lengths(max_prompt_tokens: int, max_prefill_tokens: int) -> list[int]:
+    """The calibration prefill lengths an engine that takes prompts of at most
+    `max_prompt_tokens` in batches of at most `max_prefill_tokens` can run (one length only
+    where the shorter limit is below both)."""
+    longest = min(max_prompt_tokens, max_prefill_tokens)
     return sorted({max(1, min(tokens, longest)) for tokens in CALIBRATION_TOKENS})
 
 

@@ -32,7 +32,7 @@ from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
-from laps_agent.engine.load_report import QUEUE_SHARE_OF_TIMEOUT, prefill_capacity
+from laps_agent.engine.load_report import in_time_tokens
 from laps_agent.gateway.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.load import LoadTracker
@@ -138,7 +138,7 @@ class SimCluster:
         self.interval_s, self.hop_s = interval_s, hop_s
         bound = system.max_pending_tokens_per_pod if max_pending_tokens_per_pod is None else max_pending_tokens_per_pod
         self.max_pending_tokens_per_pod = DEFAULT_MAX_PENDING_TOKENS_PER_POD if bound is None else bound
-        self.in_time_s = QUEUE_SHARE_OF_TIMEOUT * args.bootstrap_timeout   # what the engines report by
+        self.bootstrap_timeout_s = args.bootstrap_timeout   # what the engines report their figure by
         # What `laps local`'s StaticAllocator does, on the virtual clock (allocation.py).
         self.allocator = SimAllocator(system.allocation, self.allocation, self.prefill_eps)
         self.moves = self.allocator.moves  # (time, move) of every pod moved between groups
@@ -228,7 +228,8 @@ class SimCluster:
     def _capacity(self, name: str) -> int | None:
         """What prefill pod `name` reports it prefills in time (engine/load_report.py), always
         fresh (the gateway's view is up to one load poll old)."""
-        return prefill_capacity(self.prefill[self._prefill_index[name]].scheduler.prefill_cost(), self.in_time_s)
+        cost = self.prefill[self._prefill_index[name]].scheduler.prefill_cost()
+        return in_time_tokens("prefill", cost, self.bootstrap_timeout_s)
 
     def _arrive(self, r: SimRequest, now: float) -> None:
         engine = self.prefill[r.prefill]
