@@ -257,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sock.close()
         if children:
-            _say("stopping engines… (Ctrl-C again: stop at once)")
-            killed = stop_all(children)
+            killed = stop_all(children, _say)
             _say("stopped now: engines killed" if killed else "stopped")
             if killed and code == 0:
                 code = 130  # interrupted, as after a second signal during the gateway's drain

@@ -79,33 +79,41 @@ def spawn_engine(name: str, role: str, group: str | None, *, model: str, workdir
     return EngineChild(name, role, group, f"http://127.0.0.1:{port}", process, log_path, labels)
 
 
-def stop_all(children: list[EngineChild], grace_s: float = 15.0) -> bool:
+def _running(children: list[EngineChild]) -> list[EngineChild]:
+    return [c for c in children if c.process.poll() is None]   # poll() also reaps
+
+
+def stop_all(children: list[EngineChild], say: Callable[[str], None], grace_s: float = 15.0) -> bool:
     """SIGTERM every engine at once, then SIGKILL whichever is still there after `grace_s`, or at
-    once on a second Ctrl-C or SIGTERM (both arrive as KeyboardInterrupt): the user asked to stop
-    now, as the gateway's drain does, rather than for a traceback and engines still draining.
-    Returns whether it came to that."""
-    for child in children:
-        if child.process.poll() is None:
-            child.process.terminate()
+    once on a second Ctrl-C or SIGTERM: the user asked to stop now, as the gateway's drain does,
+    rather than for a traceback and engines still draining. Returns whether it came to that.
+
+    From here on a signal only sets a flag, and stays harmless until the process exits. As
+    KeyboardInterrupt it could land anywhere: between saying "stopping" and the first SIGTERM
+    (a traceback, and engines left running), or inside Popen's own code, whose wait lock it can
+    leave held, and then wait() never returned (CI saw `laps local` hang there)."""
+    interrupted = False
+
+    def on_signal(signum, frame) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    say("stopping engines… (Ctrl-C again: stop at once)")   # only once a Ctrl-C is a flag
+    for child in _running(children):
+        child.process.terminate()
     deadline = time.monotonic() + grace_s
-    try:
-        for child in children:
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
-        return False
-    except KeyboardInterrupt:
-        # Yet another signal must not interrupt the killing either: we are leaving anyway.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for child in children:
-            if child.process.poll() is None:
-                child.process.kill()
-        for child in children:
-            child.process.wait()
-        return True
+    while not interrupted and _running(children) and time.monotonic() < deadline:
+        time.sleep(0.05)   # a signal cuts it short: its handler runs as the sleep wakes
+    for child in _running(children):
+        child.process.kill()
+    # SIGKILL is not refused, even by a stopped process: this waits for the kernel, boundedly,
+    # so a process that cannot be reaped here (init reaps it after we exit) cannot hang the exit.
+    reaped_by = time.monotonic() + 5.0
+    while _running(children) and time.monotonic() < reaped_by:
+        time.sleep(0.01)
+    return interrupted
 
 
 def engine_flag(engine_args: list[str], dest: str):
