@@ -204,9 +204,9 @@ def test_requests_pd_cannot_serve_get_a_clear_4xx_and_leave_the_servers_serving(
 
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", timeout=60, max_retries=0)
     messages = [{"role": "user", "content": "Hi"}]
-    with pytest.raises(openai.UnprocessableEntityError, match="n=2 is not supported"):
+    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
         client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, n=2)
-    with pytest.raises(openai.UnprocessableEntityError, match="n=3 is not supported"):
+    with pytest.raises(openai.BadRequestError, match="n=3 is not supported"):
         client.completions.create(model="smollm2", prompt="Hi", max_tokens=4, n=3)
     with pytest.raises(openai.BadRequestError, match="token id -1"):
         client.completions.create(model="smollm2", prompt=[28, -1], max_tokens=4)

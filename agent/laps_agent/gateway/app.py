@@ -35,7 +35,7 @@ from laps_agent.gateway.status import laps_status, readiness
 from laps_agent.request_id import SCOPE_KEY, shown, tagged
 
 log = logging.getLogger(__name__)
-_ERROR_STATUSES = (400, 401, 404, 408, 413, 415, 422, 429, 502, 503, 504)
+_ERROR_STATUSES = (400, 401, 404, 408, 413, 415, 429, 502, 503, 504)
 
 
 @dataclass
@@ -171,7 +171,9 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:
-        raise GatewayError(422, "invalid_request",
+        # 400, as OpenAI and SGLang answer invalid fields (FastAPI's 422 reached the `openai`
+        # client as UnprocessableEntityError, not the BadRequestError callers catch).
+        raise GatewayError(400, "invalid_request",
                            validation_message(exc.errors(include_url=False))) from None
     requested = getattr(parsed, "model", None)
     if requested is not None and requested != config.served_model_name:

@@ -1,7 +1,7 @@
 """The gateway's own error answers, every one in OpenAI's shape.
 
 OpenAI clients read `error.message` out of `{"error": {"message", "type", "code"}}`; FastAPI's
-`{"detail": ...}` (its 404, 405 and 422) and Starlette's plain-text 500 reached the `openai`
+`{"detail": ...}` (its 404, 405 and 422, which OpenAI and SGLang answer as 400) and Starlette's plain-text 500 reached the `openai`
 client as a message-less error ("Error code: 404 - {'detail': 'Not Found'}"). So FastAPI's own
 exception handlers are replaced here, and the work routes' fast path (app.py) answers its
 crashes with the same shape. None of this runs on a request that succeeds."""
@@ -72,7 +72,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return error_response(422, validation_message(list(exc.errors())))
+    return error_response(400, validation_message(list(exc.errors())))
 
 
 def _internal(exc: Exception) -> JSONResponse:

@@ -26,8 +26,10 @@ class _Sampling(BaseModel):
     model: str | None = Field(None, description="must name the served model when given")
     stream: bool | None = Field(False, description="null: not streamed (OpenAI's default)")
     max_tokens: int | None = Field(None, ge=0)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
+    # Python's json reads NaN and Infinity literals: "Input should be a finite number", not a
+    # NaN said to be below 0, or an infinity that passes here and fails in the engine.
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     n: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None

@@ -42,9 +42,20 @@ def test_malformed_json_is_400(stack):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2 is not supported"),
     ("/generate", {"text": "x", "sampling_params": {"n": 4}}, "n=4 is not supported"),
 ])
-def test_missing_or_wrong_fields_are_422_naming_the_field(stack, path, body, mentions):
+def test_missing_or_wrong_fields_are_400_naming_the_field(stack, path, body, mentions):
+    gateway, engines = stack   # 400, as OpenAI and SGLang answer them (not FastAPI's 422)
+    assert mentions in _error(httpx.post(gateway.url + path, json=body), 400)
+    assert not engines["decode"].requests
+
+
+@pytest.mark.parametrize("field, literal", [("temperature", "NaN"), ("temperature", "1e999"), ("top_p", "Infinity")])
+def test_a_nan_or_infinite_sampling_value_is_400_saying_so(stack, field, literal):
+    """Python's JSON reader takes these (NaN and Infinity are not even JSON): a NaN was said to
+    be "below 0", an infinite temperature passed to the engine."""
     gateway, engines = stack
-    assert mentions in _error(httpx.post(gateway.url + path, json=body), 422)
+    body = b'{"prompt": "x", "%s": %s}' % (field.encode(), literal.encode())
+    reply = httpx.post(f"{gateway.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert f"{field}: Input should be a finite number" in _error(reply, 400)
     assert not engines["decode"].requests
 
 
