@@ -86,7 +86,8 @@ def _running(children: list[EngineChild]) -> list[EngineChild]:
 def stop_all(children: list[EngineChild], say: Callable[[str], None], grace_s: float = 15.0) -> bool:
     """SIGTERM every engine at once, then SIGKILL whichever is still there after `grace_s`, or at
     once on a second Ctrl-C or SIGTERM: the user asked to stop now, as the gateway's drain does,
-    rather than for a traceback and engines still draining. Returns whether it came to that.
+    rather than for a traceback and engines still draining. Returns whether it came to that (a
+    second signal, and engines still there to kill).
 
     From here on a signal only sets a flag, and stays harmless until the process exits. As
     KeyboardInterrupt it could land anywhere: between saying "stopping" and the first SIGTERM
@@ -106,14 +107,15 @@ def stop_all(children: list[EngineChild], say: Callable[[str], None], grace_s: f
     deadline = time.monotonic() + grace_s
     while not interrupted and _running(children) and time.monotonic() < deadline:
         time.sleep(0.05)   # a signal cuts it short: its handler runs as the sleep wakes
-    for child in _running(children):
+    stubborn = _running(children)
+    for child in stubborn:
         child.process.kill()
     # SIGKILL is not refused, even by a stopped process: this waits for the kernel, boundedly,
     # so a process that cannot be reaped here (init reaps it after we exit) cannot hang the exit.
     reaped_by = time.monotonic() + 5.0
     while _running(children) and time.monotonic() < reaped_by:
         time.sleep(0.01)
-    return interrupted
+    return interrupted and bool(stubborn)
 
 
 def engine_flag(engine_args: list[str], dest: str):
