@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from laps_agent.gateway.cli import auth_args_problem, decode_share
-from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name, shared_gpu_args,
-                                      spawn_engine, stop_all, unknown_engine_args, wait_until_loaded,
-                                      write_labels)
+from laps_agent.local_engines import (EngineChild, SignalsDeferred, engine_flag, free_port, served_name,
+                                      shared_gpu_args, spawn_engine, stop_all, unknown_engine_args,
+                                      wait_until_loaded, write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_operator.groups import initial_short_count
@@ -238,16 +238,17 @@ def main(argv: list[str] | None = None) -> int:
              f"(logs in {workdir})")
         if gpu_line:
             _say(gpu_line)
-        for name, role, group in plan:
-            children.append(spawn_engine(
-                name, role, group, model=engine_model, workdir=workdir, port=free_port(),
-                bootstrap_port=free_port() if role == "prefill" else None,
-                common_args=[*backend, "--device", args.device, "--length-threshold",
-                             str(args.length_threshold),
-                             "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,
-                             *gpu_split,
-                             *(["--served-model-name", args.served_model_name]
-                               if args.served_model_name else [])]))
+        with SignalsDeferred():   # every engine forked is in `children`, for stop_all
+            for name, role, group in plan:
+                children.append(spawn_engine(
+                    name, role, group, model=engine_model, workdir=workdir, port=free_port(),
+                    bootstrap_port=free_port() if role == "prefill" else None,
+                    common_args=[*backend, "--device", args.device, "--length-threshold",
+                                 str(args.length_threshold),
+                                 "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,
+                                 *gpu_split,
+                                 *(["--served-model-name", args.served_model_name]
+                                   if args.served_model_name else [])]))
         wait_until_loaded(children, args.startup_timeout, _say)
         code = _serve_gateway(args, children, tokenizer, sock, engine_args)
     except KeyboardInterrupt:
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             if killed and code == 0:
                 code = 130  # interrupted, as after a second signal during the gateway's drain
         # An engine that died mid-run (its log named then) fails it, even if the rest served on.
-        if args.workdir is None and (not children or code == 0 and all(c.process.returncode == 0 for c in children)):
+        if args.workdir is None and (not children or code == 0 and all(c.stopped_cleanly for c in children)):
             shutil.rmtree(workdir, ignore_errors=True)
         elif args.workdir is None:
             _say(f"engine logs kept in {workdir}")

@@ -35,6 +35,15 @@ class EngineChild:
     process: subprocess.Popen
     log_path: Path
     labels_path: Path
+    told_to_stop: bool = False   # stop_all sent it SIGTERM while it ran
+
+    @property
+    def stopped_cleanly(self) -> bool:
+        """Exited 0, or by the SIGTERM it was sent before it could handle one (Ctrl-C while the
+        engines load: the default action ends a process still importing). Anything else, its
+        log may say why."""
+        code = self.process.returncode
+        return code == 0 or (self.told_to_stop and code == -signal.SIGTERM)
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -60,6 +69,25 @@ def write_labels(path: Path, role: str, group: str | None) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")  # the engine re-reads it at any time: swap whole
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
+
+
+class SignalsDeferred:
+    """SIGINT and SIGTERM held off while engines are forked, then a KeyboardInterrupt on the
+    way out of the block if one came. As KeyboardInterrupt inside Popen, a Ctrl-C was lost: a
+    fork hook (logging's) swallows it with "Exception ignored", and laps local went on to serve;
+    or it left a forked engine out of the list that stop_all stops."""
+
+    def __enter__(self) -> SignalsDeferred:
+        self.pending: list[int] = []
+        self._previous = {sig: signal.signal(sig, lambda signum, frame: self.pending.append(signum))
+                          for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        if self.pending and exc_type is None:
+            raise KeyboardInterrupt
 
 
 def spawn_engine(name: str, role: str, group: str | None, *, model: str, workdir: Path,
@@ -103,6 +131,7 @@ def stop_all(children: list[EngineChild], say: Callable[[str], None], grace_s: f
         signal.signal(sig, on_signal)
     say("stopping engines… (Ctrl-C again: stop at once)")   # only once a Ctrl-C is a flag
     for child in _running(children):
+        child.told_to_stop = True
         child.process.terminate()
     deadline = time.monotonic() + grace_s
     while not interrupted and _running(children) and time.monotonic() < deadline:

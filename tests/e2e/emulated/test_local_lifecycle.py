@@ -1,8 +1,8 @@
 """`laps local` as a platform engineer first meets it and then scripts it: the `curl` it prints
 works as pasted; a bad model file or a mistyped flag is one line before anything starts; when its
 only decode engine dies it says so and exits 1 (nothing restarts engines, so serving on would
-answer every request 503 for good); a second Ctrl-C while the engines stop kills them at once,
-without a traceback. Emulated engines: none of this depends on the model's compute."""
+answer every request 503 for good); a Ctrl-C while the engines load is a clean stop; a second
+Ctrl-C while the engines stop kills them at once, without a traceback. Emulated engines: none of this depends on the model's compute."""
 from __future__ import annotations
 
 import os
@@ -129,6 +129,23 @@ def test_one_ctrl_c_waits_at_most_drain_grace_s_and_a_clean_stop_leaves_no_temp_
         assert len(rest) < 30, f"{len(rest)} events after Ctrl-C"
         assert stack.proc.wait(30) == 0
         assert not workdir.exists() and "engine logs kept" not in "".join(stack.read_output())
+    finally:
+        stack.kill()
+
+
+def test_ctrl_c_while_the_engines_load_is_a_clean_stop_that_leaves_no_temp_dir(tmp_path, monkeypatch):
+    """The engines, told to stop while still importing, end by SIGTERM's default action, not
+    with status 0: that read as a failure, and every interrupted start left a directory of
+    empty logs behind ("engine logs kept in ...")."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    stack = LocalProcess(STACK, None)
+    try:
+        poll(lambda: _said(stack, "] starting "), timeout=60, message="the engines to be starting")
+        stack.proc.send_signal(signal.SIGINT)   # long before they serve: their imports take seconds
+        assert stack.proc.wait(30) == 0
+        output = "".join(stack.read_output())
+        assert "] stopped" in output and "engine logs kept" not in output and "Traceback" not in output
+        assert not list(tmp_path.glob("laps-local-*"))
     finally:
         stack.kill()
 

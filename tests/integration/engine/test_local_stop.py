@@ -1,7 +1,8 @@
 """How `laps local` stops its engines (local_engines.stop_all), against real child processes that
 ignore SIGTERM, as an engine stuck in a long batch does: a second Ctrl-C kills them at once,
-however soon after "stopping engines" it comes. CI once caught it in the instant between that
-line and the first SIGTERM: a traceback, and engines left running."""
+however soon after "stopping engines" it comes (CI once caught one in the instant between that
+line and the first SIGTERM: a traceback, and engines left running); a Ctrl-C while they are
+being forked is not lost."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from laps_agent.local_engines import EngineChild, stop_all
+from laps_agent.local_engines import EngineChild, SignalsDeferred, stop_all
 
 _STUBBORN = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
              "print('ready', flush=True); time.sleep(120)")
@@ -65,3 +66,22 @@ def test_engines_that_stop_on_sigterm_are_not_killed(tmp_path):
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def test_a_ctrl_c_while_engines_are_forked_comes_after_the_last_is_recorded():
+    """As KeyboardInterrupt inside Popen, a Ctrl-C was swallowed by a fork hook ("Exception
+    ignored", and laps local went on to serve) or left a forked engine out of the list."""
+    handler = signal.getsignal(signal.SIGINT)
+    started = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with SignalsDeferred():
+                for _ in range(2):
+                    os.kill(os.getpid(), signal.SIGINT)   # the user's Ctrl-C, mid-spawn
+                    started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        assert len(started) == 2   # both in the list that stop_all stops
+        assert signal.getsignal(signal.SIGINT) is handler
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
