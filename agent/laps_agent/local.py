@@ -21,10 +21,11 @@ import tempfile
 from pathlib import Path
 
 from laps_agent.gateway.cli import auth_args_problem, decode_share
-from laps_agent.local_engines import (EngineChild, SignalsDeferred, engine_flag, free_port, served_name,
+from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name,
                                       shared_gpu_args, spawn_engine, stop_all, unknown_engine_args,
                                       wait_until_loaded, write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.signals_deferred import SignalsDeferred
 from laps_agent.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_operator.groups import initial_short_count
 

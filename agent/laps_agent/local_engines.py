@@ -71,25 +71,6 @@ def write_labels(path: Path, role: str, group: str | None) -> None:
     tmp.replace(path)
 
 
-class SignalsDeferred:
-    """SIGINT and SIGTERM held off while engines are forked, then a KeyboardInterrupt on the
-    way out of the block if one came. As KeyboardInterrupt inside Popen, a Ctrl-C was lost: a
-    fork hook (logging's) swallows it with "Exception ignored", and laps local went on to serve;
-    or it left a forked engine out of the list that stop_all stops."""
-
-    def __enter__(self) -> SignalsDeferred:
-        self.pending: list[int] = []
-        self._previous = {sig: signal.signal(sig, lambda signum, frame: self.pending.append(signum))
-                          for sig in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        if self.pending and exc_type is None:
-            raise KeyboardInterrupt
-
-
 def spawn_engine(name: str, role: str, group: str | None, *, model: str, workdir: Path,
                  port: int, bootstrap_port: int | None, common_args: list[str]) -> EngineChild:
     labels = workdir / f"{name}.labels"

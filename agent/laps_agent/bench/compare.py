@@ -28,6 +28,7 @@ from laps_agent.cli_args import names, non_negative, output_dir, positive, slo_s
 from laps_agent.local_process import LocalProcess
 from laps_agent.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.results.turns import summarize_turns, turns_report
+from laps_agent.signals_deferred import SignalsDeferred
 from laps_agent.systems import SYSTEMS, SystemConfig, system
 from laps_agent.workload import Plan, WorkloadError, WorkloadSpec, load_workload
 from laps_agent.workload.plan import require_requests, warmup_plan
@@ -204,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     labelled, turns = [], []
     for sys_config in systems:
-        local = LocalProcess(local_args(args, sys_config, engine_args), out / sys_config.name / "local")
+        local = None
         try:
+            with SignalsDeferred():   # a laps local forked is one stopped below
+                local = LocalProcess(local_args(args, sys_config, engine_args), out / sys_config.name / "local")
             print(f"[compare] {sys_config.name}: starting laps local", flush=True)
             local.wait_ready(args.startup_timeout)
             result = asyncio.run(_measure(local.url, spec, plans, rate_scale, args, tokenizer, sys_config.name,
@@ -216,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # while it started: nothing measured on this system
             result = None
         finally:
-            local.stop()
-            local.kill()
+            if local is not None:
+                local.stop()
+                local.kill()
         if result is None:
             print(f"[compare] interrupted before {sys_config.name} was measured", flush=True)
             return _finish(labelled, turns, out, interrupted=True)
