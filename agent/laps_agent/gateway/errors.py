@@ -1,10 +1,11 @@
 """The gateway's own error answers, every one in OpenAI's shape.
 
 OpenAI clients read `error.message` out of `{"error": {"message", "type", "code"}}`; FastAPI's
-`{"detail": ...}` (its 404, 405 and 422, which OpenAI and SGLang answer as 400) and Starlette's plain-text 500 reached the `openai`
+`{"detail": ...}` (its 404, 405 and 422) and Starlette's plain-text 500 reached the `openai`
 client as a message-less error ("Error code: 404 - {'detail': 'Not Found'}"). So FastAPI's own
 exception handlers are replaced here, and the work routes' fast path (app.py) answers its
-crashes with the same shape. None of this runs on a request that succeeds."""
+crashes with the same shape; invalid fields are a 400, as OpenAI and SGLang answer them. None
+of this runs on a request that succeeds."""
 from __future__ import annotations
 
 import logging
