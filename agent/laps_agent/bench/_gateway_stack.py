@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from laps_agent.emulated.engine import FILLER_WORDS
+from laps_agent.signals_deferred import SignalsDeferred
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _SCHEDSTAT = os.path.exists("/proc/self/schedstat")
@@ -54,6 +55,21 @@ class Child:
             self.proc.stdout.close()
 
 
+def _started(argv: list[str], ready: Callable[[subprocess.Popen], Child], **popen) -> Child:
+    """The child `ready` returns once it serves. A Ctrl-C, or a failure, while it starts stops
+    it: kept out of the caller's list until started, it was left running (`kill -INT` on the
+    benchmark alone; a terminal's Ctrl-C reaches the whole process group)."""
+    proc = None
+    try:
+        with SignalsDeferred():   # a child forked is one this function stops
+            proc = subprocess.Popen(argv, **popen)
+        return ready(proc)
+    except BaseException:   # KeyboardInterrupt included: the deferred one too
+        if proc is not None:
+            Child(proc, "").stop()
+        raise
+
+
 def word_tokenizer(directory: Path, words: Iterable[str]) -> Path:
     """A Hugging Face tokenizer directory: one token per whitespace-separated word (`words` and
     the emulated engine's filler words; anything else is one unknown token). The engines
@@ -75,43 +91,46 @@ def spawn_engine(role: str, tokenizer: Path, profile: str = "instant") -> Child:
     from laps_agent.local_engines import free_port
 
     port, boot = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "engine", "--backend", "emulated",
-                             "--profile", profile, "--model", str(tokenizer), "--role", role,
-                             "--host", "127.0.0.1", "--port", str(port), "--bootstrap-port", str(boot),
-                             "--labels-file", "/nonexistent", "--log-level", "warning",
-                             # No batching window: a short prompt would wait up to 5 ms for
-                             # batch-mates, which is scheduling, not HTTP path.
-                             "--wait-window-ms", "0"],
-                            stdout=subprocess.DEVNULL)
-    child = Child(proc, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(child.url + "/health", trust_env=False).status_code == 200:
-                return child
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)  # poll interval, bounded by the deadline
-    child.stop()
-    raise RuntimeError(f"emulated {role} engine did not start (rc={proc.poll()})")
+
+    def ready(proc: subprocess.Popen) -> Child:
+        child = Child(proc, f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(child.url + "/health", trust_env=False).status_code == 200:
+                    return child
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)  # poll interval, bounded by the deadline
+        raise RuntimeError(f"emulated {role} engine did not start (rc={proc.poll()})")
+
+    return _started([sys.executable, "-m", "laps_agent.cli", "engine", "--backend", "emulated",
+                     "--profile", profile, "--model", str(tokenizer), "--role", role,
+                     "--host", "127.0.0.1", "--port", str(port), "--bootstrap-port", str(boot),
+                     "--labels-file", "/nonexistent", "--log-level", "warning",
+                     # No batching window: a short prompt would wait up to 5 ms for
+                     # batch-mates, which is scheduling, not HTTP path.
+                     "--wait-window-ms", "0"], ready, stdout=subprocess.DEVNULL)
 
 
 def spawn_gateway(prefill: str, decode: str, *extra: str) -> Child:
     """`laps gateway` over one prefill engine (both groups) and one decode engine; returns once
     it routes."""
-    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "gateway", "--host", "127.0.0.1",
-                             "--port", "0", "--prefill-short", prefill, "--prefill-long", prefill,
-                             "--decode", decode, "--log-level", "warning",
-                             # Measures cost, not overload: 32 clients of 40 KiB bodies pass
-                             # the default admission bound.
-                             "--max-pending-tokens-per-pod", "0", *extra],
-                            stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if "listening on" in line:
-            child = Child(proc, line.strip().rsplit(" ", 1)[-1])
-            _wait_ready(child)
-            return child
-    raise RuntimeError(f"laps gateway exited before listening (rc={proc.wait()})")
+    def ready(proc: subprocess.Popen) -> Child:
+        for line in proc.stdout:
+            if "listening on" in line:
+                child = Child(proc, line.strip().rsplit(" ", 1)[-1])
+                _wait_ready(child)
+                return child
+        raise RuntimeError(f"laps gateway exited before listening (rc={proc.wait()})")
+
+    return _started([sys.executable, "-m", "laps_agent.cli", "gateway", "--host", "127.0.0.1",
+                     "--port", "0", "--prefill-short", prefill, "--prefill-long", prefill,
+                     "--decode", decode, "--log-level", "warning",
+                     # Measures cost, not overload: 32 clients of 40 KiB bodies pass
+                     # the default admission bound.
+                     "--max-pending-tokens-per-pod", "0", *extra],
+                    ready, stdout=subprocess.PIPE, text=True)
 
 
 def _wait_ready(child: Child, timeout: float = 30.0) -> None:
@@ -123,18 +142,18 @@ def _wait_ready(child: Child, timeout: float = 30.0) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.05)  # poll interval, bounded by the deadline
-    child.stop()
     raise RuntimeError(f"gateway at {child.url} never became ready")
 
 
 def spawn_stub_upstreams() -> Child:
     """The compute-free prefill and decode upstreams of the scale-out phase (_stub_upstream.py),
     one process; `urls` is (prefill, decode)."""
-    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.bench._stub_upstream"],
-                            stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line.startswith("stub upstreams on ports"):
-        Child(proc, "").stop()
-        raise RuntimeError(f"stub upstreams did not start (rc={proc.poll()})")
-    urls = tuple(f"http://127.0.0.1:{port}" for port in line.split()[-2:])
-    return Child(proc, urls[0], urls)
+    def ready(proc: subprocess.Popen) -> Child:
+        line = proc.stdout.readline()
+        if not line.startswith("stub upstreams on ports"):
+            raise RuntimeError(f"stub upstreams did not start (rc={proc.poll()})")
+        urls = tuple(f"http://127.0.0.1:{port}" for port in line.split()[-2:])
+        return Child(proc, urls[0], urls)
+
+    return _started([sys.executable, "-m", "laps_agent.bench._stub_upstream"], ready,
+                    stdout=subprocess.PIPE, text=True)

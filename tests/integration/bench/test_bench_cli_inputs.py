@@ -7,14 +7,17 @@ of them after the run, with its measurements lost."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
+from laps_agent.local_process import alive, descendants
 from laps_agent.results import load_result
 
 from tests.integration.bench.test_workload_errors import engine, served  # noqa: F401  (engine: a fixture)
+from tests.support.waiting import poll
 from tests.unit.sim.test_sim_cli import NO_REQUEST, QUIET
 
 SMALL = """\
@@ -173,3 +176,27 @@ def test_bench_gateway_says_which_process_did_not_start():
                  "--gateway-arg=--no-such-flag")
     assert "laps gateway: error: unrecognized arguments: --no-such-flag" in done.stderr
     _refused(done, "laps bench gateway: error: laps gateway exited before listening (rc=2)", code=1)
+
+
+def test_bench_gateway_interrupted_while_its_processes_start_leaves_none_running():
+    """SIGINT to the benchmark alone (`kill -INT`; a terminal's Ctrl-C reaches its children too)
+    while its first engine starts: exit 130, one line, and that engine stopped. It was left
+    running (not yet in the list of processes the benchmark stops), holding this test's pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "bench", "gateway", "--seconds", "0.1",
+                             "--sizes", "1", "--clients", "1", "--no-scale-out"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started: set[int] = set()
+    try:
+        started = poll(lambda: descendants(proc.pid), timeout=60, message="the first engine to be forked")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        # A shell's $? is 130 either way: exit status 130, or ended by the SIGINT itself.
+        assert proc.returncode in (130, -signal.SIGINT), err
+        assert err.strip().endswith("laps bench gateway: interrupted"), err
+        assert "Traceback" not in err
+        poll(lambda: not any(alive(pid) for pid in started), timeout=15, message="the engine to be stopped")
+    finally:
+        proc.kill()
+        for pid in started | descendants(proc.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
