@@ -228,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure_all(args: argparse.Namespace) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="laps-bench-gateway-"))
-    tokenizer = word_tokenizer(workdir / "tokenizer", (w.strip() for w in _WORDS))
-    prefill = spawn_engine("prefill", tokenizer)
-    children = [prefill]
-    try:
+    children: list[Child] = []
+    try:  # the temp dir goes too when an engine fails to start or a Ctrl-C comes meanwhile
+        tokenizer = word_tokenizer(workdir / "tokenizer", (w.strip() for w in _WORDS))
+        prefill = spawn_engine("prefill", tokenizer)
+        children.append(prefill)
         decode = spawn_engine("decode", tokenizer)
         children.append(decode)
         children.append(spawn_gateway(prefill.url, decode.url, *args.gateway_arg))

@@ -178,13 +178,15 @@ def test_bench_gateway_says_which_process_did_not_start():
     _refused(done, "laps bench gateway: error: laps gateway exited before listening (rc=2)", code=1)
 
 
-def test_bench_gateway_interrupted_while_its_processes_start_leaves_none_running():
+def test_bench_gateway_interrupted_while_its_processes_start_leaves_none_running(tmp_path):
     """SIGINT to the benchmark alone (`kill -INT`; a terminal's Ctrl-C reaches its children too)
-    while its first engine starts: exit 130, one line, and that engine stopped. It was left
-    running (not yet in the list of processes the benchmark stops), holding this test's pipe."""
+    while its first engine starts: exit 130, one line, that engine stopped and the benchmark's
+    temp dir (its tokenizer) removed. The engine was left running (not yet in the list of
+    processes the benchmark stops), holding this test's pipe; the temp dir was left behind."""
     proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "bench", "gateway", "--seconds", "0.1",
                              "--sizes", "1", "--clients", "1", "--no-scale-out"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     started: set[int] = set()
     try:
         started = poll(lambda: descendants(proc.pid), timeout=60, message="the first engine to be forked")
@@ -195,6 +197,7 @@ def test_bench_gateway_interrupted_while_its_processes_start_leaves_none_running
         assert err.strip().endswith("laps bench gateway: interrupted"), err
         assert "Traceback" not in err
         poll(lambda: not any(alive(pid) for pid in started), timeout=15, message="the engine to be stopped")
+        assert not list(tmp_path.glob("laps-bench-gateway-*"))
     finally:
         proc.kill()
         for pid in started | descendants(proc.pid):
