@@ -192,7 +192,11 @@ def test_bench_gateway_interrupted_while_its_processes_start_leaves_none_running
         started = poll(lambda: descendants(proc.pid), timeout=60, message="the first engine to be forked")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-        # A shell's $? is 130 either way: exit status 130, or ended by the SIGINT itself.
+        # A shell's $? is 130 either way. Under `python -m` (not the `laps` script) CPython 3.11
+        # ends a process by SIGINT after it exited 130 when the KeyboardInterrupt was raised
+        # inside a string exec or eval (how dataclasses and namedtuples build their methods, in a
+        # module imported lazily, say): a flag later CPythons' pymain_run_module fixes. Seen in
+        # about 1 in 20 runs; 0 in 60 via `laps`.
         assert proc.returncode in (130, -signal.SIGINT), err
         assert err.strip().endswith("laps bench gateway: interrupted"), err
         assert "Traceback" not in err
