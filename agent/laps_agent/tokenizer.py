@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
 from jinja2.exceptions import TemplateError
-from pydantic_core import from_json
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from pydantic_core import from_json
 from tokenizers import Tokenizer as HFTokenizer
 
 
@@ -27,6 +28,36 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson escapes <, >, &, ' and non-ASCII for HTML ("\u003cb\u003e"): a template
+    # passing a message or a tool through it would render another prompt than the model was
+    # trained on. Hugging Face's is json.dumps, unescaped.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _compile_chat_template(source: str):
+    """The template as Hugging Face's apply_chat_template compiles it: its environment (trimmed
+    blocks, {% break %}/{% continue %}), its tojson and its globals (raise_exception,
+    strftime_now: Llama 3.x templates write today's date). Templates are written against that
+    environment; one using a feature a bare Jinja lacks failed to compile (an unknown tag).
+    TokenizerError for a template that does not compile."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except TemplateError as err:
+        raise TokenizerError(f"the chat template does not compile: {err}") from None
+
+
 class Tokenizer:
     def __init__(self, backend: HFTokenizer, *, chat_template: str | None,
                  eos_token_ids: frozenset[int], bos_token_id: int | None,
@@ -38,11 +69,7 @@ class Tokenizer:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self._template = None
-        if chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_exception
-            self._template = env.from_string(chat_template)
+        self._template = _compile_chat_template(chat_template) if chat_template else None
 
     @property
     def backend(self) -> HFTokenizer:

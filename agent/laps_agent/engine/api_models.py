@@ -161,6 +161,8 @@ def _stream_options(body: dict) -> bool:
     value = opts.get("include_usage")
     if value is not None and not isinstance(value, bool):
         raise ApiError(400, f"stream_options.include_usage must be a boolean, got {value!r}")
+    # vLLM's and SGLang's usage on every chunk: not implemented (unsupported_fields.py's rule).
+    refuse_unsupported(opts, {"continuous_usage_stats": (None, False)}, "stream_options.")
     return bool(value)
 
 
@@ -207,8 +209,11 @@ def openai_finish(reason: str | None) -> str | None:
 
 def completion_body(rid: str, model: str, text: str, finish: str | None, prompt: int, completion: int,
                     *, chunk: bool = False, chat: bool = False, first: bool = False, with_usage: bool = True,
-                    cached: int = 0) -> dict:
-    created = int(time.time())
+                    cached: int = 0, created: int | None = None) -> dict:
+    """A whole answer, or (chunk) one event of a stream: every event of one stream carries the
+    `created` of its first, as OpenAI's do. A chunk of a stream that ends with a usage chunk
+    (with_usage) says `"usage": null`, as OpenAI documents."""
+    created = int(time.time()) if created is None else created
     if chat:
         if chunk:
             delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
@@ -221,19 +226,31 @@ def completion_body(rid: str, model: str, text: str, finish: str | None, prompt:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
     body = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
-    if with_usage and not chunk:
-        body["usage"] = usage(prompt, completion, cached)
+    if with_usage:
+        body["usage"] = None if chunk else usage(prompt, completion, cached)
     return body
 
 
-def usage_chunk(rid: str, model: str, prompt: int, completion: int, chat: bool, cached: int = 0) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+def usage_chunk(rid: str, model: str, prompt: int, completion: int, chat: bool, cached: int = 0,
+                created: int | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()) if created is None else created,
             "model": model, "choices": [], "usage": usage(prompt, completion, cached)}
+
+
+def generate_finish(finish: str | None, matched: Any, completion: int) -> dict | None:
+    """/generate's meta_info.finish_reason, in SGLang's shapes: a length stop says its length,
+    the others what matched (a stop string, a token id, or None)."""
+    if not finish:
+        return None
+    if finish == "length":
+        return {"type": "length", "length": completion}
+    return {"type": finish, "matched": matched}
 
 
 def generate_body(rid: str, text: str, output_ids: list[int], finish: str | None, matched: Any,
                   prompt: int, completion: int, e2e: float, extra: dict | None = None, cached: int = 0) -> dict:
-    meta = {"id": rid, "finish_reason": {"type": finish, "matched": matched} if finish else None,
+    meta = {"id": rid, "finish_reason": generate_finish(finish, matched, completion),
             "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
             "e2e_latency": e2e}
     meta.update(extra or {})

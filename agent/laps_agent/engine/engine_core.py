@@ -73,7 +73,7 @@ class EngineCore(PDSteps):
             sink(EngineOutput(work.rid, finished=True, finish_reason="error", error_status=400,
                               error=f"request id {work.rid!r} is already in use"))
             return
-        stop = StopState(work.params, self.eos_ids, self._decode_text)
+        stop = StopState(work.params, self.eos_ids, self._decode_text, context=work.input_ids)
         live = _Live(work, sink, stop, cls=self._classify(len(work.input_ids)), cached=work.cached_tokens)
         self._live[work.rid] = live
         if work.kind == "decode":

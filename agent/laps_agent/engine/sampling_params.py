@@ -3,13 +3,15 @@ engine use them; the next-token choice itself is in sampling.py)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
 
 DEFAULT_MAX_NEW_TOKENS = 128
 # A character is at most 4 UTF-8 bytes, so at most 4 tokens: output pending for longer holds
 # bytes that never form one (StopState._commit_whole_characters).
 PENDING_TOKENS_MAX = 4
+# Prompt tokens the output is decoded after (StopState.context), as SGLang and vLLM do.
+CONTEXT_TOKENS = 5
 
 
 class SamplingError(ValueError):
@@ -115,13 +117,20 @@ class StopState:
     """Tracks one request's output text and decides when it stops.
 
     `decode` turns the output ids into text; text that could still turn into a stop string (or an
-    unfinished UTF-8 sequence) is held back so a streamed client never sees a stop string."""
+    unfinished UTF-8 sequence) is held back so a streamed client never sees a stop string.
+
+    `context`: the prompt's ids, of which the last CONTEXT_TOKENS are decoded before the output
+    (and are no part of it). Decoded alone, a first token loses what its context gives it: a
+    SentencePiece decoder (Llama 2, Mistral) strips the space that begins a text, so "▁Paris"
+    after "▁is" read "Paris" where SGLang and vLLM answer " Paris", and the prompt and its
+    completion ran together ("isParis"). Byte-level tokenizers decode the same either way."""
 
     params: SamplingParams
     eos_token_ids: frozenset[int]
     decode: Callable[[list[int]], str]
+    context: Sequence[int] = ()
     output_ids: list[int] = field(default_factory=list)
-    text_ids: list[int] = field(default_factory=list)   # ids that contribute to the text
+    text_ids: list[int] = field(default_factory=list)   # the context's ids, then the output's text
     emitted: int = 0                                     # characters of text already released
     # Incremental detokenization: decode only text_ids[prefix:] and diff it against
     # text_ids[prefix:read], so each step costs O(window) and tokenizers that drop a leading
@@ -131,6 +140,14 @@ class StopState:
     text: str = ""
     finish_reason: str | None = None
     matched_stop: str | int | None = None
+
+    def __post_init__(self) -> None:
+        tail = list(self.context[-CONTEXT_TOKENS:])
+        # A context ending inside a character (its other bytes to come in the output) decodes
+        # to a U+FFFD that the output would replace: the text's offsets would be off. Rare
+        # (a prompt cut mid-character): decoded without context then, as before.
+        if tail and not self.decode(tail).endswith("\ufffd"):
+            self.text_ids, self.prefix, self.read = tail, 0, len(tail)
 
     def add(self, token: int) -> str:
         """Record one generated token; returns the newly releasable text."""

@@ -41,8 +41,9 @@ async def sse_events(work: GenerateWork, parsed: api.ParsedRequest,
     first, gen = first_and_gen
     chat = parsed.kind == "chat"
     oid = response_id(parsed, work)
+    created = int(time.time())   # one for the whole stream
     text, ids = "", []
-    last = first
+    last = first   # the latest output that is no error: what the usage chunk counts
     sent_role = False
 
     async def stream() -> AsyncIterator[EngineOutput]:
@@ -53,7 +54,6 @@ async def sse_events(work: GenerateWork, parsed: api.ParsedRequest,
 
     try:
         async for out in stream():
-            last = out
             if out.error:
                 # Past the status line: this event is all the client gets, so the log must name
                 # the request (up-front failures are logged by http_util.failed).
@@ -61,6 +61,7 @@ async def sse_events(work: GenerateWork, parsed: api.ParsedRequest,
                 log_failure(work.request_id, exc, mid_stream=True)
                 yield sse(exc.body())
                 break
+            last = out
             text += out.text
             ids += out.token_ids
             finish = api.openai_finish(out.finish_reason) if out.finished else None
@@ -72,12 +73,13 @@ async def sse_events(work: GenerateWork, parsed: api.ParsedRequest,
                 if not out.text and not out.finished and sent_role:
                     continue  # nothing new to show (text held back for a possible stop string)
                 body = api.completion_body(oid, model, out.text, finish, 0, 0, chunk=True, chat=chat,
-                                           first=not sent_role)
+                                           first=not sent_role, with_usage=parsed.include_usage,
+                                           created=created)
                 sent_role = True
             yield sse(body)
         if parsed.include_usage and parsed.kind != "generate":
             yield sse(api.usage_chunk(oid, model, last.prompt_tokens, last.completion_tokens, chat,
-                                      last.cached_tokens))
+                                      last.cached_tokens, created))
         yield b"data: [DONE]\n\n"
     finally:
         await gen.aclose()

@@ -19,6 +19,10 @@ OPENAI_BODY: dict[str, tuple] = {
     # SGLang's (and vLLM's) extensions to the OpenAI body, which clients of those servers send.
     "min_p": (None, 0), "regex": (None,), "json_schema": (None,), "ebnf": (None,),
     "skip_special_tokens": (None, True), "no_stop_trim": (None, False),
+    # vLLM's (SGLang reads some of them too).
+    "include_stop_str_in_output": (None, False), "guided_json": (None,), "guided_regex": (None,),
+    "guided_choice": (None,), "guided_grammar": (None,), "structured_outputs": (None,),
+    "prompt_logprobs": (None,), "typical_p": (None, 1), "use_beam_search": (None, False),
 }
 
 # SGLang's /generate `sampling_params` (sglang/srt/sampling/sampling_params.py). Stock SGLang

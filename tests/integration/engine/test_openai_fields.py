@@ -107,6 +107,21 @@ def test_sglang_sampling_extensions_are_refused_unless_neutral(tiny_mixed_engine
     assert _post(tiny_mixed_engine, CHAT, neutral).status_code == 200
 
 
+def test_vllm_extensions_are_refused_unless_neutral(tiny_mixed_engine):
+    """vLLM's clients send these; each was answered 200 without what it asked for (a stop string
+    left out though asked in, a guided choice unguided, usage on no chunk but the last)."""
+    for extra, named in ((dict(include_stop_str_in_output=True), "include_stop_str_in_output="),
+                         (dict(guided_choice=["yes", "no"]), "guided_choice="),
+                         (dict(typical_p=0.5), "typical_p="),
+                         (dict(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}),
+                          "stream_options.continuous_usage_stats=")):
+        reply = _post(tiny_mixed_engine, CHAT, _chat([{"role": "user", "content": "hi"}], **extra))
+        assert reply.status_code == 400 and named in reply.json()["error"]["message"], (extra, reply.text)
+    neutral = _chat([{"role": "user", "content": "hi"}], max_tokens=2, include_stop_str_in_output=False,
+                    typical_p=1.0, stream_options={"continuous_usage_stats": False})
+    assert _post(tiny_mixed_engine, CHAT, neutral).status_code == 200
+
+
 _TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
 
 

@@ -50,3 +50,26 @@ def test_bytes_that_never_form_a_character_are_in_the_text_streamed_or_not(tiny_
         streamed_usage = stream[-2]["usage"]
         assert (streamed_usage["prompt_tokens"], streamed_usage["completion_tokens"]) == \
             (usage["prompt_tokens"], usage["completion_tokens"]) == (usage["prompt_tokens"], TOKENS), path
+
+
+def test_a_stream_reads_as_openai_and_sglang_shape_it(tiny_mixed_engine):
+    """Every event of a stream carries its first's `created` (ours took the clock per event, so
+    one answer spanned several seconds' values); with include_usage each content chunk says
+    `"usage": null`, as OpenAI documents, until the usage chunk; /generate says a length stop
+    as SGLang does, `{"type": "length", "length": n}` (a client reading `.length` got nothing)."""
+    for path, body in (("/v1/completions", {"prompt": PROMPT}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}]})):
+        stream = sse_events(_post(tiny_mixed_engine, path, {
+            **body, "max_tokens": TOKENS, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}).text)
+        events = stream[:-1]
+        assert len({e["created"] for e in events}) == 1, path
+        chunks, (usage,) = events[:-1], events[-1:]
+        assert chunks and all(c["usage"] is None and c["choices"] for c in chunks), path
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == TOKENS, path
+    plain = sse_events(_post(tiny_mixed_engine, "/v1/completions", {
+        "prompt": PROMPT, "max_tokens": 2, "stream": True}).text)
+    assert all("usage" not in e for e in plain[:-1])   # not asked for: not there
+    meta = _post(tiny_mixed_engine, "/generate", {"text": PROMPT, "sampling_params": {
+        "max_new_tokens": 3, "temperature": 0}}).json()["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 3}

@@ -97,6 +97,45 @@ def test_streamed_text_equals_the_decoded_text(tiny_loaded, text):
     assert "\ufffd" not in streamed
 
 
+def sentencepiece_decode():
+    """The decoder Llama 2 and Mistral ship in tokenizer.json (▁ for a space, stripped once at
+    the start of a text), over a word vocabulary."""
+    from tokenizers import Tokenizer, decoders, models
+
+    words = ["<unk>", "<s>", "</s>", "▁The", "▁capital", "▁of", "▁France", "▁is", "▁Paris", ".", "▁It"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
+
+
+def test_the_first_token_keeps_its_space_after_the_prompt():
+    """SGLang and vLLM answer "The capital of France is" with " Paris. It is": the output is
+    decoded after the prompt's last tokens. Decoded alone, a SentencePiece decoder strips the
+    first token's space and prompt and completion ran together ("isParis")."""
+    decode = sentencepiece_decode()
+    prompt, output = [1, 3, 4, 5, 6, 7], [8, 9, 10, 7]
+    state = StopState(SamplingParams(max_new_tokens=4), frozenset({2}), decode, context=prompt)
+    deltas = [state.add(t) for t in output]
+    assert deltas == [" Paris", ".", " It", " is"] and state.finish_reason == "length"
+    assert decode(prompt) + "".join(deltas) == decode(prompt + output)
+    # A stop string may begin with that space.
+    stopped = StopState(SamplingParams(stop=(" Paris",)), frozenset({2}), decode, context=prompt)
+    assert stopped.add(8) == "" and stopped.finish_reason == "stop"
+
+
+def test_a_prompt_ending_inside_a_character_is_no_context():
+    # One token a byte. The prompt's last byte begins "é" (C3 A9) and the output's first ends
+    # it: the output decodes alone, as a lone continuation byte (U+FFFD), as it did before.
+    def decode(ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    state = StopState(SamplingParams(max_new_tokens=2), frozenset(), decode, context=list(b"caf\xc3"))
+    assert state.add(0xA9) + state.add(ord("!")) == "\ufffd!"
+    whole = StopState(SamplingParams(max_new_tokens=3), frozenset(), decode, context=list(b"caf"))
+    assert "".join(whole.add(b) for b in "é!".encode()) == "é!"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_seeded_sampling_works_on_cuda_logits():

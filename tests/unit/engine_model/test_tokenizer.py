@@ -1,6 +1,7 @@
 """Tokenizers from GGUF metadata and from an HF directory, and chat templates."""
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -75,6 +76,35 @@ def test_template_raise_exception_and_sandbox(tmp_path, tiny_model_dir):
         tok.apply_chat_template([{"role": "system", "content": "x"}])
     with pytest.raises(ChatTemplateError):  # the sandbox refuses attribute escapes
         tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def _with_template(tmp_path, tiny_model_dir, template: str) -> Path:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "tokenizer.json").write_text((tiny_model_dir / "tokenizer.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|im_end|>"}))
+    return model
+
+
+def test_templates_render_as_hugging_face_renders_them(tmp_path, tiny_model_dir):
+    """Chat templates are written against transformers' environment: {% break %} and
+    {% continue %} (a model using them could not be loaded at all), tojson as json.dumps (Jinja's
+    own escapes <, > and non-ASCII for HTML: another prompt than the model learnt), and
+    strftime_now (Llama 3.x templates write today's date with it)."""
+    template = ("{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+                "{{ m.content | tojson }}|{% if loop.index > 2 %}{% break %}{% endif %}{% endfor %}"
+                "{{ strftime_now('%Y') }}")
+    tok = load_tokenizer(_with_template(tmp_path, tiny_model_dir, template))
+    messages = [{"role": "system", "content": "hidden"}, {"role": "user", "content": "<b>café</b>"},
+                {"role": "assistant", "content": "a"}, {"role": "user", "content": "never"}]
+    assert tok.apply_chat_template(messages) == f'"<b>café</b>"|"a"|{datetime.date.today().year}'
+
+
+def test_a_template_that_does_not_compile_is_a_tokenizer_error(tmp_path, tiny_model_dir):
+    # A TokenizerError is what laps engine, laps gateway and laps local report as such (a line,
+    # not a traceback).
+    with pytest.raises(TokenizerError, match="chat template does not compile.*unknown tag 'nope'"):
+        load_tokenizer(_with_template(tmp_path, tiny_model_dir, "{% nope %}"))
 
 
 def test_missing_tokenizer_files_give_clear_errors(tmp_path):
