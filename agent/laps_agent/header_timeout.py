@@ -15,6 +15,11 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from laps_agent.request_body import HEADER_TIMEOUT_S
 
+# Where a request's scope holds `abort()`, which drops its connection at once (the transport's
+# abort): for an app that gives up on a client taking no bytes (gateway/relay.py). ASGI offers
+# none: a response can only wait in `send` for as long as the client does not read.
+ABORT_SCOPE_KEY = "laps.abort"
+
 
 def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S):
     """What uvicorn.Config's `http=` takes for a server whose clients get `header_timeout_s`
@@ -45,6 +50,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[ABORT_SCOPE_KEY] = self.transport.abort
         self._header_begun = True
         if self._header_timer is None:  # a new connection's timer already runs for its first one
             self._arm_header_timer()

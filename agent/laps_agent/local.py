@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from laps_agent.gateway.cli import auth_args_problem, decode_share
+from laps_agent.cli_args import non_negative
+from laps_agent.gateway.cli import TOKENS, auth_args_problem, decode_share
 from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name,
                                       shared_gpu_args, spawn_engine, stop_all, unknown_engine_args,
                                       wait_until_loaded, write_labels)
@@ -43,10 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", help="default: what the engines report")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
-    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
+    p.add_argument("--length-threshold", type=TOKENS, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
-    p.add_argument("--max-pending-tokens-per-pod", type=int, default=None,
+    p.add_argument("--max-pending-tokens-per-pod", type=TOKENS, default=None,
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
                         "beyond which a class gets 429, beside the engines' measured bound (0: "
                         "neither; default: laps gateway's)")
@@ -57,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     # Off by default: laps local serves on loopback for one user. Same meaning as laps gateway's.
     p.add_argument("--api-keys-file", help="the gateway's API keys, one a line: requests then "
                    "need 'Authorization: Bearer <key>' (default: no authentication)")
-    p.add_argument("--rate-limit-per-key", type=float, default=0.0,
+    p.add_argument("--rate-limit-per-key", type=non_negative(float), default=0.0,
                    help="requests/s per API key, beyond: 429 (0: none; needs --api-keys-file)")
-    p.add_argument("--request-deadline-s", type=float, default=None,
+    p.add_argument("--request-deadline-s", type=non_negative(float), default=None,
                    help="the gateway's total time per request: 504, or an SSE error event once "
                         "streaming (0: none; default: laps gateway's)")
     p.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction, default=True,

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import NoReturn
 
+from laps_agent.cli_args import non_negative, positive
 from laps_agent.exit_reason import ExitRecordingParser
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
@@ -13,11 +14,26 @@ from laps_agent.gateway.routing import AffinityBound
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
 
 
+# The types of flags laps local shares: a count of tokens (0 means something for each: every
+# prompt long, no slack, no bound), a positive time. A wrong value was taken and failed later, or
+# never: --max-retries -1 made every request a 500, --connect-timeout 0 every one a 502.
+TOKENS = non_negative(int)
+SECONDS = positive(float)
+
+
+def percent(text: str) -> int:
+    """--max-ejection-percent's type: 0..100."""
+    value = non_negative(int)(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage, 0..100, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ExitRecordingParser(prog="laps gateway", description="length-aware PD gateway")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--length-threshold", type=int, default=DEFAULT_LENGTH_THRESHOLD)
+    p.add_argument("--length-threshold", type=TOKENS, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--served-model-name", default="default")
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer counts "
                    "prompt tokens; without it a characters-per-token heuristic is used")
@@ -29,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=GatewayConfig.engine_load_poll,
                    help="route by the engines' own load (each pod's /get_load, polled), merged "
                         "with this gateway's dispatches: several gateway replicas then share it")
-    p.add_argument("--engine-load-interval", type=float, default=GatewayConfig.engine_load_interval_s,
+    p.add_argument("--engine-load-interval", type=SECONDS, default=GatewayConfig.engine_load_interval_s,
                    help="seconds between two polls of every pod's /get_load")
     aff = p.add_argument_group("cache affinity (gateway/routing.py)")
     aff.add_argument("--prefix-affinity", action=argparse.BooleanOptionalAction,
@@ -37,14 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send a prompt to the prefill pod expected to hold its prefix (this "
                           "gateway's record of what it sent where) and classify it by the tokens "
                           "left to prefill there; off: full-length classes, least-loaded pods")
-    aff.add_argument("--affinity-load-factor", type=float, default=AffinityBound().load_factor,
+    aff.add_argument("--affinity-load-factor", type=positive(float), default=AffinityBound().load_factor,
                      help="a pod with more pending tokens than this x its group's mean (plus "
                           "--affinity-slack-tokens) loses affinity")
-    aff.add_argument("--affinity-slack-tokens", type=int, default=AffinityBound().slack_tokens)
+    aff.add_argument("--affinity-slack-tokens", type=TOKENS, default=AffinityBound().slack_tokens)
     aff.add_argument("--prefix-warm", action=argparse.BooleanOptionalAction, default=GatewayConfig.prefix_warm,
                      help="the engines run with --prefix-warm: expect the pod that served a chat's "
                           "previous turn to hold its answer too")
-    aff.add_argument("--prefix-record-blocks", type=int, default=GatewayConfig.prefix_record_blocks_per_pod,
+    aff.add_argument("--prefix-record-blocks", type=positive(int), default=GatewayConfig.prefix_record_blocks_per_pod,
                      help="blocks (a chat message, or a tier block of a text: 256 characters and up) remembered per prefill pod (LRU)")
     static = p.add_argument_group("static discovery")
     static.add_argument("--prefill-short", default="", help="URL[,URL...]")
@@ -58,20 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_argument("--prefill-long-service")
     kube.add_argument("--decode-service")
     limits = p.add_argument_group("limits and resilience")
-    limits.add_argument("--max-body-bytes", type=int, default=GatewayConfig.max_body_bytes)
-    limits.add_argument("--connect-timeout", type=float, default=ProxyConfig.connect_timeout_s)
+    limits.add_argument("--max-body-bytes", type=positive(int), default=GatewayConfig.max_body_bytes)
+    limits.add_argument("--connect-timeout", type=SECONDS, default=ProxyConfig.connect_timeout_s)
     limits.add_argument("--read-timeout", type=positive_seconds, default=None,
                         help="seconds an engine may stay silent on an open request (a non-streamed "
                              "answer is silent until complete) before 504; default: the request "
                              "deadline, or 300 without one")
-    limits.add_argument("--max-retries", type=int, default=ProxyConfig.max_retries)
-    limits.add_argument("--eject-after-failures", type=int,
+    limits.add_argument("--max-retries", type=non_negative(int), default=ProxyConfig.max_retries)
+    limits.add_argument("--eject-after-failures", type=positive(int),
                         default=ProxyConfig.eject_after_failures)
-    limits.add_argument("--eject-seconds", type=float, default=ProxyConfig.eject_seconds)
-    limits.add_argument("--max-ejection-percent", type=int, default=ProxyConfig.max_ejection_percent,
+    limits.add_argument("--eject-seconds", type=non_negative(float), default=ProxyConfig.eject_seconds)
+    limits.add_argument("--max-ejection-percent", type=percent, default=ProxyConfig.max_ejection_percent,
                         help="most of a prefill group or of the decode pool that passive health "
                              "checks may eject; never its last healthy pod (0: never eject)")
-    limits.add_argument("--max-pending-tokens-per-pod", type=int,
+    limits.add_argument("--max-pending-tokens-per-pod", type=TOKENS,
                         default=GatewayConfig.max_pending_tokens_per_pod,
                         help="admission control: a prefill group takes new requests while its "
                              "pending prompt tokens are below this many per routable pod; beyond, "
@@ -82,10 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "decode pool's slots (its pods' max running requests, from their "
                              "load reports); beyond, that class gets 429 + Retry-After, so a flood "
                              "of one class never leaves the other without decode slots (0: no bound)")
-    limits.add_argument("--request-deadline-s", type=float, default=GatewayConfig.request_deadline_s,
+    limits.add_argument("--request-deadline-s", type=non_negative(float), default=GatewayConfig.request_deadline_s,
                         help="total time a request may take, arrival to last byte: beyond, 504 "
                              "(or, once a stream has begun, an SSE error event ends it); 0: none")
-    limits.add_argument("--drain-grace-s", type=float, default=GatewayConfig.drain_grace_s,
+    limits.add_argument("--drain-grace-s", type=non_negative(float), default=GatewayConfig.drain_grace_s,
                         help="after SIGTERM/SIGINT: unready at once, new requests get 503 draining, "
                              "the ones in flight finish; exit when none is left or after this many "
                              "seconds (keep it below the pod's terminationGracePeriodSeconds)")
@@ -94,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "every endpoint but /health, /live, /metrics and the OpenAPI docs then needs "
                       "'Authorization: Bearer <key>' (401 without); re-read when it changes. "
                       "Default: no authentication")
-    auth.add_argument("--rate-limit-per-key", type=float, default=GatewayConfig.rate_limit_per_key,
+    auth.add_argument("--rate-limit-per-key", type=non_negative(float), default=GatewayConfig.rate_limit_per_key,
                       help="requests/s each API key may send (burst: one second's worth, at least 1); "
                            "beyond, 429 + Retry-After. 0: no limit. Needs --api-keys-file")
     p.add_argument("--log-level", default="info")

@@ -53,7 +53,8 @@ class RequestDeadline:
         if self.at is None or not isinstance(response, RelayResponse):
             return response
         reply = response.reply
-        return RelayResponse(StreamReply(self._chunks(reply.chunks), reply.close))
+        return RelayResponse(StreamReply(self._chunks(reply.chunks), reply.close), stall_s=response.stall_s,
+                             until=self.at)
 
     async def _chunks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:

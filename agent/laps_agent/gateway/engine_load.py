@@ -223,7 +223,8 @@ def parse_report(body: bytes) -> LoadReport:
                           None if held is None else {str(cls): int(n) for cls, n in held.items()},
                           int(doc.get("max_prompt_tokens", 0)) or None,
                           int(doc.get("max_pending_tokens", 0)) or None)
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, OverflowError) as exc:
+        # OverflowError: a number JSON reads as infinite (1e400), which no count is.
         raise ValueError(f"not a load report: {exc!r}") from None
 
 
@@ -258,17 +259,29 @@ class EngineLoadPoller:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
+        said = None
         while True:
-            membership = self._discovery.membership()
-            pods = {e.name: e for group in membership.groups.values() for e in group}
-            pods.update((e.name, e) for e in membership.decode)
-            self.loads.keep_only(pods)
-            for gone in [name for name in self._paths if name not in pods]:
-                del self._paths[gone]
-            self._sglang_limits.keep_only(pods)
-            await asyncio.gather(*(self._poll(e) for e in pods.values()))
+            try:
+                await self._cycle()
+            except Exception as exc:  # noqa: BLE001 - a bug: the poller must outlive it
+                # Ended, the poller took with it the engines' load, the decode slots and the
+                # measured admission bounds, for the rest of the process, saying nothing.
+                if repr(exc) != said:
+                    log.exception("engine load poll failed; polling goes on")
+                said = repr(exc)
             next_at = max(next_at + self.loads.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
+
+    async def _cycle(self) -> None:
+        membership = self._discovery.membership()
+        pods = {e.name: e for group in membership.groups.values() for e in group}
+        pods.update((e.name, e) for e in membership.decode)
+        self.loads.keep_only(pods)
+        for gone in [name for name in self._paths if name not in pods]:
+            del self._paths[gone]
+        self._sglang_limits.keep_only(pods)
+        self._pool.keep_only({address(e.url) for e in pods.values()})
+        await asyncio.gather(*(self._poll(e) for e in pods.values()))
 
     async def _poll(self, endpoint: Endpoint) -> None:
         mark = self.loads.asking(endpoint.name, self._own().get(endpoint.name, _IDLE),

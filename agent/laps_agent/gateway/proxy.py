@@ -61,6 +61,7 @@ class PDProxy:
                  metrics: GatewayMetrics) -> None:
         self._config, self._discovery, self._tracker, self._metrics = config, discovery, tracker, metrics
         self._pool: UpstreamPool | None = None
+        self._pool_membership: Membership | None = None   # what the pool last kept to
         # Rooms name a prompt's KV on the prefill engine: unpredictable (os.urandom), not only unique.
         self._rooms = random.SystemRandom()
         self._tiebreak = itertools.count()
@@ -84,6 +85,15 @@ class PDProxy:
         await self._leftovers.aclose()
         if self._pool is not None:
             await self._pool.aclose()
+
+    def _follow_pool(self, membership: Membership) -> None:
+        # Discovery replaces the membership object on every change: an unchanged one costs one
+        # comparison.
+        if membership is self._pool_membership or self._pool is None:
+            return
+        self._pool_membership = membership
+        pods = [e for group in membership.groups.values() for e in group] + list(membership.decode)
+        self._pool.keep_only({address(e.url) for e in pods})
 
     def route(self, tokens: int, exclude: set[str], membership: Membership,
               loads: Mapping[str, EndpointLoad], held=None) -> RouteDecision:
@@ -116,8 +126,9 @@ class PDProxy:
         held = self.affinity.held(call.prefix)
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
-            self.affinity.follow(membership)   # both forget departed pods
+            self.affinity.follow(membership)   # all three forget departed pods
             self._tracker.follow(membership)
+            self._follow_pool(membership)
             # One view of the pods' loads (own + engine-reported) serves routing and admission.
             loads = self.engine_loads.merged(self._tracker.loads())
             try:

@@ -8,10 +8,14 @@ disarming and the next await runs without yielding to it)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from starlette.responses import Response
 
 from laps_agent.gateway.replies import StreamReply
+from laps_agent.header_timeout import ABORT_SCOPE_KEY
+
+log = logging.getLogger(__name__)
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
@@ -56,28 +60,79 @@ class RelayResponse(Response):
     """An ASGI response streaming the decode pod's answer: each upstream chunk is sent as it
     arrives (uvicorn writes it at once; TCP_NODELAY is on), the upstream call is released at
     the end and cancelled if the client leaves. Unlike Starlette's StreamingResponse it needs
-    no task group: the relay runs on the request's task."""
+    no task group: the relay runs on the request's task.
 
-    def __init__(self, reply: StreamReply) -> None:
+    A client that keeps its connection but stops reading is dropped: once its socket and
+    uvicorn's buffer are full, `send` waits for it with no bound, and the request held its
+    decode pod's slot and its class's decode share (so that class got 429s sooner) and its
+    deadline never came. A watchdog aborts the connection when one send has waited
+    `stall_s` (the gateway's bound on a silent upstream: a peer that takes or gives no byte
+    that long is gone) or past the request's deadline (`until`, the loop's clock): a timer per
+    stream, not per chunk."""
+
+    def __init__(self, reply: StreamReply, *, stall_s: float | None = None, until: float | None = None) -> None:
         self._reply = reply
+        self.stall_s, self.until = stall_s, until
         self.status_code = 200
         self.background = None
         self.raw_headers = list(_SSE_HEADERS)
+        self.sending_since: float | None = None   # loop time the send under way began
 
     @property
     def reply(self) -> StreamReply:
         return self._reply
 
     async def __call__(self, scope, receive, send) -> None:
+        abort = scope.get(ABORT_SCOPE_KEY)
+        watchdog = None if abort is None or (self.stall_s is None and self.until is None) else _Watchdog(self, abort)
+        loop = asyncio.get_running_loop()
+
+        async def sent(message: dict) -> None:
+            self.sending_since = loop.time()
+            await send(message)
+            self.sending_since = None
+
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async with HangupGuard(receive):
+            await sent({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async with HangupGuard(receive):   # the watchdog's abort ends up here as a hang-up
                 async for chunk in self._reply.chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await sent({"type": "http.response.body", "body": chunk, "more_body": True})
+                await sent({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             await self._reply.chunks.aclose()  # stopped at a `yield` if `send` was cancelled
             await self._reply.close()
+
+
+class _Watchdog:
+    """Aborts a relay's connection once its current send has waited `stall_s`, or is still
+    waiting at `until`. Checks every few seconds (half the stall bound, at most 5 s), and at
+    `until`."""
+
+    def __init__(self, relay: RelayResponse, abort) -> None:
+        self._relay, self._abort = relay, abort
+        self._loop = asyncio.get_running_loop()
+        self._every = max(0.05, min(relay.stall_s or 10.0, 10.0) / 2)
+        self._handle = self._loop.call_later(self._delay(self._loop.time()), self._check)
+
+    def _delay(self, now: float) -> float:
+        until = self._relay.until
+        return self._every if until is None or until <= now else max(0.05, min(self._every, until - now))
+
+    def _check(self) -> None:
+        relay, now = self._relay, self._loop.time()
+        since = relay.sending_since
+        late = relay.until is not None and now >= relay.until
+        if since is not None and (late or (relay.stall_s is not None and now - since >= relay.stall_s)):
+            log.warning("the client took no bytes of its stream for %.0fs%s: connection dropped",
+                        now - since, ", past the request's deadline" if late else "")
+            self._abort()
+            return
+        self._handle = self._loop.call_later(self._delay(now), self._check)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 class Leftovers:

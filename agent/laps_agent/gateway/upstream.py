@@ -192,8 +192,22 @@ class UpstreamPool:
         self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self._max_idle = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._kept: set[tuple[str, int]] | None = None   # keep_only's addresses; None: all
+
+    def keep_only(self, addresses: set[tuple[str, int]]) -> None:
+        """Close the idle connections to any other address, and keep none to them from now on
+        (until the next call): pods that left. On Kubernetes a restarted pod comes back at a
+        new IP, and each address that went kept its idle connections for the life of the
+        process: sockets (to a vanished host, never closed) and memory growing with pod churn."""
+        self._kept = set(addresses)
+        for key in [k for k in self._idle if k not in self._kept]:
+            for conn in self._idle.pop(key):
+                conn.close()
 
     def _put(self, key: tuple[str, int], conn: _Connection) -> None:
+        if self._kept is not None and key not in self._kept:
+            conn.close()   # a call to a pod that left meanwhile
+            return
         idle = self._idle.setdefault(key, [])
         if len(idle) < self._max_idle:
             idle.append(conn)

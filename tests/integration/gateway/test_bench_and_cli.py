@@ -82,6 +82,27 @@ def test_an_engine_may_stay_silent_as_long_as_the_request_deadline_allows(capsys
     assert "--read-timeout: 0: seconds, more than 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag, value, says", [
+    ("--max-retries", "-1", "must be >= 0"),              # every request was a 500 (AttributeError)
+    ("--connect-timeout", "0", "must be > 0"),            # every connect timed out: 502s, pods ejected
+    ("--engine-load-interval", "0", "must be > 0"),
+    ("--max-ejection-percent", "200", "0..100"),
+    ("--max-pending-tokens-per-pod", "-5", "must be >= 0"),
+    ("--length-threshold", "-1", "must be >= 0"),
+    ("--max-body-bytes", "0", "must be > 0"),
+    ("--eject-after-failures", "0", "must be > 0"),
+    ("--drain-grace-s", "-1", "must be >= 0"),
+    ("--rate-limit-per-key", "nan", "must be >= 0"),
+])
+def test_gateway_flags_out_of_range_are_refused_naming_the_flag(capsys, flag, value, says):
+    from laps_agent.gateway.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([flag, value])
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and says in err
+
+
 def test_gateway_flags_set_engine_load_polling():
     from laps_agent.gateway.cli import build_parser, config_from_args
 

@@ -110,7 +110,10 @@ def test_a_report_is_read_from_get_load_json():
     # A prefill engine says what it prefills in time (admission.in_time bounds its queue by it).
     assert parse_report(body[:-1] + b', "max_pending_tokens": 5000}').capacity == 5000
     for bad in (b'{"detail": "Not Found"}', b"[]", b"not json", b'{"waiting_requests": "x", "pending_tokens": 1}',
-                body[:-1] + b', "held_by_class": [1, 2]}', body[:-1] + b', "held_by_class": {"long": "x"}}'):
+                body[:-1] + b', "held_by_class": [1, 2]}', body[:-1] + b', "held_by_class": {"long": "x"}}',
+                # JSON reads 1e400 as infinity, which int() refuses with an OverflowError: that
+                # escaped the poller's handler and ended its task for the rest of the process.
+                body[:-1] + b', "max_pending_tokens": 1e400}'):
         with pytest.raises(ValueError):
             parse_report(bad)
 
