@@ -26,7 +26,7 @@ from typing import Any
 from . import metrics, pressure
 from .allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
 from .apply import contains
-from .kube import Kube
+from .kube import Kube, KubeError
 from .naming import GATEWAY_PORT, ClusterRef
 from .observed import prefill_pods
 from .reconcile import cluster_ref, is_gone, label_pod, spec_in_force, sync_groups
@@ -84,8 +84,11 @@ def allocation_status(old: Mapping[str, Any] | None, groups: Mapping[str, list[s
         status["pressure"] = {**{g: _round(reading.totals[g]) for g in GROUPS}, "source": reading.source,
                               "perPod": {g: _round(v) for g, v in (decision.per_pod or {}).items()} or None}
         was = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
-        if was is None or was.get("status") == "True":
-            reason, message = ("Recovered", "pressure is known again") if was else ("PressureKnown", "pressure is known")
+        # Written when absent, True, or left by a loop that was off (AllocationOff: it would
+        # say "the allocation loop is off" while the loop ran and moved pods).
+        if was is None or was.get("status") == "True" or was.get("reason") == "AllocationOff":
+            reason, message = (("Recovered", "pressure is known again") if was and was.get("status") == "True"
+                               else ("PressureKnown", "pressure is known"))
             status["conditions"] = set_condition(old.get("conditions"), PRESSURE_UNAVAILABLE, False, reason, message,
                                                  generation=None, now=stamp)
     else:
@@ -158,10 +161,15 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     if is_gone(live, ref.uid):
         return StepOutcome()
     old = live.get("status") or {}
-    present = {p.name for p in prefill_pods(kube, ref) if not p.terminating}
-    members = {g: [p for p in plan.groups[g] if p in present] for g in GROUPS}
-    # In-flight work per pod is not exported per pod yet: all equal, so ties (the highest
-    # ordinal) choose among the pods out of cooldown.
+    # The pods that serve: Ready (the gateways route to those alone, through the EndpointSlices)
+    # and not terminating. They are a group's capacity, so its per-pod pressure and its
+    # minPerGroup count them alone, and only one of them may move: a pod crash-looping, still
+    # loading its model or being rolled would relieve nothing, and counted, a group's only
+    # Ready pod could be moved away while the others were down, leaving its class unserved.
+    serving = {p.name for p in prefill_pods(kube, ref) if p.ready and not p.terminating}
+    members = {g: [p for p in plan.groups[g] if p in serving] for g in GROUPS}
+    # In-flight work per pod is not read per pod: all equal, so ties (the highest ordinal)
+    # choose among the pods out of cooldown.
     state = state_from_status(old)
     if not consecutive:
         state = replace(state, wanted=None, streak=0)
@@ -169,8 +177,15 @@ def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now:
     status = allocation_status(old, plan.groups, reading, decision, now)
     if not contains(old, _without_times(status)):
         patch_status(kube, namespace, name, status, live["metadata"].get("resourceVersion"))
-    if decision.move is not None and decision.move.pod in present:
-        label_pod(kube, namespace, decision.move.pod, decision.move.target)
+    if decision.move is not None:
+        try:
+            label_pod(kube, namespace, decision.move.pod, decision.move.target)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            # Deleted since it was listed: the move is recorded (status.groups), so the pod its
+            # StatefulSet makes again gets the new group from the group sync. The move stands,
+            # with its Event and metrics.
     _record_metrics(ref, reading, decision, status.get("groupSizes") or plan.sizes)
     was = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
     was_unavailable = bool(was and was.get("status") == "True")

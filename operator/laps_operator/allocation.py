@@ -116,7 +116,7 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
         return Decision(None, "pressure unknown", replace(state, wanted=None, streak=0))
     n = {g: len(members.get(g, ())) for g in GROUPS}
     if min(n.values()) == 0:
-        return Decision(None, "a group has no pods", replace(state, wanted=None, streak=0))
+        return Decision(None, "a group has no pod that serves", replace(state, wanted=None, streak=0))
     per_pod = {g: max(float(pressure[g]), 0.0) / n[g] for g in GROUPS}
     worse = max(GROUPS, key=lambda g: (per_pod[g], g == "long"))
     source = _OTHER[worse]

@@ -31,6 +31,7 @@ class PodView:
     name: str
     group_label: str | None = None   # current value of laps.io/prefill-group
     terminating: bool = False        # has a deletionTimestamp: leave its labels alone
+    ready: bool = False              # its Ready condition is True: the Services route to it
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,13 @@ from .naming import CLUSTER_LABEL, GROUP_LABEL, ROLE_LABEL, ClusterRef, role_sel
 log = logging.getLogger(__name__)
 
 
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition is True: the EndpointSlice controller lists it as ready, so
+    Services (and the gateways' discovery) route to it."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def prefill_pods(kube: Kube, ref: ClusterRef) -> list[PodView]:
     pods = kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "prefill"))
     return [
@@ -21,6 +28,7 @@ def prefill_pods(kube: Kube, ref: ClusterRef) -> list[PodView]:
             name=p["metadata"]["name"],
             group_label=(p["metadata"].get("labels") or {}).get(GROUP_LABEL),
             terminating=bool(p["metadata"].get("deletionTimestamp")),
+            ready=pod_ready(p),
         )
         for p in pods
     ]

@@ -31,8 +31,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from .allocation import GROUPS, REQUEST_COST_TOKENS, group_pressure
 from .kube import Kube, Ref
 from .naming import ClusterRef, role_selector
+from .observed import pod_ready
 
 TOKENS, REQUESTS = "laps_gateway_pending_tokens", "laps_gateway_pending_requests"
+# What Kubernetes writes a ReplicaSet's pod-template-hash and a generateName suffix in
+# (k8s.io/apimachinery's rand.SafeEncodeString and rand.String): no vowels, no 0, 1 or 3.
+GENERATED_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 TIMEOUT_S = 5.0
 MIN_WINDOW_S = 2.0
 
@@ -69,10 +73,14 @@ def gateway_pod_regex(cluster: ClusterRef) -> str:
     (PromQL regexes are), so cluster "a" never matches "a-gateway-b"'s pods. Kubernetes cuts
     `<deployment>-<hash>-` to 58 characters before it adds the 5-character suffix, so from a
     cluster name of 39 characters on the dash before the suffix is gone (`<deployment>-<hash
-    cut><suffix>`): one segment or two after the Deployment's name."""
+    cut><suffix>`): one segment or two after the Deployment's name. Both are written in the
+    alphabet Kubernetes generates names in (GENERATED_NAME_CHARS), which has no vowel: with
+    [a-z0-9] the pods of a cluster named `<this one>-gateway` (`<...>-gateway-gateway-<hash
+    cut><suffix>`, once cut) matched too, and their pending work was counted as this one's."""
     # Object names hold [a-z0-9.-]; a dot is the one regex character, escaped for the regex
     # (backslash) inside a PromQL string (which needs that backslash doubled).
-    return cluster.gateway.replace(".", "\\\\.") + "-[a-z0-9]+(-[a-z0-9]+)?"
+    chars = f"[{GENERATED_NAME_CHARS}]+"
+    return cluster.gateway.replace(".", "\\\\.") + f"-{chars}(-{chars})?"
 
 
 def default_query(cluster: ClusterRef, window_s: float) -> str:
@@ -170,12 +178,15 @@ def _gateway_port(pod: dict[str, Any], default: int) -> int:
 
 
 def scrape_gateways(kube: Kube, cluster: ClusterRef, port: int, *, timeout_s: float = 2.0) -> Reading:
-    """One sample: the running gateway pods' pending tokens, summed over the pods."""
+    """One sample: the Ready gateway pods' pending tokens, summed over the pods. Ready ones only:
+    the gateway Service sends work to those alone, and a pod Running but not Ready (starting,
+    or crash-looping: its phase stays Running) cannot be read, which made every reading unknown
+    and stopped the allocation loop for as long as one replica was down."""
     pods = kube.list(Ref("v1", "Pod", cluster.namespace), role_selector(cluster.name, "gateway"))
-    pods = [p for p in pods if (p.get("status") or {}).get("podIP") and (p.get("status") or {}).get("phase") == "Running"
+    pods = [p for p in pods if (p.get("status") or {}).get("podIP") and pod_ready(p)
             and not p["metadata"].get("deletionTimestamp")]
     if not pods:
-        return unknown("NoGateway", "no running gateway pod to read pressure from", "gateways")
+        return unknown("NoGateway", "no Ready gateway pod to read pressure from", "gateways")
     totals = dict.fromkeys(GROUPS, 0.0)
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         for pod in pods:

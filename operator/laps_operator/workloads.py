@@ -58,14 +58,15 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def _pre_stop(spec: ClusterSpec) -> dict[str, Any]:
     """Container fields for a graceful shutdown: a preStop delay, during which the pod serves on
     while the endpoints controllers take it out of every Service (and the gateways' discovery);
-    then SIGTERM starts its drain (laps_agent/drain.py, --drain-grace-s). An exec of `python`,
-    which every image here has (the laps images, SGLang's), rather than the preStop `sleep`
+    then SIGTERM starts its drain (laps_agent/drain.py, --drain-grace-s). An exec of `python3`,
+    which every image here has (the laps images, SGLang's, whose engine command is python3 too;
+    a bare `python` is missing from Debian/Ubuntu-based images), rather than the preStop `sleep`
     action (Kubernetes >= 1.30 only), the `sleep` binary (not in every image) or an httpGet
     (an SGLang engine has no endpoint for it)."""
     seconds = spec.drain.pre_stop_seconds
     if not seconds:
         return {}
-    command = ["python", "-c", f"import time; time.sleep({seconds})"]
+    command = ["python3", "-c", f"import time; time.sleep({seconds})"]
     return {"lifecycle": {"preStop": {"exec": {"command": command}}}}
 
 

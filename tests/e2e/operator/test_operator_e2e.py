@@ -72,9 +72,11 @@ class Cluster:
         pods = self.core.list_namespaced_pod(NS, label_selector=f"laps.io/cluster={self.name},laps.io/role=prefill")
         return {p.metadata.name: (p.metadata.labels or {}).get(GROUP_LABEL) for p in pods.items}
 
-    def act_as_statefulset_controller(self) -> None:
+    def act_as_statefulset_controller(self, ready: bool = False) -> None:
         """Create the pods a StatefulSet controller would (template labels, owner reference) and
-        delete those beyond `replicas`, as Kubernetes does on scale-down."""
+        delete those beyond `replicas`, as Kubernetes does on scale-down. `ready`: also report
+        each new pod Running and Ready, as its kubelet would once the readiness probe passes
+        (the allocation loop moves only pods that serve)."""
         sts = self.statefulset()
         existing = set(self.pod_groups())
         wanted = {f"{sts.metadata.name}-{i}" for i in range(sts.spec.replicas)}
@@ -87,6 +89,9 @@ class Cluster:
                                                   "controller": True}]},
                 "spec": {"containers": [{"name": "engine", "image": sts.spec.template.spec.containers[0].image}]},
             })
+            if ready:
+                self.core.patch_namespaced_pod_status(name, NS, {"status": {
+                    "phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
         for name in sorted(existing - wanted):
             self.core.delete_namespaced_pod(name, NS)
 

@@ -39,10 +39,10 @@ def running(kube_api, gateway: GatewayStandIn, name: str, **allocation) -> Clust
                     "spec": {"model": {"name": "m", "path": "/models/m.gguf"}, "prefill": {"replicas": 4},
                              "laps": {"allocation": {"enabled": True, "intervalSeconds": 1, **allocation}}}})
     wait_for(cluster.statefulset, "the prefill StatefulSet")
-    cluster.act_as_statefulset_controller()
+    cluster.act_as_statefulset_controller(ready=True)
     deployment = wait_for(lambda: cluster.apps.read_namespaced_deployment(f"{name}-gateway", NS), "the gateway")
-    run_pod(cluster.core, pod_for(f"{name}-gateway-5c6d7e8f9-abcde", deployment.spec.template.metadata.labels,
-                                  ("ReplicaSet", f"{name}-gateway-5c6d7e8f9", deployment.metadata.uid),
+    run_pod(cluster.core, pod_for(f"{name}-gateway-5c6d7b8f9-bcdfg", deployment.spec.template.metadata.labels,
+                                  ("ReplicaSet", f"{name}-gateway-5c6d7b8f9", deployment.metadata.uid),
                                   {"http": gateway.port}))
     wait_for(lambda: sorted(cluster.pod_groups().values()) == ["long", "long", "short", "short"], "initial groups")
     return cluster

@@ -50,10 +50,10 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
                                      "enabled": True, "intervalSeconds": 1, "confirmIntervals": 1,
                                      "cooldownSeconds": 0}}}})
         wait_for(cluster.statefulset, "the prefill StatefulSet")
-        cluster.act_as_statefulset_controller()
+        cluster.act_as_statefulset_controller(ready=True)
         gateway = wait_for(lambda: apps.read_namespaced_deployment(f"{NAME}-gateway", NS), "the gateway")
-        run_pod(core, pod_for(f"{NAME}-gateway-5c6d7e8f9-abcde", gateway.spec.template.metadata.labels,
-                              ("ReplicaSet", f"{NAME}-gateway-5c6d7e8f9", gateway.metadata.uid),
+        run_pod(core, pod_for(f"{NAME}-gateway-5c6d7b8f9-bcdfg", gateway.spec.template.metadata.labels,
+                              ("ReplicaSet", f"{NAME}-gateway-5c6d7b8f9", gateway.metadata.uid),
                               {"http": stand_in.port}))
         wait_for(lambda: sorted(cluster.pod_groups().values()) == ["long", "long", "short", "short"], "groups")
 

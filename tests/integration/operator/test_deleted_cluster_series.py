@@ -121,6 +121,9 @@ def test_a_move_in_flight_when_the_cluster_is_deleted_leaves_no_series_behind(ku
         core.create_namespaced_pod(NS, {
             "metadata": {"name": f"gone-prefill-{i}", "labels": {"laps.io/cluster": "gone", "laps.io/role": "prefill"}},
             "spec": {"containers": [{"name": "engine", "image": "x"}]}})
+        # Ready, as the kubelet reports a pod that passed its probe: the loop moves only pods that serve.
+        core.patch_namespaced_pod_status(f"gone-prefill-{i}", NS, {"status": {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
     reconcile(memo.kube, NS, "gone")   # the create handler's work: children, and the pods in their groups
     seen(memo, "ADDED", body)
     # (Quickly from here on: the loop's query gives up after pressure.TIMEOUT_S.)

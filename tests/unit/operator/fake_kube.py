@@ -103,8 +103,11 @@ def cluster(name: str = "c", namespace: str = "ns", *, replicas: int = 4, alloca
             "status": status or {}}
 
 
-def prefill_pod(name: str, group: str | None, cluster_name: str = "c", namespace: str = "ns") -> dict:
+def prefill_pod(name: str, group: str | None, cluster_name: str = "c", namespace: str = "ns",
+                ready: bool = True) -> dict:
+    """A prefill pod as its StatefulSet made it and the kubelet reports it (Ready, by default)."""
     labels = {"laps.io/cluster": cluster_name, "laps.io/role": "prefill"}
     if group:
         labels["laps.io/prefill-group"] = group
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}

@@ -220,8 +220,50 @@ def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
     # Back on: the move needs its two intervals in a row again.
     spec["laps"]["allocation"]["enabled"] = True
     assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3600).move is None
+    # ...and the condition says the pressure is known, no longer that the loop is off (it did
+    # until pressure was once lost and came back).
+    cond = condition(live_status(kube)["conditions"], PRESSURE_UNAVAILABLE)
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "PressureKnown", "pressure is known")
     assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3601).move is not None
     metrics.forget_cluster("ns", "c")
+
+
+def test_only_pods_that_serve_are_counted_and_moved():
+    """A pod not Ready (crash-looping, loading its model, being rolled) gets no work from the
+    gateways. The step counted and moved such pods: a group's only Ready pod could be moved
+    away, leaving its class unserved, and a pod that serves nothing was moved as the interval's
+    one move, relieving nothing."""
+    kube = make_kube()
+    kube.add(prefill_pod("c-prefill-1", "short", ready=False))   # short: 0 serves, 1 does not
+    outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
+    assert outcome.move is None and "short is at its minimum of 1 pods" in outcome.reason
+    assert set(labels(kube).items()) == {(p, g) for g, ps in GROUPS.items() for p in ps}
+    # Per-pod pressure counts the Ready pods alone: long's 4000 over its 2 Ready pods, then 1.
+    assert live_status(kube)["pressure"]["perPod"] == {"short": 0.0, "long": 2000.0}
+    kube.add(prefill_pod("c-prefill-2", "long", ready=False))
+    step(kube, "ns", "c", LONG_HEAVY, NOW + 1)
+    assert live_status(kube)["pressure"]["perPod"]["long"] == 4000.0
+    # With three short pods of which the highest is not Ready, a Ready one moves.
+    kube = make_kube(status={"groups": {"short": ["c-prefill-0", "c-prefill-1", "c-prefill-4"], "long": GROUPS["long"]},
+                             "groupSizes": {"short": 3, "long": 2}}, replicas=5)
+    kube.add(prefill_pod("c-prefill-4", "short", ready=False))
+    assert step(kube, "ns", "c", LONG_HEAVY, NOW).move == Move("c-prefill-1", "short", "long")
+    # A group with no Ready pod: nothing moves, and the decision says why.
+    kube = make_kube()
+    for pod in GROUPS["long"]:
+        kube.add(prefill_pod(pod, "long", ready=False))
+    assert step(kube, "ns", "c", LONG_HEAVY, NOW).reason == "a group has no pod that serves"
+
+
+def test_a_pod_deleted_before_its_relabel_keeps_the_move():
+    """The pod went (its StatefulSet makes it again) between the list and the label patch: the
+    404 failed the step after status had recorded the move, so the Event and metrics were lost
+    and the write counted as failing. The recorded move gives the new pod its group."""
+    kube = make_kube()
+    kube.refuse = lambda verb, ref, body, dry: KubeError(404, f"Pod {ref.name} not found") if ref.kind == "Pod" else None
+    outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
+    assert outcome.move == Move("c-prefill-1", "short", "long")
+    assert live_status(kube)["groups"]["long"] == ["c-prefill-1", "c-prefill-2", "c-prefill-3"]
 
 
 def test_a_loop_that_never_ran_writes_nothing_when_off():

@@ -24,7 +24,7 @@ def _pre_stop(c: dict) -> list[str]:
 
 def _sleeping(seconds: int) -> list[str]:
     # python, not `sleep`: the one program every image here (laps, SGLang) has.
-    return ["python", "-c", f"import time; time.sleep({seconds})"]
+    return ["python3", "-c", f"import time; time.sleep({seconds})"]
 
 
 @pytest.mark.parametrize("component", sorted(WORKLOADS))

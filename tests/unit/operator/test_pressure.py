@@ -70,7 +70,8 @@ def test_doubtful_answers_are_unknown_with_a_reason(status_code, body, reason, s
 
 def test_default_query_sums_every_gateway_replica_of_the_cluster_over_the_window():
     query = default_query(ClusterRef("chat", "serving", "u"), window_seconds(5))
-    selector = '{namespace="serving",pod=~"chat-gateway-[a-z0-9]+(-[a-z0-9]+)?"}[5000ms]'
+    name = "[bcdfghjklmnpqrstvwxz2456789]+"   # what Kubernetes generates names in
+    selector = f'{{namespace="serving",pod=~"chat-gateway-{name}(-{name})?"}}[5000ms]'
     # allocation.group_pressure: tokens, plus REQUEST_COST_TOKENS per pending request.
     assert query == (f"sum by (group) (avg_over_time(laps_gateway_pending_tokens{selector})) + "
                      f"{REQUEST_COST_TOKENS} * sum by (group) (avg_over_time(laps_gateway_pending_requests{selector}))")
@@ -95,6 +96,18 @@ def test_gateway_pod_regex_matches_pods_whose_generated_name_kubernetes_cut():
         pattern = re.compile(gateway_pod_regex(cluster))
         assert pattern.fullmatch(pod), pod
         assert not pattern.fullmatch(f"{cluster.gateway}-b-gateway-7d9f8c6b5d-x7k2p")
+
+
+def test_gateway_pod_regex_leaves_out_the_pods_of_a_cluster_named_after_this_ones_gateway():
+    """Cluster X (31 to 36 characters) and cluster `X-gateway` beside it: cut, Y's gateway pods
+    are `X-gateway-gateway-<hash cut><suffix>`, which [a-z0-9] segments matched, so X's pressure
+    held Y's pending work. Generated names have no vowels: `gateway` is never one of them."""
+    for length in range(31, 37):
+        x = ClusterRef("x" * length, "ns", "u")
+        y = ClusterRef(f"{x.name}-gateway", "ns", "u")
+        y_pod = f"{y.gateway}-7d9f8c6b5d-"[:58] + "x7k2p"
+        assert re.fullmatch(gateway_pod_regex(y), y_pod)
+        assert not re.fullmatch(gateway_pod_regex(x), y_pod), y_pod
 
 
 def test_window_and_scrape_interval_leave_two_scrapes_per_window():
@@ -157,11 +170,13 @@ def metrics_server():
         server.close()
 
 
-def gateway_pod(name: str, port: int, phase: str = "Running") -> dict:
+def gateway_pod(name: str, port: int, phase: str = "Running", ready: bool | None = None) -> dict:
+    ready = phase == "Running" if ready is None else ready
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns", "labels": {
         "laps.io/cluster": "c", "laps.io/role": "gateway"}},
         "spec": {"containers": [{"name": "gateway", "ports": [{"name": "http", "containerPort": port}]}]},
-        "status": {"phase": phase, "podIP": "127.0.0.1"}}
+        "status": {"phase": phase, "podIP": "127.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
 def test_scrape_sums_the_running_gateway_pods_and_an_unreachable_one_makes_it_unknown(metrics_server):
@@ -171,6 +186,9 @@ def test_scrape_sums_the_running_gateway_pods_and_an_unreachable_one_makes_it_un
     kube.add(gateway_pod("c-gateway-1-a", metrics_server(gateway_metrics_text(1, 100, (0, 1)))))
     kube.add(gateway_pod("c-gateway-1-b", metrics_server(gateway_metrics_text(2, 50))))
     kube.add(gateway_pod("c-gateway-1-c", 1, phase="Pending"))   # not running: not asked
+    # Running but not Ready (starting, or crash-looping: the phase stays Running): the Service
+    # sends it nothing, and one such replica made every reading unknown, stopping the loop.
+    kube.add(gateway_pod("c-gateway-1-e", 9, ready=False))
     reading = scrape_gateways(kube, ref, 8000)
     assert reading.totals == {"short": 3.0, "long": 150.0 + REQUEST_COST_TOKENS} and reading.source == "gateways"
 
