@@ -33,6 +33,10 @@ _QUALIFIED_NAME = rf"({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])
 DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"  # e.g. a PriorityClass's name, at most 253
 # The chart's values.schema.json carries this one, where no code counts the name's 63 characters.
 LABEL_KEY_PATTERN = rf"^({_DNS_SUBDOMAIN}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
+# The API server lower-cases an annotation's key before it checks it as a label key
+# (qualified_name_problem's fold_case): its prefix may hold capitals. The chart's schema carries it.
+ANNOTATION_KEY_PATTERN = (rf"^({_DNS_SUBDOMAIN.replace('a-z0-9', 'A-Za-z0-9')}/)?"
+                          r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 TOLERATION_KEY_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 TOLERATION_KEY_MAX_LENGTH = 253 + 1 + 63
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
@@ -106,6 +110,9 @@ STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 # on by default): printable ASCII but '='. An older server's stricter rule (a C identifier, '-'
 # and '.' allowed) is left to it: the operator's dry run reports its refusal with nothing changed.
 ENV_NAME_PATTERN = r"^[ -<>-~]+$"
+# resource_name_problem's rule as one pattern, for the chart's schema (the operator's own resources).
+RESOURCE_NAME_PATTERN = (rf"^({'|'.join(STANDARD_CONTAINER_RESOURCES)}|hugepages-.+|"
+                         rf"{_DNS_SUBDOMAIN}/[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?)$")
 
 
 def resource_name_problem(name: str) -> str | None:

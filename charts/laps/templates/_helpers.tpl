@@ -12,7 +12,7 @@
 
 {{- define "laps.labels" -}}
 app.kubernetes.io/name: {{ include "laps.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
@@ -20,7 +20,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{- define "laps.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "laps.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
@@ -105,4 +105,40 @@ app.kubernetes.io/component: operator
 - apiGroups: [laps.io]
   resources: [lapsclusters, lapsclusters/status]
   verbs: [get, list, watch]
+{{- end -}}
+
+{{/* The metrics Service's name. Service names are DNS-1035 labels (a letter first, no dots, at
+     most 63), stricter than the release names Helm takes (`laps.v2`, `1st`): dots become dashes,
+     and a name starting with a digit gets `laps-` in front. */}}
+{{- define "laps.metricsServiceName" -}}
+{{- $name := include "laps.fullname" . | replace "." "-" -}}
+{{- if regexMatch "^[0-9]" $name -}}{{- $name = printf "laps-%s" $name -}}{{- end -}}
+{{- printf "%s-metrics" ($name | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity (500m, 1Gi, 2, 1e3; the schema's `quantity`) as a float, to compare two:
+     the number times its suffix's factor. */}}
+{{- define "laps.quantity" -}}
+{{- $q := toString . -}}
+{{- $number := regexFind "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?" $q -}}
+{{- $factors := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18
+                     "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0
+                     "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- mulf (float64 (trimPrefix "+" $number)) (get $factors (trimPrefix $number $q)) -}}
+{{- end -}}
+
+{{/* Fails the install when a request exceeds its limit (the API server would refuse the
+     Deployment). Helm merges a user's `resources` over the chart's defaults, so raising
+     requests.memory alone keeps the default limits.memory below it. */}}
+{{- define "laps.checkResources" -}}
+{{- $requests := .requests | default dict -}}
+{{- $limits := .limits | default dict -}}
+{{- range $name, $request := $requests -}}
+{{- if hasKey $limits $name -}}
+{{- $limit := get $limits $name -}}
+{{- if gt (include "laps.quantity" $request | float64) (include "laps.quantity" $limit | float64) -}}
+{{- fail (printf "resources: requests.%s (%v) exceeds limits.%s (%v), which the API server refuses. Helm merges resources over the chart's defaults (values.yaml): set requests.%s and limits.%s together (null drops one)" $name $request $name $limit $name $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -6,7 +6,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 
-from tests.unit.chart.test_chart import KUBE_VERSION, by_kind, render
+from tests.unit.chart.test_chart import FOREIGN_KINDS, KUBE_VERSION, by_kind, render
 
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
@@ -239,6 +239,18 @@ def test_a_service_monitor_interval_prometheus_would_refuse_is_refused(interval)
     ({"grafana": {"dashboards": {"labelValue": "yes please"}}}, "/grafana/dashboards/labelValue"),
     ({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"helm.sh/chart": "x"}}}},
      "/metrics/serviceMonitor/labels"),
+    # Tolerations Kubernetes' ValidateTolerations refuses (the operator's own Toleration does).
+    ({"tolerations": [{"effect": "NoSchedule"}]}, "/tolerations/0"),   # no key: operator Exists
+    ({"tolerations": [{}]}, "/tolerations/0"),
+    ({"tolerations": [{"key": "gpu", "operator": "Exists", "value": "true"}]}, "/tolerations/0/value"),
+    ({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "a b"}]}, "/tolerations/0/value"),
+    ({"tolerations": [{"key": "bad key", "operator": "Exists"}]}, "/tolerations/0/key"),
+    # Node labels, annotation keys and resource names, as the API server checks them.
+    ({"nodeSelector": {"pool": "gpu nodes"}}, "/nodeSelector/pool"),
+    ({"nodeSelector": {"bad key": "x"}}, "invalid propertyName 'bad key'"),
+    ({"podAnnotations": {"bad key": "x"}}, "invalid propertyName 'bad key'"),
+    ({"grafana": {"dashboards": {"annotations": {"bad key": "x"}}}}, "invalid propertyName 'bad key'"),
+    ({"resources": {"limits": {"gpu": 1}}}, "invalid propertyName 'gpu'"),
 ])
 def test_values_the_api_server_would_refuse_are_refused_naming_them(values, fragment):
     with pytest.raises(helm_python.HelmValuesError) as err:
@@ -248,10 +260,16 @@ def test_values_the_api_server_would_refuse_are_refused_naming_them(values, frag
 
 def test_near_misses_the_api_server_takes_render():
     docs = render({"podLabels": {"example.com/team": "ml-ops", "tier": "", "example.com/" + "n" * 63: "x"},
+                   "nodeSelector": {"node.kubernetes.io/instance-type": "m5.large", "pool": ""},
+                   # The API server lower-cases annotation keys before it checks them.
+                   "podAnnotations": {"Example.com/Owner": "ml", "checksum/config": "abc"},
                    "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}, {"name": "_a.b-c", "value": "1"},
                            {"name": "1 X", "value": "1"}],
-                   "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5}],
-                   "resources": {"limits": {"memory": "512Mi", "cpu": 1}, "requests": {"cpu": "250m"}},
+                   "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 5},
+                                   {"operator": "Exists"}, {"key": "", "operator": "Exists", "value": ""},
+                                   {"key": "a", "value": "b"}],   # Equal, the default operator
+                   "resources": {"limits": {"memory": "512Mi", "cpu": 1, "example.com/fpga": 1},
+                                 "requests": {"cpu": "250m", "hugepages-2Mi": "0", "ephemeral-storage": "1Gi"}},
                    "grafana": {"dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1"}},
                    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}}})
     assert _pod(docs)["metadata"]["labels"]["example.com/team"] == "ml-ops"
@@ -268,5 +286,79 @@ def test_the_charts_formats_are_the_operators():
     assert definitions["labelKey"]["pattern"] == formats.LABEL_KEY_PATTERN
     assert definitions["labelValue"]["pattern"] == formats.LABEL_VALUE_PATTERN
     assert definitions["quantity"]["oneOf"][0]["pattern"] == formats.QUANTITY_PATTERN
+    assert definitions["annotationKey"]["pattern"] == formats.ANNOTATION_KEY_PATTERN
+    assert definitions["resourceName"]["pattern"] == formats.RESOURCE_NAME_PATTERN
     env_name = json.loads((CHART / "values.schema.json").read_text())["properties"]["env"]
     assert env_name["items"]["properties"]["name"]["pattern"] == formats.ENV_NAME_PATTERN
+
+
+def test_resource_names_are_the_operators_rule():
+    """The chart's pattern says what formats.resource_name_problem says of the same names."""
+    import re
+
+    from laps_operator import formats
+
+    for name in ("cpu", "memory", "ephemeral-storage", "hugepages-2Mi", "nvidia.com/gpu", "example.com/x_y.z",
+                 "gpu", "CPU", "hugepages-", "/gpu", "nvidia.com/", "Nvidia.com/gpu", "a b/c", "x.io/" + "n" * 64):
+        assert bool(re.fullmatch(formats.RESOURCE_NAME_PATTERN, name)) == (formats.resource_name_problem(name) is None), name
+
+
+def test_the_chart_installs_as_a_subchart():
+    """Helm gives every subchart a `global` map (an umbrella chart, Argo CD, helmfile): the
+    schema refused it, so the chart could not be a dependency at all."""
+    assert by_kind(render({"global": {}}), "Deployment")
+    assert by_kind(render({"global": {"imageRegistry": "registry.example.com"}}), "Deployment")
+
+
+@pytest.mark.parametrize("release", ["laps.v2", "1st", "prod.llm", "a" * 53, "9" * 53, "2024"])
+def test_release_names_helm_takes_give_a_service_name_kubernetes_takes(release):
+    """Service names are DNS-1035 labels: a letter first, no dots (release names may have both).
+    A release, a namespace or a ServiceAccount named by digits alone was written unquoted, a
+    YAML number where Kubernetes wants a string (a label value, a namespace): refused."""
+    import re
+
+    docs = render({"watchNamespaces": ["42"], "serviceAccount": {"create": False, "name": "7"},
+                   "metrics": {"serviceMonitor": {"enabled": True}}}, namespace="2025", release=release)
+    for doc in docs:
+        if doc["kind"] not in FOREIGN_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    assert {d["metadata"]["namespace"] for d in docs if "namespace" in d["metadata"]} == {"2025", "42"}
+    (service,) = by_kind(docs, "Service")
+    name = service["metadata"]["name"]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name), name
+    assert name.endswith("-metrics")
+
+
+@pytest.mark.parametrize(("resources", "said"), [
+    # Helm merges these over values.yaml's requests {cpu: 50m, memory: 128Mi}, limits {memory: 512Mi}.
+    ({"requests": {"memory": "1Gi"}}, "requests.memory (1Gi) exceeds limits.memory (512Mi)"),
+    ({"limits": {"cpu": "10m"}}, "requests.cpu (50m) exceeds limits.cpu (10m)"),
+    ({"requests": {"cpu": "1e3"}, "limits": {"cpu": 999}}, "requests.cpu (1e3) exceeds limits.cpu (999)"),
+])
+def test_a_request_over_its_limit_is_refused_at_install_naming_both(resources, said):
+    with pytest.raises(helm_python.HelmError) as err:
+        render({"resources": resources})
+    assert said in str(err.value) and "set requests." in str(err.value)
+
+
+def test_requests_up_to_their_limits_render():
+    for resources in ({"requests": {"memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+                      {"requests": {"memory": "1Gi"}, "limits": {"memory": None}},   # null drops it
+                      {"requests": {"cpu": 1.5}, "limits": {"cpu": "1500m"}},
+                      {"requests": {"memory": "1e9"}, "limits": {"memory": "1G"}}):
+        (ctr,) = _pod(render({"resources": resources}))["spec"]["containers"]
+        assert ctr["resources"]["requests"].items() >= {k: v for k, v in resources["requests"].items()}.items()
+
+
+def test_a_service_monitor_interval_of_zero_stays_a_string():
+    # `interval: 0` rendered bare is an integer, which the ServiceMonitor's CRD (a string) refuses.
+    docs = render({"metrics": {"serviceMonitor": {"enabled": True, "interval": "0"}}})
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["interval"] == "0"
+
+
+def test_a_dashboard_label_yaml_reads_as_a_boolean_stays_the_label_asked_for():
+    # `yes: "1"` unquoted is the key true in YAML 1.1: the sidecar looking for `yes` found nothing.
+    for label in ("yes", "on", "y", "true"):
+        maps = by_kind(render({"grafana": {"dashboards": {"label": label}}}), "ConfigMap")
+        assert maps and all(m["metadata"]["labels"][label] == "1" for m in maps), label
