@@ -39,7 +39,9 @@ def test_a_first_burst_past_what_the_long_pod_prefills_in_time_gets_429_at_once_
     status_url = slow_stack.base + "/laps_status"
 
     def measured() -> int | None:
-        return httpx.get(status_url).json()["groups"]["long"]["pods"][0]["engine_load"].get("max_pending_tokens")
+        # engine_load is null until the gateway's first poll of the pod has come back.
+        load = httpx.get(status_url).json()["groups"]["long"]["pods"][0]["engine_load"] or {}
+        return load.get("max_pending_tokens")
 
     poll(lambda: measured() is not None, message="the gateway sees the long pod's measured capacity")
     assert 800 <= measured() <= 1100   # ~2 s of prefill at 2 ms per token (plus the overhead)
