@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jinja2.exceptions import TemplateError
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic_core import from_json
 from tokenizers import Tokenizer as HFTokenizer
@@ -41,14 +42,25 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlock(Extension):
+    """transformers' {% generation %}...{% endgeneration %}, which marks an assistant's tokens
+    for training masks: a prompt renders its body as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 def _compile_chat_template(source: str):
     """The template as Hugging Face's apply_chat_template compiles it: its environment (trimmed
-    blocks, {% break %}/{% continue %}), its tojson and its globals (raise_exception,
+    blocks, {% break %}/{% continue %}, {% generation %}), its tojson and its globals (raise_exception,
     strftime_now: Llama 3.x templates write today's date). Templates are written against that
     environment; one using a feature a bare Jinja lacks failed to compile (an unknown tag).
     TokenizerError for a template that does not compile."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -56,7 +56,11 @@ def group_pressure(pending_requests: float, pending_tokens: float,
 class AllocationConfig:
     ratio: float = 2.0              # the reference's trigger ratio, applied per pod
     min_per_group: int = 1
-    min_pressure: float = 1.0       # per-pod pressure below which nothing is considered waiting
+    # Per-pod pressure below which nothing is considered waiting: one pending request's fixed cost
+    # (less than one request waits per pod on average). At 1 token-equivalent, a trickle of one
+    # class on an idle cluster moved pods to it one after another (in `laps sim` at 5% load,
+    # 6 moves where 3 serve the same TTFTs), leaving the other class one pod when it came back.
+    min_pressure: float = REQUEST_COST_TOKENS
     min_improvement: float = 0.1    # the move must cut the worse per-pod pressure by this share
     confirm: int = 2                # consecutive intervals the same move must be wanted
     pod_cooldown_s: float = 60.0

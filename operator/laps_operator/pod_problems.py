@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .observed import pod_ready
+
 # A condition message is read by people: each fact is cut to this many characters (an image
 # pull error or a scheduler message can run to a kilobyte) and a role names at most this many.
 DETAIL_CHARS = 160
@@ -70,7 +72,7 @@ def pod_problem(pod: Mapping[str, Any]) -> tuple[str, str] | None:
         return TERMINATING, ""
     if status.get("phase") == "Failed":   # evicted, or the node rejected it
         return status.get("reason") or "Failed", status.get("message") or ""
-    if (_condition(status, "Ready") or {}).get("status") == "True":
+    if pod_ready(pod):
         return None
     scheduled = _condition(status, "PodScheduled") or {}
     if scheduled.get("status") == "False":   # "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."

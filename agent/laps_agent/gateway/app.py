@@ -209,7 +209,8 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
         raise client_gone()
     if isinstance(reply, Reply):
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
-    return RelayResponse(reply, stall_s=config.upstream_silence_s)
+    return RelayResponse(reply, stall_s=config.client_stall_s,
+                         stalled=gateway.metrics.errors.labels("client_stalled").inc)
 
 
 def _log_failure(request: Request, status: int, message: str, busy: bool = False) -> None:

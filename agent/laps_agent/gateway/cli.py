@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import NoReturn
 
-from laps_agent.cli_args import non_negative, positive
+from laps_agent.cli_args import at_least, non_negative, positive
 from laps_agent.exit_reason import ExitRecordingParser
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery import Discovery, StaticDiscovery, StaticSpec, split_urls
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="send a prompt to the prefill pod expected to hold its prefix (this "
                           "gateway's record of what it sent where) and classify it by the tokens "
                           "left to prefill there; off: full-length classes, least-loaded pods")
-    aff.add_argument("--affinity-load-factor", type=positive(float), default=AffinityBound().load_factor,
+    aff.add_argument("--affinity-load-factor", type=at_least(float, 1.0), default=AffinityBound().load_factor,
                      help="a pod with more pending tokens than this x its group's mean (plus "
                           "--affinity-slack-tokens) loses affinity")
     aff.add_argument("--affinity-slack-tokens", type=TOKENS, default=AffinityBound().slack_tokens)
@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds an engine may stay silent on an open request (a non-streamed "
                              "answer is silent until complete) before 504; default: the request "
                              "deadline, or 300 without one")
+    limits.add_argument("--client-stall-s", type=SECONDS, default=None,
+                        help="seconds a streaming client may take no bytes (its connection backed "
+                             "up) before the gateway drops it and frees its decode slot; default: "
+                             "the --read-timeout bound, at least 60")
     limits.add_argument("--max-retries", type=non_negative(int), default=ProxyConfig.max_retries)
     limits.add_argument("--eject-after-failures", type=positive(int),
                         default=ProxyConfig.eject_after_failures)
@@ -146,6 +150,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, prefix_record_blocks_per_pod=max(args.prefix_record_blocks, 1),
         affinity_bound=AffinityBound(max(args.affinity_load_factor, 1.0), max(args.affinity_slack_tokens, 0)),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
+                          client_stall_s=args.client_stall_s,
                           max_retries=args.max_retries,
                           eject_after_failures=args.eject_after_failures,
                           eject_seconds=args.eject_seconds,

@@ -18,6 +18,9 @@ class ProxyConfig:
     # The longest an engine may stay silent on an open request (time to the response head
     # included); None: see GatewayConfig.upstream_silence_s.
     read_timeout_s: float | None = None
+    # The longest a streaming client may take no bytes (its connection backed up) before it is
+    # dropped; None: see GatewayConfig.client_stall_s.
+    client_stall_s: float | None = None
     # Retries on another pair of pods after a connection-level failure (nothing sent yet).
     max_retries: int = 2
     # A pod failing this many times in a row is ejected from routing for eject_seconds...
@@ -33,6 +36,7 @@ class ProxyConfig:
 DEFAULT_REQUEST_DEADLINE_S = 600.0
 # The silence bound when neither --read-timeout nor a request deadline gives one.
 DEFAULT_SILENCE_S = 300.0
+MIN_CLIENT_STALL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,13 @@ class GatewayConfig:
         if self.proxy.read_timeout_s is not None:
             return self.proxy.read_timeout_s
         return self.request_deadline_s if self.request_deadline_s > 0 else DEFAULT_SILENCE_S
+
+    @property
+    def client_stall_s(self) -> float:
+        """How long a streaming client may take no bytes before its connection is dropped
+        (gateway/relay.py): --client-stall-s when given, else the engines' silence bound but at
+        least MIN_CLIENT_STALL_S: a short --read-timeout, set to catch hung engines, must not
+        cut a client that pauses to work on what it got."""
+        if self.proxy.client_stall_s is not None:
+            return self.proxy.client_stall_s
+        return max(self.upstream_silence_s, MIN_CLIENT_STALL_S)

@@ -54,7 +54,7 @@ class RequestDeadline:
             return response
         reply = response.reply
         return RelayResponse(StreamReply(self._chunks(reply.chunks), reply.close), stall_s=response.stall_s,
-                             until=self.at)
+                             until=self.at, stalled=response.stalled)
 
     async def _chunks(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:

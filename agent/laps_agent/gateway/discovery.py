@@ -29,6 +29,10 @@ class Membership:
         default_factory=lambda: {g: () for g in GROUP_NAMES})
     decode: tuple[Endpoint, ...] = ()
 
+    def endpoints(self) -> list[Endpoint]:
+        """Every pod: the prefill groups', then the decode pool's."""
+        return [e for group in self.groups.values() for e in group] + list(self.decode)
+
 
 class Discovery(abc.ABC):
     @abc.abstractmethod

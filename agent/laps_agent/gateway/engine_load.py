@@ -259,29 +259,33 @@ class EngineLoadPoller:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
-        said = None
+        said: type | None = None   # the kind of failure last logged, until a cycle goes through
         while True:
             try:
                 await self._cycle()
+                said = None
             except Exception as exc:  # noqa: BLE001 - a bug: the poller must outlive it
                 # Ended, the poller took with it the engines' load, the decode slots and the
                 # measured admission bounds, for the rest of the process, saying nothing.
-                if repr(exc) != said:
-                    log.exception("engine load poll failed; polling goes on")
-                said = repr(exc)
+                # Logged once per kind while it repeats (a cycle runs 4 times a second).
+                if type(exc) is not said:
+                    log.error("engine load poll failed; polling goes on", exc_info=exc)
+                said = type(exc)
             next_at = max(next_at + self.loads.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
 
     async def _cycle(self) -> None:
-        membership = self._discovery.membership()
-        pods = {e.name: e for group in membership.groups.values() for e in group}
-        pods.update((e.name, e) for e in membership.decode)
+        pods = {e.name: e for e in self._discovery.membership().endpoints()}
         self.loads.keep_only(pods)
         for gone in [name for name in self._paths if name not in pods]:
             del self._paths[gone]
         self._sglang_limits.keep_only(pods)
         self._pool.keep_only({address(e.url) for e in pods.values()})
-        await asyncio.gather(*(self._poll(e) for e in pods.values()))
+        # Every pod's poll ends before the next cycle, whatever one of them raised.
+        results = await asyncio.gather(*(self._poll(e) for e in pods.values()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
 
     async def _poll(self, endpoint: Endpoint) -> None:
         mark = self.loads.asking(endpoint.name, self._own().get(endpoint.name, _IDLE),

@@ -88,12 +88,13 @@ class PDProxy:
 
     def _follow_pool(self, membership: Membership) -> None:
         # Discovery replaces the membership object on every change: an unchanged one costs one
-        # comparison.
+        # comparison. Pruned on the next request after a change: until then idle connections
+        # to a pod that left stay, and a pod that leaves for a moment (an EndpointSlice being
+        # replaced) loses its idle ones, the price of a new connection each.
         if membership is self._pool_membership or self._pool is None:
             return
         self._pool_membership = membership
-        pods = [e for group in membership.groups.values() for e in group] + list(membership.decode)
-        self._pool.keep_only({address(e.url) for e in pods})
+        self._pool.keep_only({address(e.url) for e in membership.endpoints()})
 
     def route(self, tokens: int, exclude: set[str], membership: Membership,
               loads: Mapping[str, EndpointLoad], held=None) -> RouteDecision:

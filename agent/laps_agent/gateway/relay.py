@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from starlette.responses import Response
 
@@ -66,13 +67,16 @@ class RelayResponse(Response):
     uvicorn's buffer are full, `send` waits for it with no bound, and the request held its
     decode pod's slot and its class's decode share (so that class got 429s sooner) and its
     deadline never came. A watchdog aborts the connection when one send has waited
-    `stall_s` (the gateway's bound on a silent upstream: a peer that takes or gives no byte
-    that long is gone) or past the request's deadline (`until`, the loop's clock): a timer per
-    stream, not per chunk."""
+    `stall_s` (GatewayConfig.client_stall_s) or is still waiting at the request's deadline
+    (`until`, the loop's clock; the deadline's SSE error event cannot reach a client that does
+    not read): a timer per stream, not per chunk. Counted as laps_gateway_errors_total
+    {reason="client_stalled"}."""
 
-    def __init__(self, reply: StreamReply, *, stall_s: float | None = None, until: float | None = None) -> None:
+    def __init__(self, reply: StreamReply, *, stall_s: float | None = None, until: float | None = None,
+                 stalled: Callable[[], None] | None = None) -> None:
+        """`stalled` is called once if the watchdog drops the client (a metric)."""
         self._reply = reply
-        self.stall_s, self.until = stall_s, until
+        self.stall_s, self.until, self.stalled = stall_s, until, stalled
         self.status_code = 200
         self.background = None
         self.raw_headers = list(_SSE_HEADERS)
@@ -127,6 +131,8 @@ class _Watchdog:
         if since is not None and (late or (relay.stall_s is not None and now - since >= relay.stall_s)):
             log.warning("the client took no bytes of its stream for %.0fs%s: connection dropped",
                         now - since, ", past the request's deadline" if late else "")
+            if relay.stalled is not None:
+                relay.stalled()
             self._abort()
             return
         self._handle = self._loop.call_later(self._delay(now), self._check)

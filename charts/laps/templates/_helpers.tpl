@@ -119,12 +119,16 @@ app.kubernetes.io/component: operator
 {{/* A Kubernetes quantity (500m, 1Gi, 2, 1e3; the schema's `quantity`) as a float, to compare two:
      the number times its suffix's factor. */}}
 {{- define "laps.quantity" -}}
-{{- $q := toString . -}}
+{{- $q := toString .value -}}
 {{- $number := regexFind "^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?" $q -}}
 {{- $factors := dict "" 1.0 "n" 1e-9 "u" 1e-6 "m" 1e-3 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18
                      "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0
                      "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
-{{- mulf (float64 (trimPrefix "+" $number)) (get $factors (trimPrefix $number $q)) -}}
+{{- $suffix := trimPrefix $number $q -}}
+{{- if or (not $number) (not (hasKey $factors $suffix)) -}}
+{{- fail (printf "resources: %s: cannot read the quantity %q (a number and a suffix such as 500m, 2, 16Gi)" .field $q) -}}
+{{- end -}}
+{{- mulf (float64 (trimPrefix "+" $number)) (get $factors $suffix) -}}
 {{- end -}}
 
 {{/* Fails the install when a request exceeds its limit (the API server would refuse the
@@ -134,9 +138,11 @@ app.kubernetes.io/component: operator
 {{- $requests := .requests | default dict -}}
 {{- $limits := .limits | default dict -}}
 {{- range $name, $request := $requests -}}
-{{- if hasKey $limits $name -}}
-{{- $limit := get $limits $name -}}
-{{- if gt (include "laps.quantity" $request | float64) (include "laps.quantity" $limit | float64) -}}
+{{- $limit := index $limits $name -}}
+{{- if and (hasKey $limits $name) (not (kindIs "invalid" $limit)) (not (kindIs "invalid" $request)) -}}
+{{- $r := include "laps.quantity" (dict "value" $request "field" (printf "requests.%s" $name)) | float64 -}}
+{{- $l := include "laps.quantity" (dict "value" $limit "field" (printf "limits.%s" $name)) | float64 -}}
+{{- if gt $r $l -}}
 {{- fail (printf "resources: requests.%s (%v) exceeds limits.%s (%v), which the API server refuses. Helm merges resources over the chart's defaults (values.yaml): set requests.%s and limits.%s together (null drops one)" $name $request $name $limit $name $name) -}}
 {{- end -}}
 {{- end -}}

@@ -103,6 +103,20 @@ def test_gateway_flags_out_of_range_are_refused_naming_the_flag(capsys, flag, va
     assert f"argument {flag}:" in err and says in err
 
 
+def test_a_short_engine_silence_bound_does_not_cut_a_pausing_client():
+    """A streaming client is dropped after --client-stall-s without reading; by default the
+    engines' silence bound, but never under a minute: --read-timeout set short to catch hung
+    engines must not cut a client that pauses to work on what it got."""
+    from laps_agent.gateway.cli import build_parser, config_from_args
+
+    def stall(*argv: str) -> float:
+        return config_from_args(build_parser().parse_args(list(argv))).client_stall_s
+
+    assert stall() == 600.0                                     # the deadline's silence bound
+    assert stall("--read-timeout", "5") == 60.0
+    assert stall("--read-timeout", "5", "--client-stall-s", "2") == 2.0
+
+
 def test_gateway_flags_set_engine_load_polling():
     from laps_agent.gateway.cli import build_parser, config_from_args
 

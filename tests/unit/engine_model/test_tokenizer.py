@@ -89,11 +89,12 @@ def _with_template(tmp_path, tiny_model_dir, template: str) -> Path:
 def test_templates_render_as_hugging_face_renders_them(tmp_path, tiny_model_dir):
     """Chat templates are written against transformers' environment: {% break %} and
     {% continue %} (a model using them could not be loaded at all), tojson as json.dumps (Jinja's
-    own escapes <, > and non-ASCII for HTML: another prompt than the model learnt), and
-    strftime_now (Llama 3.x templates write today's date with it)."""
+    own escapes <, > and non-ASCII for HTML: another prompt than the model learnt), its
+    {% generation %} block (training masks) and strftime_now (Llama 3.x templates write today's
+    date with it)."""
     template = ("{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
-                "{{ m.content | tojson }}|{% if loop.index > 2 %}{% break %}{% endif %}{% endfor %}"
-                "{{ strftime_now('%Y') }}")
+                "{% generation %}{{ m.content | tojson }}{% endgeneration %}|"
+                "{% if loop.index > 2 %}{% break %}{% endif %}{% endfor %}{{ strftime_now('%Y') }}")
     tok = load_tokenizer(_with_template(tmp_path, tiny_model_dir, template))
     messages = [{"role": "system", "content": "hidden"}, {"role": "user", "content": "<b>café</b>"},
                 {"role": "assistant", "content": "a"}, {"role": "user", "content": "never"}]

@@ -14,7 +14,7 @@ from laps_operator.allocate import (
     step,
 )
 from laps_operator import metrics
-from laps_operator.allocation import Decision, Move, PolicyState
+from laps_operator.allocation import REQUEST_COST_TOKENS, Decision, Move, PolicyState
 from laps_operator.kube import KubeError
 from laps_operator.pressure import Reading, unknown
 from laps_operator.spec import parse_spec
@@ -140,7 +140,7 @@ def test_spec_knobs_reach_the_policy_and_the_rest_keep_their_defaults():
         "enabled": True, "ratio": 3, "minPerGroup": 2, "cooldownSeconds": 5, "confirmIntervals": 4}}})
     config = config_of(spec)
     assert (config.ratio, config.min_per_group, config.pod_cooldown_s, config.confirm) == (3.0, 2, 5.0, 4)
-    assert (config.min_pressure, config.min_improvement) == (1.0, 0.1)
+    assert (config.min_pressure, config.min_improvement) == (REQUEST_COST_TOKENS, 0.1)
 
 
 @pytest.mark.parametrize("replicas", [1])
