@@ -209,8 +209,10 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
         raise client_gone()
     if isinstance(reply, Reply):
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+    # The series is made when a client stalls, not before: a zero series per reason that never
+    # happened would crowd the errors panel.
     return RelayResponse(reply, stall_s=config.client_stall_s,
-                         stalled=gateway.metrics.errors.labels("client_stalled").inc)
+                         stalled=lambda: gateway.metrics.errors.labels("client_stalled").inc())
 
 
 def _log_failure(request: Request, status: int, message: str, busy: bool = False) -> None:
