@@ -22,7 +22,7 @@ from pathlib import Path
 
 from laps_agent.cli_args import non_negative
 from laps_agent.gateway.cli import TOKENS, auth_args_problem, decode_share
-from laps_agent.local_engines import (EngineChild, engine_flag, free_port, served_name,
+from laps_agent.local_engines import (EngineChild, engine_flag, free_ports, served_name,
                                       shared_gpu_args, spawn_engine, stop_all, unknown_engine_args,
                                       wait_until_loaded, write_labels)
 from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
@@ -240,11 +240,14 @@ def main(argv: list[str] | None = None) -> int:
              f"(logs in {workdir})")
         if gpu_line:
             _say(gpu_line)
+        # Every engine's ports at once, distinct (free_ports): an API port, and a bootstrap
+        # (KV hand-off) port for a prefill engine.
+        ports = iter(free_ports(len(plan) + sum(role == "prefill" for _, role, _ in plan)))
         with SignalsDeferred():   # every engine forked is in `children`, for stop_all
             for name, role, group in plan:
                 children.append(spawn_engine(
-                    name, role, group, model=engine_model, workdir=workdir, port=free_port(),
-                    bootstrap_port=free_port() if role == "prefill" else None,
+                    name, role, group, model=engine_model, workdir=workdir, port=next(ports),
+                    bootstrap_port=next(ports) if role == "prefill" else None,
                     common_args=[*backend, "--device", args.device, "--length-threshold",
                                  str(args.length_threshold),
                                  "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,

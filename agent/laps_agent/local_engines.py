@@ -20,10 +20,24 @@ _PR_SET_PDEATHSIG = 1
 PROGRESS_EVERY_S = 5.0   # how often the loading of the engines is said
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports free now. Each socket is held until all are chosen: closed
+    one by one, the kernel may hand a port out twice, and laps local once gave two of its 8
+    prefill engines one port (the second failed to start: Address already in use)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass

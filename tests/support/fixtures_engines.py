@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tests.support.waiting import stop_process
 
-from laps_agent.local_engines import free_port  # noqa: F401  (re-exported)
+from laps_agent.local_engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
 
 import os
 import signal
@@ -74,8 +74,8 @@ def start_engine(model: str | Path, role: str = "mixed", extra_args: Sequence[st
                  served_model_name: str = "test-model", labels_file: str | Path | None = None,
                  startup_timeout: float = 180.0, log_dir: str | Path | None = None) -> EngineProcess:
     """Start `python -m laps_agent.cli engine` and wait until /health answers 200."""
-    port = free_port()
-    bootstrap_port = free_port() if role == "prefill" else None
+    port, bootstrap_port = free_ports(2)
+    bootstrap_port = bootstrap_port if role == "prefill" else None
     argv = [sys.executable, "-m", "laps_agent.cli", "engine", "--model", str(model), "--role", role,
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_model_name,
             "--labels-file", str(labels_file or "/nonexistent/laps-labels"), *DEFAULT_ENGINE_ARGS]

@@ -88,9 +88,9 @@ def word_tokenizer(directory: Path, words: Iterable[str]) -> Path:
 
 
 def spawn_engine(role: str, tokenizer: Path, profile: str = "instant") -> Child:
-    from laps_agent.local_engines import free_port
+    from laps_agent.local_engines import free_ports
 
-    port, boot = free_port(), free_port()
+    port, boot = free_ports(2)
 
     def ready(proc: subprocess.Popen) -> Child:
         child = Child(proc, f"http://127.0.0.1:{port}")

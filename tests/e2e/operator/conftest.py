@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tests.support.waiting import stop_process
 
-from laps_agent.local_engines import free_port  # noqa: F401  (re-exported)
+from laps_agent.local_engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
 
 import os
 import pathlib
@@ -77,7 +77,7 @@ def start_operator(kube_api, tmp_path) -> Iterator[Callable[..., OperatorProcess
         """`kubeconfig`: whose credentials it runs with (default: the admin's); `scope`: the
         chart's `--all-namespaces` or `--namespace=...` arguments."""
         kubeconfig = kubeconfig or kube_api.kubeconfig
-        metrics_port, liveness_port = free_port(), free_port()
+        metrics_port, liveness_port = free_ports(2)
         log_path = tmp_path / f"operator-{len(started)}.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **env_overrides}
         with log_path.open("wb") as log:

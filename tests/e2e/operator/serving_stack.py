@@ -26,7 +26,7 @@ import httpx
 import kubernetes
 import yaml
 
-from laps_agent.local_engines import free_port
+from laps_agent.local_engines import free_ports
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_engines import wait_healthy
 from tests.support.fixtures_gateway_k8s import sync_endpoint_slices
@@ -74,8 +74,8 @@ def start_engines(names_roles: list[tuple[str, str]], workdir: Path, threshold: 
     profile.write_text(yaml.safe_dump(PROFILE))
     engines = []
     for name, role in names_roles:
-        port = free_port()
-        bootstrap = free_port() if role == "prefill" else None
+        port, bootstrap = free_ports(2)
+        bootstrap = bootstrap if role == "prefill" else None
         labels, log = workdir / f"{name}.labels", workdir / f"{name}.log"
         write_labels(labels, {})
         argv = [sys.executable, "-m", "laps_agent.cli", "engine", "--backend", "emulated", "--profile", str(profile),
