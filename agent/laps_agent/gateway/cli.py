@@ -138,23 +138,26 @@ def positive_seconds(text: str) -> float:
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The flags' types (build_parser) hold their bounds: no value is clamped here."""
     return GatewayConfig(
         served_model_name=args.served_model_name, length_threshold=args.length_threshold,
         max_body_bytes=args.max_body_bytes,
-        max_pending_tokens_per_pod=max(args.max_pending_tokens_per_pod, 0),
+        max_pending_tokens_per_pod=args.max_pending_tokens_per_pod,
         max_decode_share=args.max_decode_share,
-        request_deadline_s=max(args.request_deadline_s, 0.0), drain_grace_s=max(args.drain_grace_s, 0.0),
+        request_deadline_s=args.request_deadline_s, drain_grace_s=args.drain_grace_s,
         engine_load_poll=args.engine_load_poll,
+        # Any interval above 0 passes the flag; polling faster than every 10 ms is no use.
         engine_load_interval_s=max(args.engine_load_interval, 0.01),
-        api_keys_file=args.api_keys_file, rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
-        prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, prefix_record_blocks_per_pod=max(args.prefix_record_blocks, 1),
-        affinity_bound=AffinityBound(max(args.affinity_load_factor, 1.0), max(args.affinity_slack_tokens, 0)),
+        api_keys_file=args.api_keys_file, rate_limit_per_key=args.rate_limit_per_key,
+        prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm,
+        prefix_record_blocks_per_pod=args.prefix_record_blocks,
+        affinity_bound=AffinityBound(args.affinity_load_factor, args.affinity_slack_tokens),
         proxy=ProxyConfig(connect_timeout_s=args.connect_timeout, read_timeout_s=args.read_timeout,
                           client_stall_s=args.client_stall_s,
                           max_retries=args.max_retries,
                           eject_after_failures=args.eject_after_failures,
                           eject_seconds=args.eject_seconds,
-                          max_ejection_percent=min(max(args.max_ejection_percent, 0), 100)))
+                          max_ejection_percent=args.max_ejection_percent))
 
 
 def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Discovery:

@@ -138,8 +138,8 @@ app.kubernetes.io/component: operator
 {{- $requests := .requests | default dict -}}
 {{- $limits := .limits | default dict -}}
 {{- range $name, $request := $requests -}}
-{{- $limit := index $limits $name -}}
-{{- if and (hasKey $limits $name) (not (kindIs "invalid" $limit)) (not (kindIs "invalid" $request)) -}}
+{{- $limit := index $limits $name -}}   {{- /* nil when absent, or set to null */ -}}
+{{- if and (not (kindIs "invalid" $limit)) (not (kindIs "invalid" $request)) -}}
 {{- $r := include "laps.quantity" (dict "value" $request "field" (printf "requests.%s" $name)) | float64 -}}
 {{- $l := include "laps.quantity" (dict "value" $limit "field" (printf "limits.%s" $name)) | float64 -}}
 {{- if gt $r $l -}}
