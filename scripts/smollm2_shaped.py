@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from laps_agent.engine.tiny import write_tiny_model
+from tests.support.tiny_model import write_tiny_model
 
 SMOLLM2_135M_SHAPE = dict(
     architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,

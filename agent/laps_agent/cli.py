@@ -10,9 +10,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("laps_operator.cli", "run the kopf operator that reconciles LAPSCluster resources"),
     "engine": ("laps_agent.engine.cli", "run one builtin LAPS engine server (prefill, decode or mixed role)"),
     "gateway": ("laps_agent.gateway.cli", "run the length-aware OpenAI-compatible gateway"),
-    "local": ("laps_agent.local", "run the whole data plane on this machine (gateway + engines, CPU)"),
-    "bench": ("laps_agent.bench", "benchmarks that print numbers (run, compare, engine, gateway, profile)"),
-    "sim": ("laps_agent.sim", "simulate a whole cluster on the engines' cost-model profiles"),
+    "local": ("laps_agent.local.stack", "run the whole data plane on this machine (gateway + engines, CPU)"),
+    "bench": ("laps_agent.lab.bench", "benchmarks that print numbers (run, compare, engine, gateway, profile)"),
+    "sim": ("laps_agent.lab.sim", "simulate a whole cluster on the engines' cost-model profiles"),
 }
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # A failure nobody foresaw (a CUDA error at start-up, say) still says its name where
         # Kubernetes shows why the container ended; the traceback goes to the log as ever.
-        from laps_agent.exit_reason import record_exit_reason
+        from laps_agent.serving.exit_reason import record_exit_reason
 
         record_exit_reason(f"{type(exc).__name__}: {exc}")
         raise

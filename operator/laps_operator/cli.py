@@ -5,7 +5,7 @@ import argparse
 import logging
 import os
 
-from .naming import OPERATOR_LIVENESS_PORT, OPERATOR_METRICS_PORT
+from laps_operator.naming import OPERATOR_LIVENESS_PORT, OPERATOR_METRICS_PORT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import kopf  # imported late so `laps operator --help` stays fast
 
-    from . import main as _handlers  # noqa: F401  (registers the handlers with kopf)
-    from . import metrics
+    from laps_operator import main as _handlers  # noqa: F401  (registers the handlers with kopf)
+    from laps_operator import metrics
 
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.bind)

@@ -30,8 +30,8 @@ print("RESULT" + json.dumps(out))
 
 
 def _rendered_cases():
-    from laps_operator.engine_args import sglang_engine_command
-    from laps_operator.spec import parse_spec
+    from laps_operator.render.engine_args import sglang_engine_command
+    from laps_operator.spec.cluster import parse_spec
 
     cases = []
     for path in sorted((REPO / "examples").glob("lapscluster*.yaml")):
@@ -96,7 +96,7 @@ def test_the_operators_gpu_flag_spellings_are_sglangs():
     takes (`--dp 2` is `--dp-size 2`): each listed spelling, and every longer prefix of its
     option, sets that dest; one character shorter no longer does (another option's, ambiguous
     or unknown), so none is missing either."""
-    from laps_operator.gpus import SGLANG_SPELLINGS
+    from laps_operator.spec.gpus import SGLANG_SPELLINGS
 
     require_sglang()
     done = run_in_sglang_venv(SPELLINGS.replace("CASES", repr(json.dumps(SGLANG_SPELLINGS))))

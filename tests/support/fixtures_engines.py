@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tests.support.waiting import stop_process
 
-from laps_agent.local_engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
+from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
 
 import os
 import signal
@@ -168,7 +168,7 @@ def tiny_engine_model(request, tmp_path_factory) -> Path:
     try:
         return Path(request.getfixturevalue("tiny_model_dir"))
     except pytest.FixtureLookupError:
-        from laps_agent.engine.tiny import write_tiny_model
+        from tests.support.tiny_model import write_tiny_model
 
         return write_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny", seed=0)
 
@@ -193,7 +193,7 @@ def smollm2_engine_model(request) -> Path:
     try:
         return Path(request.getfixturevalue("smollm2_path"))
     except pytest.FixtureLookupError:
-        from laps_agent.engine.loader import default_model_path
+        from laps_agent.engine.model.loader import default_model_path
 
         return default_model_path()
 

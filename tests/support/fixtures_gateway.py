@@ -61,7 +61,7 @@ def stalled_body_message(head: bytes, body: bytes) -> str:
 @pytest.fixture
 def stub_engines():
     """start(role, **StubEngine options) -> (ServerThread, StubEngine) serving in a thread."""
-    from laps_agent.serving import ServerThread
+    from laps_agent.serving.listen import ServerThread
     from tests.support.stub_engine import StubEngine
 
     started: list[ServerThread] = []
@@ -122,11 +122,11 @@ def stub_processes():
 def gateway_server():
     """start(discovery, **GatewayConfig fields) -> ServerThread serving a gateway app; waits
     until the discovery shows at least one prefill and one decode pod unless told not to.
-    `server_options`: make_server's (laps_agent/serving.py), e.g. header_timeout_s."""
-    from laps_agent.gateway.app import create_app
+    `server_options`: make_server's (laps_agent/serving/listen.py), e.g. header_timeout_s."""
+    from laps_agent.gateway.http.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
-    from laps_agent.serving import ServerThread
+    from laps_agent.serving.listen import ServerThread
 
     started: list[ServerThread] = []
 

@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_path):
-    from laps_agent.tokenizer import load_tokenizer
+    from laps_agent.modelio.tokenizer import load_tokenizer
 
     return load_tokenizer(smollm2_path)

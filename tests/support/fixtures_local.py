@@ -1,4 +1,4 @@
-"""`laps local` as a child process, the way a user runs it (laps_agent.local_process): the fixture
+"""`laps local` as a child process, the way a user runs it (laps_agent.local.process): the fixture
 `laps_local` starts one (start(*args, timeout=...) -> LocalStack, waits for the printed URL) and
 stops it at teardown; `LocalStack.stop()` sends Ctrl-C and asserts exit code 0 and that no engine
 process is left."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from laps_agent.local_process import LocalProcess
+from laps_agent.local.process import LocalProcess
 from tests.support.waiting import poll
 
 

@@ -16,14 +16,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from laps_agent.engine.tiny import write_tiny_model
+    from tests.support.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", seed=0)
 
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from laps_agent.engine.loader import ModelLoadError, default_model_path
+    from laps_agent.engine.model.loader import ModelLoadError, default_model_path
 
     try:
         return default_model_path()
@@ -35,7 +35,7 @@ def smollm2_path() -> Path:
 def smollm2_loaded(smollm2_path: Path):
     """LoadedModel of SmolLM2 (fp32, CPU), shared by every test of the session. Treat as
     read-only: build your own ModelRunner (it owns the KV pool)."""
-    from laps_agent.engine.loader import load_model
+    from laps_agent.engine.model.loader import load_model
 
     return load_model(smollm2_path)
 
@@ -43,6 +43,6 @@ def smollm2_loaded(smollm2_path: Path):
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir: Path):
     """LoadedModel of the tiny model, shared and read-only like smollm2_loaded."""
-    from laps_agent.engine.loader import load_model
+    from laps_agent.engine.model.loader import load_model
 
     return load_model(tiny_model_dir)

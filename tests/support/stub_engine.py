@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--first-token-delay", type=float, default=0.0)
     args = p.parse_args(argv)
-    from laps_agent.serving import bind_listening_socket, run_forever  # noqa: I001
+    from laps_agent.serving.listen import bind_listening_socket, run_forever  # noqa: I001
 
     sock = bind_listening_socket(args.host, args.port)
     print(f"LISTENING {sock.getsockname()[1]}", flush=True)

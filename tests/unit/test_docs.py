@@ -85,8 +85,8 @@ def test_every_chart_value_is_in_the_readme():
 
 
 def test_the_readme_names_every_image_target_and_which_one_is_the_crd_default():
-    from laps_operator.spec import GatewaySpec
-    from laps_operator.spec_pods import EngineSpec
+    from laps_operator.spec.cluster import GatewaySpec
+    from laps_operator.spec.pods import EngineSpec
 
     dockerfile = (ROOT / "Dockerfile").read_text()
     targets = set(re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.M)) - {"source"}
@@ -118,8 +118,8 @@ def test_the_layout_names_every_top_level_directory_and_data_plane_package():
 
 
 def test_the_readme_sglang_command_has_every_flag_the_operator_renders_and_no_other():
-    from laps_operator.engine_args import sglang_engine_command
-    from laps_operator.spec import ClusterSpec
+    from laps_operator.render.engine_args import sglang_engine_command
+    from laps_operator.spec.cluster import ClusterSpec
 
     spec = ClusterSpec.model_validate({
         "model": {"name": "m", "path": "/models/m"},

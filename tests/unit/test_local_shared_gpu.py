@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from laps_agent.engine.cli import build_parser
-from laps_agent.local_engines import shared_gpu_args
+from laps_agent.local.engines import shared_gpu_args
 
 
 def _fraction_each_engine_takes(engine_args: list[str], device: str, engines: int) -> float:

@@ -10,14 +10,14 @@ and prefill then costs only the rest (`Profile.prefill_seconds(uncached, cached)
 Capacity: `capacity_tokens` (default the profile's whole KV pool). On a prefill pod requests
 hold their KV only until the hand-off, so the cache can use nearly all of it; the model does
 not take in-flight pages from the cache (a simplification: it slightly flatters hit rates at
-full load). The blocks are a `BlockLRU` (laps_agent.prefix_blocks), so what remains of a prompt
+full load). The blocks are a `BlockLRU` (laps_agent.policy.prefix_blocks), so what remains of a prompt
 is always a prefix of it (as leaves go first in a radix tree).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from laps_agent.prefix_blocks import BlockLRU
+from laps_agent.policy.prefix_blocks import BlockLRU
 
 
 class PrefixCacheModel:

@@ -9,16 +9,16 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.drain import DEFAULT_GRACE_S
-from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES
-from laps_agent.cli_args import positive_ints
-from laps_agent.engine.cli_serving import check_server_flags, listen, serve, server_settings
-from laps_agent.engine.engine_config import DTYPE_CHOICES
-from laps_agent.exit_reason import ExitRecordingParser, record_cannot_start
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.serving.drain import DEFAULT_GRACE_S
+from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES
+from laps_agent.serving.flag_types import positive_ints
+from laps_agent.engine.http.serve import check_server_flags, listen, serve, server_settings
+from laps_agent.engine.core.config import DTYPE_CHOICES
+from laps_agent.serving.exit_reason import ExitRecordingParser, record_cannot_start
 
 if TYPE_CHECKING:
-    from laps_agent.scheduling.buckets import BucketGrid
+    from laps_agent.policy.scheduling.buckets import BucketGrid
 
 log = logging.getLogger("laps.engine")
 
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def scheduler_config(args: argparse.Namespace, grid, max_prefill_tokens: int):
-    from laps_agent.scheduling.config import SchedulerConfig
+    from laps_agent.policy.scheduling.config import SchedulerConfig
 
     return SchedulerConfig(
         enabled=args.laps_scheduler, length_threshold=args.length_threshold, wait_window_ms=args.wait_window_ms,
@@ -111,7 +111,7 @@ def scheduler_config(args: argparse.Namespace, grid, max_prefill_tokens: int):
 
 
 def bucket_grid(args: argparse.Namespace):
-    from laps_agent.scheduling.buckets import BucketGrid
+    from laps_agent.policy.scheduling.buckets import BucketGrid
 
     return (BucketGrid(args.batch_prefill_graphs_batch_sizes, args.batch_prefill_graphs_seq_lengths)
             if args.batch_prefill_graphs else None)
@@ -149,12 +149,12 @@ def build(args: argparse.Namespace):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    from laps_agent.engine.calibration import calibrate_prefill
+    from laps_agent.engine.core.calibration import calibrate_prefill
     from laps_agent.engine.engine import Engine, EngineConfig
-    from laps_agent.engine.loader import default_model_path, load_model, resolve_dtype
+    from laps_agent.engine.model.loader import default_model_path, load_model, resolve_dtype
     from laps_agent.engine.metrics import EngineMetrics
-    from laps_agent.engine.runner import ModelRunner
-    from laps_agent.engine.server import EngineServer
+    from laps_agent.engine.model.runner import ModelRunner
+    from laps_agent.engine.http.server import EngineServer
 
     # Check every flag before the (slow) model load.
     check_server_flags(args)
@@ -211,7 +211,7 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
         return -(-2 * min(context, 8192) // args.page_size)
     import torch
 
-    from laps_agent.engine.engine_config import kv_pages_for_memory
+    from laps_agent.engine.core.config import kv_pages_for_memory
 
     free, _ = torch.cuda.mem_get_info()
     cfg = loaded.config

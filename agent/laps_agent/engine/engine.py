@@ -21,9 +21,9 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from laps_agent.engine.engine_config import ROLES, EngineConfig, PrefillRecord  # noqa: F401 (re-exported)
-from laps_agent.engine.engine_core import EngineCore
-from laps_agent.engine.requests import GenerateWork, OutputSink
+from laps_agent.engine.core.config import ROLES, EngineConfig, PrefillRecord  # noqa: F401 (re-exported)
+from laps_agent.engine.core.engine_core import EngineCore
+from laps_agent.engine.core.requests import GenerateWork, OutputSink
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from laps_agent.engine.engine_config import PrefillRecord
-from laps_agent.engine.load_report import in_time_tokens
-from laps_agent.engine.prefix_warm import WARM_OUTCOMES
-from laps_agent.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from laps_agent.engine.core.config import PrefillRecord
+from laps_agent.engine.core.load_report import in_time_tokens
+from laps_agent.engine.pd.prefix_warm import WARM_OUTCOMES
+from laps_agent.serving.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
 

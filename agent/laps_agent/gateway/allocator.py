@@ -1,5 +1,5 @@
 """The allocation loop of a gateway with static membership (`laps local`): the operator's policy
-(laps_operator.allocation) over the gateway's own pending work, acting on the static membership.
+(laps_agent.policy.allocation) over the gateway's own pending work, acting on the static membership.
 
 Every second the group pressure (`group_pressure` of the gateway's pending prefill requests and
 tokens per group, as `laps_gateway_pending_requests|tokens` export them) is sampled; every interval the mean goes to the policy.
@@ -17,10 +17,10 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
-from laps_agent.gateway.load import LoadTracker
+from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
+from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_operator.allocation import (GROUPS, AllocationConfig, Move, PolicyState, PressureWindow, decide,
+from laps_agent.policy.allocation import (GROUPS, AllocationConfig, Move, PolicyState, PressureWindow, decide,
                                       group_pressure, reference_decide)
 
 log = logging.getLogger(__name__)

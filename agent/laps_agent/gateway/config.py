@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from laps_agent.drain import DEFAULT_GRACE_S
-from laps_agent.gateway.admission import DEFAULT_MAX_DECODE_SHARE, DEFAULT_MAX_PENDING_TOKENS_PER_POD
-from laps_agent.gateway.outlier import DEFAULT_MAX_EJECTION_PERCENT
+from laps_agent.serving.drain import DEFAULT_GRACE_S
+from laps_agent.policy.admission import DEFAULT_MAX_DECODE_SHARE, DEFAULT_MAX_PENDING_TOKENS_PER_POD
+from laps_agent.gateway.proxy.outlier import DEFAULT_MAX_EJECTION_PERCENT
 from laps_agent.gateway.prefix import DEFAULT_RECORD_BLOCKS_PER_POD
-from laps_agent.gateway.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
-from laps_agent.scheduling.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.request_body import BODY_IDLE_TIMEOUT_S
+from laps_agent.policy.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.serving.request_body import BODY_IDLE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,9 @@ class GatewayConfig:
     # Arrival to the last byte of the answer (gateway/deadline.py): beyond, 504 before the
     # first byte, or an SSE error event ending a stream. 0: no deadline.
     request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S
-    # A request body that stops arriving for this long is answered 408 (laps_agent/request_body.py).
+    # A request body that stops arriving for this long is answered 408 (laps_agent/serving/request_body.py).
     body_idle_timeout_s: float = BODY_IDLE_TIMEOUT_S
-    # After SIGTERM: the most the gateway takes to finish the requests it holds (laps_agent/drain.py).
+    # After SIGTERM: the most the gateway takes to finish the requests it holds (laps_agent/serving/drain.py).
     drain_grace_s: float = DEFAULT_GRACE_S
     # Engine-reported load (gateway/engine_load.py): poll every pod's /get_load this often and
     # route by it, so that several gateway replicas share what the engines hold. Off: each

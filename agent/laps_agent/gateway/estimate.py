@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, Sequence
 
-from laps_agent.gateway.failures import GatewayError
-from laps_agent.prompt_rules import template_role
+from laps_agent.gateway.proxy.failures import GatewayError
+from laps_agent.modelio.prompt_rules import template_role
 
 # Heuristic weights, fitted by estimate_report (see the module docstring).
 TOKENS_PER_WORD = 1.2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from laps_agent.metric_buckets import LATENCY_BUCKETS
+from laps_agent.serving.metric_buckets import LATENCY_BUCKETS
 
 GROUPS = ("short", "long")
 CLASSES = ("short", "long")

@@ -20,7 +20,7 @@ one C-speed hash per block; hashes are salted per process, which is fine: only t
 ever compares them.
 
 `PrefixRecord` is the gateway's memory of the chains it sent to each prefill pod: a bounded LRU
-of block hashes per pod (laps_agent.prefix_blocks: what is held of a chain stays a prefix of it,
+of block hashes per pod (laps_agent.policy.prefix_blocks: what is held of a chain stays a prefix of it,
 so `held` is a binary search), standing in for the pod's prefix cache, which the gateway cannot see.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from laps_agent.prefix_blocks import BlockLRU
+from laps_agent.policy.prefix_blocks import BlockLRU
 
 BLOCK_CHARS = 256          # ~60 tokens of English: fine enough that a 40-token turn is not lost
 BLOCK_IDS = 64

@@ -1,5 +1,5 @@
 """LAPS as a plugin to a stock SGLang (no fork): length-aware prefill scheduling on a prefill
-server, decided by the same `laps_agent.scheduling` code as the builtin engine.
+server, decided by the same `laps_agent.policy.scheduling` code as the builtin engine.
 
 SGLang calls `register()` in each of its processes through the entry point group
 `sglang.srt.plugins` (pyproject.toml), before its scheduler exists. Nothing here imports SGLang
@@ -27,7 +27,7 @@ def register() -> None:
     the server is vanilla SGLang."""
     import sys
 
-    from .settings import load_settings
+    from laps_agent.sglang_plugin.settings import load_settings
 
     try:
         settings = load_settings()
@@ -42,7 +42,7 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from .hooks import make_hooks, send_arrival_stamps
+    from laps_agent.sglang_plugin.hooks import make_hooks, send_arrival_stamps
 
     # Any process may serialise a request for the scheduler (the launcher loads plugins before
     # it imports its tokenizer); the target module is light. If it changed, SGLang logs that the
@@ -52,7 +52,7 @@ def register() -> None:
     # by the time it loads plugins; others skip the check rather than import it for nothing.
     if "sglang.srt.managers.scheduler" not in sys.modules:
         return
-    from .compat import problems
+    from laps_agent.sglang_plugin.compat import problems
 
     found = problems()
     if found:

@@ -1,4 +1,4 @@
-"""SGLang-agnostic half of the plugin: keeps `laps_agent.scheduling.PrefillScheduler` in step
+"""SGLang-agnostic half of the plugin: keeps `laps_agent.policy.scheduling.PrefillScheduler` in step
 with SGLang's `waiting_queue` and turns its decisions into the subset SGLang should batch.
 
 Why a mirror rather than a replacement: SGLang's abort handling, retraction, metrics and the
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from laps_agent.scheduling.config import SchedulerConfig
-from laps_agent.scheduling.queues import Decision, PrefillItem, PrefillScheduler
+from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.queues import Decision, PrefillItem, PrefillScheduler
 
 
 @dataclass

@@ -26,8 +26,8 @@ import logging
 import os
 import time
 
-from .driver import QueueDriver
-from .settings import PluginSettings
+from laps_agent.sglang_plugin.driver import QueueDriver
+from laps_agent.sglang_plugin.settings import PluginSettings
 
 log = logging.getLogger("laps.sglang_plugin")
 _STATE_ATTR = "_laps_plugin_state"
@@ -64,7 +64,7 @@ class _State:
         self.driver = QueueDriver(settings.scheduler, token_counts, arrival)
         self.tp = scheduler.tp_size > 1
         model = getattr(scheduler.server_args, "served_model_name", None) or ""
-        from .metrics import PluginMetrics
+        from laps_agent.sglang_plugin.metrics import PluginMetrics
 
         self.metrics = PluginMetrics(model, settings.labels_file)
         self.launched: dict[int, tuple[float, list[str], str]] = {}  # id(batch) -> (t, rids, cls)

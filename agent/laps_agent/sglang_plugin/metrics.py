@@ -10,7 +10,7 @@ engine's own port and path, which the operator's PodMonitor already scrapes (por
 a port of their own, else they are not exported (logged once).
 
 Names, labels and buckets are those of laps_agent/engine/metrics.py (docs/contracts.md): the
-bucket bounds come from laps_agent/metric_buckets.py, as there, and the labels-file reader from
+bucket bounds come from laps_agent/serving/metric_buckets.py, as there, and the labels-file reader from
 that module (which needs only prometheus_client and torch-free laps_agent modules). SGLang runs
 no bucketed batch prefill, so the bucket and padding counters exist but stay 0.
 """
@@ -21,7 +21,7 @@ import os
 import time
 
 from laps_agent.engine.metrics import read_group
-from laps_agent.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from laps_agent.serving.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 log = logging.getLogger("laps.sglang_plugin")
 # How often the scheduler loop re-reads the pod's labels file (the builtin engine re-reads it per

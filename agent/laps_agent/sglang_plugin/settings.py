@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from laps_agent.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
+from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
 
 CONFIG_FILE_ENV = "LAPS_CONFIG_FILE"
 # env var -> (SchedulerConfig field, parser); names mirror `laps engine`'s flags.

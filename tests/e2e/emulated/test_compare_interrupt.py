@@ -9,7 +9,7 @@ import json
 import signal
 import sys
 
-from laps_agent.local_process import alive, descendants
+from laps_agent.local.process import alive, descendants
 from tests.support.fixtures_gateway import ChildProcess
 from tests.support.waiting import poll
 

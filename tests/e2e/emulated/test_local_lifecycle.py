@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from laps_agent.local_process import LocalProcess
+from laps_agent.local.process import LocalProcess
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.waiting import poll
 

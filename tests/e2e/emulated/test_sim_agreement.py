@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from laps_agent.results import load_result, summarize
+from laps_agent.lab.results import load_result, summarize
 
 WORKLOAD = """\
 name: agreement

@@ -16,7 +16,7 @@ def _pods_that_got_one(prefills, before: list[int]) -> list[int]:
 
 def _two_short_two_long(stub_engines, gateway_server):
     """A gateway over prefill stubs 0-1 (short group) and 2-3 (long group) and a decode stub."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     handoff = KVHandoff()  # the decode stub answers only after its prefill stub has the request
     prefills = [stub_engines("prefill", handoff=handoff) for _ in range(4)]

@@ -14,7 +14,7 @@ from tests.support.fixtures_gateway import poll
 
 async def test_killing_a_prefill_engine_loses_no_request(engine_launcher, tiny_engine_model,
                                                          gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     victim = engine_launcher(tiny_engine_model, "prefill", TINY_ENGINE_ARGS)
     survivor = engine_launcher(tiny_engine_model, "prefill", TINY_ENGINE_ARGS)

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture
 def engine_gateway(tiny_pd_engines, gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     spec = StaticSpec((tiny_pd_engines.prefill.url,), (), (tiny_pd_engines.decode.url,))
     gateway = gateway_server(StaticDiscovery(spec), served_model_name="test-model")
@@ -68,7 +68,7 @@ API_KEY = "sk-laps-e2e-0123456789"
 @pytest.fixture
 def auth_gateway(tiny_pd_engines, gateway_server, tmp_path):
     """The same, with API keys on (`--api-keys-file`): returns a client factory by key."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     keys = tmp_path / "api-keys"
     keys.write_text(API_KEY + "\n")

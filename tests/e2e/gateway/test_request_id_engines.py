@@ -21,7 +21,7 @@ def test_a_failed_request_is_named_alike_by_client_gateway_and_decode_engine(
         engine_launcher, tiny_engine_model, gateway_server, tmp_path, caplog):
     import yaml
 
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     profile = tmp_path / "slow-prefill.yaml"
     profile.write_text(yaml.safe_dump(PROFILE))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tests.support.waiting import stop_process
 
-from laps_agent.local_engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
+from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
 
 import os
 import pathlib

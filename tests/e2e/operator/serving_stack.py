@@ -26,7 +26,7 @@ import httpx
 import kubernetes
 import yaml
 
-from laps_agent.local_engines import free_ports
+from laps_agent.local.engines import free_ports
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.fixtures_engines import wait_healthy
 from tests.support.fixtures_gateway_k8s import sync_endpoint_slices

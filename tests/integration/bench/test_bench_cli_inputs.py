@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from laps_agent.local_process import alive, descendants
-from laps_agent.results import load_result
+from laps_agent.local.process import alive, descendants
+from laps_agent.lab.results import load_result
 
 from tests.integration.bench.test_workload_errors import engine, served  # noqa: F401  (engine: a fixture)
 from tests.support.waiting import poll

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from laps_agent.results import load_result
-from laps_agent.workload import PromptBuilder, parse_workload, plan_requests
+from laps_agent.lab.results import load_result
+from laps_agent.lab.workload import PromptBuilder, parse_workload, plan_requests
 
 
 def _spec(api: str, conversations: int = 3, turns: int = 3) -> dict:
@@ -109,7 +109,7 @@ def _first_prompt(plan, i: int, api: str):
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
 async def test_later_turns_resend_the_real_answers_after_the_previous_turn_ended(api):
-    from laps_agent.bench._runner import run_workload
+    from laps_agent.lab.bench._runner import run_workload
 
     spec = parse_workload(_spec(api))
     plan = plan_requests(spec)
@@ -154,7 +154,7 @@ async def test_later_turns_resend_the_real_answers_after_the_previous_turn_ended
 
 
 async def test_a_failed_turn_ends_its_conversation():
-    from laps_agent.bench._runner import run_workload
+    from laps_agent.lab.bench._runner import run_workload
 
     spec = parse_workload(_spec("chat", conversations=2))
     server = RecordingServer()

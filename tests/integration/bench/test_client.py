@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from laps_agent.bench._client import StreamClient
+from laps_agent.lab.bench._client import StreamClient
 
 
 def _event(obj) -> bytes:

@@ -8,13 +8,13 @@ import queue
 
 import httpx
 
-from laps_agent.engine.calibration import calibrate_prefill
+from laps_agent.engine.core.calibration import calibrate_prefill
 from laps_agent.engine.engine import Engine, EngineConfig
-from laps_agent.engine.load_report import load_report
-from laps_agent.engine.requests import GenerateWork
-from laps_agent.engine.runner import ModelRunner
-from laps_agent.engine.sampling import SamplingParams
-from laps_agent.scheduling.window import CALIBRATION_TOKENS
+from laps_agent.engine.core.load_report import load_report
+from laps_agent.engine.core.requests import GenerateWork
+from laps_agent.engine.model.runner import ModelRunner
+from laps_agent.engine.model.sampling import SamplingParams
+from laps_agent.policy.scheduling.window import CALIBRATION_TOKENS
 from tests.support.metrics_text import metric_value
 
 

@@ -62,8 +62,8 @@ def test_the_engine_answers_health_and_other_requests_while_a_big_prompt_is_toke
     gateway caps bodies) froze /health, /get_load and every other request of the engine for
     as long as the tokenizer took, seconds, enough for probes to fail."""
     from laps_agent.engine.cli import build, build_parser
-    from laps_agent.engine.server import TOKENIZE_INLINE_MAX
-    from laps_agent.serving import ServerThread
+    from laps_agent.engine.http.server import TOKENIZE_INLINE_MAX
+    from laps_agent.serving.listen import ServerThread
 
     server, engine = build(build_parser().parse_args(
         ["--model", str(tiny_engine_model), "--torch-threads", "1", "--labels-file", "/nonexistent"]))
@@ -124,7 +124,7 @@ def test_a_body_that_stops_arriving_is_408_and_the_engine_serves_on(tiny_engine_
     connection forever: nothing bounds a body read in uvicorn. Now: 408 naming what came, the
     connection closed, the other requests served meanwhile."""
     from laps_agent.engine.cli import build, build_parser
-    from laps_agent.serving import ServerThread
+    from laps_agent.serving.listen import ServerThread
 
     server, engine = build(build_parser().parse_args(
         ["--backend", "emulated", "--model", str(tiny_engine_model), "--labels-file", "/nonexistent"]))

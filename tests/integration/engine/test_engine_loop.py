@@ -7,15 +7,15 @@ import time
 import pytest
 
 from laps_agent.engine.engine import Engine, EngineConfig
-from laps_agent.engine.requests import EngineOutput, GenerateWork
-from laps_agent.engine.sampling import SamplingParams
-from laps_agent.scheduling.buckets import BucketGrid
-from laps_agent.scheduling.config import SchedulerConfig
+from laps_agent.engine.core.requests import EngineOutput, GenerateWork
+from laps_agent.engine.model.sampling import SamplingParams
+from laps_agent.policy.scheduling.buckets import BucketGrid
+from laps_agent.policy.scheduling.config import SchedulerConfig
 
 
 @pytest.fixture
 def make_engine(tiny_loaded):  # tiny_loaded: tests/support/fixtures_models.py
-    from laps_agent.engine.runner import ModelRunner
+    from laps_agent.engine.model.runner import ModelRunner
 
     started: list[Engine] = []
 
@@ -238,7 +238,7 @@ def test_the_load_report_counts_a_prefill_batch_while_its_forward_pass_runs(make
     prefill on a CPU takes seconds, and gateways route by this report meanwhile)."""
     import threading
 
-    from laps_agent.engine.load_report import load_report
+    from laps_agent.engine.core.load_report import load_report
     from tests.support.waiting import poll
 
     engine, _ = make_engine(wait_window_ms=0)

@@ -42,7 +42,7 @@ def _emulated(model_path, tmp_path, **profile):
 
 def test_a_stream_failing_after_its_first_token_is_logged_with_the_request_id(tiny_engine_model, tmp_path,
                                                                                 caplog):
-    from laps_agent.serving import ServerThread
+    from laps_agent.serving.listen import ServerThread
 
     # 1000 tokens at 50 ms a step: the stream is still running when the test breaks the model.
     server, engine = _emulated(tiny_engine_model, tmp_path, decode={"overhead_s": 0.05})
@@ -68,8 +68,8 @@ def test_a_stream_failing_after_its_first_token_is_logged_with_the_request_id(ti
 
 
 def test_an_output_sink_failure_is_logged_with_the_request_id(tiny_engine_model, tmp_path, caplog):
-    from laps_agent.engine.requests import GenerateWork
-    from laps_agent.engine.sampling_params import SamplingParams
+    from laps_agent.engine.core.requests import GenerateWork
+    from laps_agent.engine.core.sampling_params import SamplingParams
 
     _, engine = _emulated(tiny_engine_model, tmp_path)
 
@@ -95,7 +95,7 @@ def test_an_output_sink_failure_is_logged_with_the_request_id(tiny_engine_model,
 def test_an_unexpected_engine_error_answers_a_500_carrying_the_request_id(tiny_engine_model, tmp_path):
     """A bug in a route is answered by Starlette's own error middleware, which runs outside any
     middleware an app adds: the id must be given ahead of it, or that 500 goes out without one."""
-    from laps_agent.serving import ServerThread
+    from laps_agent.serving.listen import ServerThread
 
     server, engine = _emulated(tiny_engine_model, tmp_path)
 

@@ -1,4 +1,4 @@
-"""The engine's own servers (laps_agent/engine/cli_serving.py, what `laps engine` serves with, on
+"""The engine's own servers (laps_agent/engine/http/serve.py, what `laps engine` serves with, on
 either backend) bound how long a client may take over its headers, as the gateway's do
 (tests/integration/gateway/test_header_timeout.py): a connection that sent nothing, or half its
 headers, held a file descriptor of the engine forever, on its API port and on a prefill
@@ -30,8 +30,8 @@ def test_the_api_and_bootstrap_ports_close_connections_whose_headers_do_not_come
     import uvloop
 
     from laps_agent.engine.cli import build, build_parser
-    from laps_agent.engine.cli_serving import uvicorn_servers
-    from laps_agent.serving import bind_listening_socket
+    from laps_agent.engine.http.serve import uvicorn_servers
+    from laps_agent.serving.listen import bind_listening_socket
 
     server, engine = build(build_parser().parse_args(
         ["--backend", "emulated", "--role", "prefill", "--model", str(tiny_engine_model),

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from laps_agent.local_engines import EngineChild, stop_all
-from laps_agent.signals_deferred import SignalsDeferred
+from laps_agent.local.engines import EngineChild, stop_all
+from laps_agent.local.signals_deferred import SignalsDeferred
 
 _STUBBORN = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
              "print('ready', flush=True); time.sleep(120)")

@@ -21,7 +21,7 @@ def test_bytes_that_never_form_a_character_are_in_the_text_streamed_or_not(tiny_
     """The engine held back output bytes waiting for the rest of their character and dropped
     them when the answer ended: `text` lacked what `output_ids` and `completion_tokens` held
     (4095 tokens of output read as 128 characters), where SGLang returns them as U+FFFD."""
-    from laps_agent.tokenizer import load_tokenizer
+    from laps_agent.modelio.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tiny_engine_model)
     sp = {"max_new_tokens": TOKENS, "temperature": 0}

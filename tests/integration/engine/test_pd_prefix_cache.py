@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 from tests.integration.engine.helpers import engine_idle, engine_state, wait_for
 from tests.support.metrics_text import metric_value
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from laps_agent.engine.engine import Engine, EngineConfig
-from laps_agent.engine.requests import GenerateWork
-from laps_agent.engine.runner import ModelRunner
-from laps_agent.engine.sampling import SamplingParams
+from laps_agent.engine.core.requests import GenerateWork
+from laps_agent.engine.model.runner import ModelRunner
+from laps_agent.engine.model.sampling import SamplingParams
 from tests.integration.engine.helpers import wait_for
 from tests.integration.engine.test_engine_loop import collect, prompt
 

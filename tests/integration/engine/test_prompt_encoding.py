@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from laps_agent.engine.loader import load_model
+from laps_agent.engine.model.loader import load_model
 from tests.unit.engine_model.gguf_writer import write_gguf_from_hf_dir
 
 TEXT = "The quick brown fox"

@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture
 def pd_stack(stub_engines, gateway_server):
     """A gateway over stub engines: one short prefill, one long prefill, one decode."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from tests.support.stub_engine import KVHandoff
 
     def start(**config):

@@ -24,7 +24,7 @@ SHORT = {"prompt": "hi"}
 def held_long_group(stub_engines, gateway_server):
     """start(bound) -> (gateway, long stub engine, gate): the long prefill finishes only once
     `gate` is set; decode waits for the KV of its room, so held requests stay pending."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from tests.support.stub_engine import KVHandoff
 
     gate, held = threading.Event(), []

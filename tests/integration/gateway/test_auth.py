@@ -89,7 +89,7 @@ def test_laps_bench_sends_its_api_key_and_says_when_one_is_missing(pd_stack, key
     import subprocess
     import sys
 
-    from laps_agent.results import load_result
+    from laps_agent.lab.results import load_result
 
     gateway, _ = pd_stack(api_keys_file=keys_file)
     workload = tmp_path / "w.yaml"

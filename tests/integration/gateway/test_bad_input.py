@@ -99,7 +99,7 @@ def test_unknown_model_is_404(stack):
 
 
 def test_no_healthy_pods_is_503_with_retry_after(gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     # Nothing listens on these ports, so discovery never admits them.
     spec = StaticSpec(("http://127.0.0.1:9",), (), ("http://127.0.0.1:9",))

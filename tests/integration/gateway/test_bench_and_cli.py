@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from laps_agent.bench.gateway import main as bench_main
+from laps_agent.lab.bench.gateway import main as bench_main
 
 
 def test_bench_gateway_prints_every_number(capsys):
@@ -128,7 +128,7 @@ def test_gateway_flags_set_engine_load_polling():
 
 
 def test_scale_out_ceiling_is_what_the_cores_leave_two_gateways():
-    from laps_agent.bench._gateway_report import scale_out_ceiling
+    from laps_agent.lab.bench._gateway_report import scale_out_ceiling
 
     # 0.2 ms per request in a gateway, 0.05 ms in the load generator and upstreams
     assert scale_out_ceiling(2, 0.2, 0.05) == pytest.approx(1.6)   # 2 cores: 8,000 vs 5,000 req/s

@@ -7,7 +7,7 @@ import logging
 import httpx
 import kubernetes
 
-from laps_agent.gateway.discovery_k8s import KubernetesDiscovery, ServiceNames
+from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
 from tests.support.fixtures_gateway import poll
 
 NS = "default"

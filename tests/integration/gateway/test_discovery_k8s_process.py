@@ -14,7 +14,7 @@ import httpx
 import kmock
 import kubernetes
 
-from laps_agent.gateway.discovery_k8s import KubernetesDiscovery, ServiceNames
+from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
 from tests.support.stub_engine import KVHandoff
 from laps_operator.naming import GROUP_LABEL
 from tests.support.fixtures_gateway import poll
@@ -83,7 +83,7 @@ def _run_discovery(discovery: KubernetesDiscovery, scenario) -> None:
 
 
 def test_expired_watch_relists_and_sees_a_pod_moved_meanwhile(kube_api, stub_engines, caplog):
-    caplog.set_level(logging.INFO, logger="laps_agent.gateway.discovery_k8s")
+    caplog.set_level(logging.INFO, logger="laps_agent.gateway.discovery.kubernetes")
     api = kubernetes.client.DiscoveryV1Api(kube_api.api_client())
     pod_a, _ = stub_engines("prefill")
     pod_b, _ = stub_engines("prefill")
@@ -238,7 +238,7 @@ def test_gateway_process_follows_endpoint_slices(kube_api, stub_engines, gateway
 
 
 def test_api_server_failing_at_first_is_retried_until_it_answers(kube_api, stub_engines, caplog):
-    caplog.set_level(logging.WARNING, logger="laps_agent.gateway.discovery_k8s")
+    caplog.set_level(logging.WARNING, logger="laps_agent.gateway.discovery.kubernetes")
     api = kubernetes.client.DiscoveryV1Api(kube_api.api_client())
     prefill, _ = stub_engines("prefill")
     api.create_namespaced_endpoint_slice(NS, _slice("short-a", SERVICES.prefill_short, "pf-0", prefill.url))

@@ -1,4 +1,4 @@
-"""Slow clients against the gateway's server (laps_agent/serving.py make_server, which `laps
+"""Slow clients against the gateway's server (laps_agent/serving/listen.py make_server, which `laps
 gateway` and `laps local` serve with): a connection that never sends a byte, or stops halfway
 through its headers (slowloris), was held forever, one file descriptor each, until enough of them
 took the gateway down for everyone. Now each gets `header_timeout_s` (60 s; 0.5 s here), while a
@@ -19,7 +19,7 @@ TOKENS, TOKEN_DELAY_S = 12, 0.1   # a stream of ~1.2 s: longer than the header t
 
 
 def _gateway(stub_engines, gateway_server, **server_options):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from tests.support.stub_engine import KVHandoff
 
     handoff = KVHandoff()

@@ -16,7 +16,7 @@ def test_ready_and_live_with_a_prefill_and_a_decode_pod(pd_stack):
 
 
 def test_not_ready_says_why_but_stays_live(gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     # Nothing listens on this port, so discovery never admits the pod.
     gateway = gateway_server(StaticDiscovery(StaticSpec(("http://127.0.0.1:9",), (), ())),
@@ -30,7 +30,7 @@ def test_not_ready_says_why_but_stays_live(gateway_server):
 
 
 def test_a_gateway_missing_only_decode_pods_is_not_ready(stub_engines, gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     prefill, _ = stub_engines("prefill")
     discovery = StaticDiscovery(StaticSpec((prefill.url,), (), ("http://127.0.0.1:9",)), poll_s=0.05)

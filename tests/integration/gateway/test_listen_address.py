@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from laps_agent.serving import ListenError, bind_listening_socket, url_host
+from laps_agent.serving.listen import ListenError, bind_listening_socket, url_host
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ def _status(gateway) -> dict:
 
 
 def test_pending_tokens_end_with_the_prefill_phase(stub_engines, gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     prefill_done = threading.Event()
     prefill, prefill_engine = stub_engines("prefill", prefill_gate=prefill_done)

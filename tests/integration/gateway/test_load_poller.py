@@ -4,9 +4,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from laps_agent.gateway.discovery import Discovery, Membership
-from laps_agent.gateway.engine_load import EngineLoadPoller, EngineLoads
-from laps_agent.gateway.routing import Endpoint
+from laps_agent.gateway.discovery.membership import Discovery, Membership
+from laps_agent.gateway.proxy.engine_load import EngineLoadPoller, EngineLoads
+from laps_agent.policy.routing import Endpoint
 
 
 async def _pod() -> tuple[asyncio.AbstractServer, str]:

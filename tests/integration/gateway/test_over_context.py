@@ -27,7 +27,7 @@ def _ids(n: int, token: int = 5) -> list[int]:
 
 @pytest.fixture
 def overloaded_long_group(engine_launcher, tiny_engine_model, gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     engines = engine_launcher.emulated_pd(tiny_engine_model, PROFILE)
     gateway = gateway_server(StaticDiscovery(StaticSpec((), (engines.prefill.url,), (engines.decode.url,)),

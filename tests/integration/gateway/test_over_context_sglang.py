@@ -29,8 +29,8 @@ def sglang_stack(gateway_server):
     the pods' StubSGLang apps: short prefill, long prefill, decode). `answers`: each pod's
     StubSGLang.answers from the start; `per_pod`: server arguments of each pod, over
     `server_args`."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
-    from laps_agent.serving import ServerThread
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
+    from laps_agent.serving.listen import ServerThread
     from tests.support.stub_engine import KVHandoff, StubEngine
     from tests.support.stub_sglang import StubSGLang
 
@@ -100,13 +100,13 @@ def test_a_prompt_over_sglangs_context_gets_its_400_not_a_retryable_429(sglang_s
 def _said(caplog, text: str) -> list[str]:
     """The gateway's lines about SGLang's limits that contain `text`."""
     return [r.getMessage() for r in caplog.records
-            if r.name == "laps_agent.gateway.sglang_limit" and text in r.getMessage()]
+            if r.name == "laps_agent.gateway.proxy.sglang_limit" and text in r.getMessage()]
 
 
 def test_an_sglang_that_truncates_long_prompts_gets_them(sglang_stack, caplog):
     """With --allow-auto-truncate SGLang cuts an over-long prompt and serves it: the gateway,
     having read that in its server arguments, refuses nothing by length."""
-    caplog.set_level(logging.INFO, logger="laps_agent.gateway.sglang_limit")
+    caplog.set_level(logging.INFO, logger="laps_agent.gateway.proxy.sglang_limit")
     gateway, gate, apps = sglang_stack(allow_auto_truncate=True)
     gate.set()
     # Learnt (not merely not yet asked, which looks the same in /laps_status): each pod said so.
@@ -122,7 +122,7 @@ def test_a_rollout_adding_auto_truncation_refuses_nothing_by_length(sglang_stack
     """Mid-rollout the short prefill pod still refuses prompts of its context or more, while the
     new long prefill and decode pods truncate them: the new pods would serve a long prompt, so
     the old pod's limit must not refuse it at the gateway."""
-    caplog.set_level(logging.INFO, logger="laps_agent.gateway.sglang_limit")
+    caplog.set_level(logging.INFO, logger="laps_agent.gateway.proxy.sglang_limit")
     truncates = {"allow_auto_truncate": True}
     gateway, gate, _ = sglang_stack(per_pod=({}, truncates, truncates))
     gate.set()
@@ -156,7 +156,7 @@ def test_a_server_whose_answers_break_the_reading_is_asked_once(sglang_stack, ca
     """A /v1/models answer that breaks the reading in a way no SGLang's would (JSON nested past
     Python's recursion limit): the pod's limit is left to it, said once, not asked again on
     every load poll."""
-    caplog.set_level(logging.INFO, logger="laps_agent.gateway.sglang_limit")
+    caplog.set_level(logging.INFO, logger="laps_agent.gateway.proxy.sglang_limit")
     gateway, gate, apps = sglang_stack(answers={"/v1/models": (200, b"[" * 100_000)})
     gate.set()
     poll(lambda: len(_said(caplog, "its prompt limit is left to it")) == 3, message="every pod's limit left to it")
@@ -171,7 +171,7 @@ def test_a_server_whose_answers_break_the_reading_is_asked_once(sglang_stack, ca
 def test_a_server_without_sglangs_server_info_is_not_asked_again_and_again(sglang_stack, caplog):
     """Neither /server_info nor /get_server_info (404): not SGLang's answers, so its limit is
     left to it, for good, rather than asked again every 30 s with a line each time."""
-    caplog.set_level(logging.INFO, logger="laps_agent.gateway.sglang_limit")
+    caplog.set_level(logging.INFO, logger="laps_agent.gateway.proxy.sglang_limit")
     # Their load route held down until every pod is discovered: discovery reads /get_server_info.
     gateway, gate, apps = sglang_stack(answers={"/v1/loads": (503, b"{}")})
     gate.set()

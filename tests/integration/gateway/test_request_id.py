@@ -1,4 +1,4 @@
-"""X-Request-ID through the gateway (laps_agent/request_id.py): every answer carries one, which
+"""X-Request-ID through the gateway (laps_agent/serving/request_id.py): every answer carries one, which
 the official `openai` client exposes as `_request_id` (and `request_id` on its errors); a sane
 one the caller sent comes back unchanged, anything else is replaced; both engines get the same
 id, and the gateway's log lines about a failed attempt name it."""

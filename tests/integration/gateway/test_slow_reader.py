@@ -49,7 +49,7 @@ def _read_to_the_close(sock: socket.socket) -> None:
 @pytest.mark.parametrize("bound", ["silence", "deadline"])
 def test_a_client_that_stops_reading_is_dropped_and_its_decode_slot_freed(stub_engines, gateway_server, bound):
     from laps_agent.gateway.config import ProxyConfig
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     prefill, _ = stub_engines("prefill")
     decode, _ = stub_engines("decode", max_tokens_cap=TOKENS)

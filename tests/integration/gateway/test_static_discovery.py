@@ -6,7 +6,7 @@ import socket
 
 import httpx
 
-from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 from tests.support.fixtures_gateway import poll
 
 
@@ -36,7 +36,7 @@ def test_membership_file_changes_take_effect(stub_engines, gateway_server, tmp_p
 
 
 def test_engine_joins_once_it_answers(stub_engines, gateway_server):
-    from laps_agent.serving import ServerThread
+    from laps_agent.serving.listen import ServerThread
     from tests.support.stub_engine import StubEngine
 
     decode, _ = stub_engines("decode")

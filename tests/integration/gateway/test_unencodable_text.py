@@ -30,8 +30,8 @@ def _assert_400_naming(reply: httpx.Response, where: str) -> None:
 @pytest.fixture
 def tokenizer_gateway(tiny_pd_engines, gateway_server, tiny_engine_model):
     """The gateway counting tokens with the engines' own tokenizer, over real PD engines."""
-    from laps_agent.tokenizer import load_tokenizer
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.modelio.tokenizer import load_tokenizer
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
 
     spec = StaticSpec((tiny_pd_engines.prefill.url,), (), (tiny_pd_engines.decode.url,))

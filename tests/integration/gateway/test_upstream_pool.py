@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from laps_agent.gateway.upstream import UpstreamPool
+from laps_agent.gateway.proxy.upstream import UpstreamPool
 
 
 class _Server:

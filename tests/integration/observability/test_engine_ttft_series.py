@@ -19,7 +19,7 @@ def _ttft_count(engine) -> float:
 
 
 def test_each_request_is_one_ttft_sample_at_its_prefill_engine(tiny_pd_engines, gateway_server):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     prefill, decode = tiny_pd_engines.prefill, tiny_pd_engines.decode
     gateway = gateway_server(StaticDiscovery(StaticSpec((prefill.url,), (prefill.url,), (decode.url,)),

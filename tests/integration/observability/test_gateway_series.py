@@ -18,7 +18,7 @@ from tests.support.waiting import poll
 
 
 def _static(short=(), decode=()):
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     return StaticDiscovery(StaticSpec(tuple(short), (), tuple(decode)), poll_s=0.05)
 

@@ -62,7 +62,7 @@ def by_label(result: list[dict], label: str) -> dict[str, float]:
 def pd_stack(tiny_pd_engines, gateway_server):
     """Gateway over one prefill engine (serving both groups, so each class routes to its own
     group) and one decode engine."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     prefill, decode = tiny_pd_engines.prefill, tiny_pd_engines.decode
     spec = StaticSpec((prefill.url,), (prefill.url,), (decode.url,))

@@ -17,8 +17,8 @@ import kubernetes
 import prometheus_client
 import pytest
 from laps_operator import main
-from laps_operator.kube import Kube
-from laps_operator.reconcile import reconcile
+from laps_operator.reconcile.kube import Kube
+from laps_operator.reconcile.cycle import reconcile
 
 from tests.e2e.operator.conftest import CRD
 from tests.support.get_server import GetServer

@@ -2,7 +2,7 @@
 ReplicaSet starts the replacement while the old process still runs out its grace period (the
 chart's Recreate strategy keeps them apart only during a rollout). The cluster lock of one
 process does not reach the other; what keeps them from undoing each other's work is the order
-of their reads and writes. Here the group sync of one process (laps_operator.reconcile, as the
+of their reads and writes. Here the group sync of one process (laps_operator.reconcile.cycle, as the
 pod handler calls it) runs against the Kubernetes API emulator while the other one's move lands
 in the middle of it.
 
@@ -16,8 +16,8 @@ import types
 
 import kubernetes
 import pytest
-from laps_operator.kube import Kube
-from laps_operator.reconcile import reconcile, sync_groups_of
+from laps_operator.reconcile.kube import Kube
+from laps_operator.reconcile.cycle import reconcile, sync_groups_of
 
 from tests.e2e.operator.conftest import CRD
 from tests.support.kube_gates import ApiGate

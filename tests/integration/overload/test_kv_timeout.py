@@ -25,7 +25,7 @@ def _profile(name: str, prefill_overhead_s: float) -> dict:
 def stuck_long_group(engine_launcher, tiny_engine_model, gateway_server, tmp_path):
     """short: a prefill engine answering at once; long: one whose prefill takes an hour; one
     decode engine that waits 1 s for a KV hand-off."""
-    from laps_agent.gateway.discovery import StaticDiscovery, StaticSpec
+    from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 
     def emulated(role: str, profile: dict, *extra: str):
         path = tmp_path / f"{profile['name']}.yaml"

@@ -279,7 +279,7 @@ def test_the_charts_formats_are_the_operators():
     """One rule for what a label, a quantity or an env name is: the operator's (formats.py)."""
     import json
 
-    from laps_operator import formats
+    from laps_operator.spec import formats
 
     from tests.unit.chart.test_chart import CHART
     definitions = json.loads((CHART / "values.schema.json").read_text())["definitions"]
@@ -296,7 +296,7 @@ def test_resource_names_are_the_operators_rule():
     """The chart's pattern says what formats.resource_name_problem says of the same names."""
     import re
 
-    from laps_operator import formats
+    from laps_operator.spec import formats
 
     for name in ("cpu", "memory", "ephemeral-storage", "hugepages-2Mi", "nvidia.com/gpu", "example.com/x_y.z",
                  "gpu", "CPU", "hugepages-", "/gpu", "nvidia.com/", "Nvidia.com/gpu", "a b/c", "x.io/" + "n" * 64):

@@ -7,8 +7,8 @@ import pytest
 from laps_agent.emulated.core import EngineModel
 from laps_agent.emulated.profile import ProfileError, load_profile, parse_profile
 from laps_agent.emulated.requests import ModelRequest
-from laps_agent.scheduling.buckets import BucketGrid
-from laps_agent.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.buckets import BucketGrid
+from laps_agent.policy.scheduling.config import SchedulerConfig
 
 BASE = {
     "name": "test", "provenance": "synthetic",
@@ -198,7 +198,7 @@ def test_profiles_ship_and_bad_ones_name_the_field(tmp_path):
 
 
 def test_the_load_report_counts_a_prefill_batch_while_it_runs_and_the_queue_behind_it():
-    from laps_agent.engine.load_report import load_report
+    from laps_agent.engine.core.load_report import load_report
 
     m = EngineModel(profile(), "prefill", SchedulerConfig(wait_window_ms=0, length_threshold=64))
     m.add(ModelRequest("long", "prefill", 1000, 1, 0.0), 0.0)
@@ -215,7 +215,7 @@ def test_the_load_report_counts_a_prefill_batch_while_it_runs_and_the_queue_behi
 def test_a_prefill_engine_reports_what_it_prefills_within_half_its_hand_off_timeout():
     """The gateway admits to a prefill pod by this figure (gateway/admission.py in_time): the
     engine measures its own cost per batch and per token, so the figure follows the hardware."""
-    from laps_agent.engine.load_report import load_report
+    from laps_agent.engine.core.load_report import load_report
 
     m = EngineModel(profile(), "prefill", SchedulerConfig(wait_window_ms=0, length_threshold=64))
     assert "max_pending_tokens" not in load_report("prefill", m.snapshot(), 0, bootstrap_timeout_s=30)
@@ -235,7 +235,7 @@ def test_a_calibrated_prefill_engine_reports_its_figure_before_any_request():
     simulated engines take theirs from the profile: a fresh cluster's first burst is admitted by
     it. A decode engine, which prefills nothing, is left as it was."""
     from laps_agent.emulated.prefill_cost import calibrate
-    from laps_agent.engine.load_report import load_report
+    from laps_agent.engine.core.load_report import load_report
 
     config = SchedulerConfig(wait_window_ms=0, length_threshold=64)
     prefill, decode = EngineModel(profile(), "prefill", config), EngineModel(profile(), "decode", config)

@@ -6,7 +6,7 @@ from laps_agent.emulated.core import EngineModel
 from laps_agent.emulated.prefix_cache import PrefixCacheModel
 from laps_agent.emulated.profile import load_profile
 from laps_agent.emulated.requests import ModelRequest
-from laps_agent.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.config import SchedulerConfig
 
 
 def test_a_prompt_hits_its_longest_held_prefix_and_at_least_one_token_is_computed():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from laps_agent.engine.kv_cache import KVCacheError, KVCacheFull, PagedKVAllocator
+from laps_agent.engine.core.kv_cache import KVCacheError, KVCacheFull, PagedKVAllocator
 
 NUM_PAGES, PAGE_SIZE = 24, 4
 

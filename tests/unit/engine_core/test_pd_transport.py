@@ -6,8 +6,8 @@ import socket
 import pytest
 import torch
 
-from laps_agent.engine.pd import BootstrapError, KVOutbox, KVTransfer, fetch_kv
-from laps_agent.engine.pd_wire import RoomRefused
+from laps_agent.engine.pd.kv_codec import BootstrapError, KVOutbox, KVTransfer, fetch_kv
+from laps_agent.engine.pd.wire import RoomRefused
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -86,7 +86,7 @@ async def test_a_request_announced_just_after_the_decode_side_asked_still_pairs(
 async def test_bootstrap_app_answers_unknown_and_delivered_rooms_at_once():
     import httpx
 
-    from laps_agent.engine.pd_wire import bootstrap_app
+    from laps_agent.engine.pd.wire import bootstrap_app
 
     outbox = KVOutbox(timeout_s=5, grace_s=0.05)
     transport = httpx.ASGITransport(app=bootstrap_app(outbox))
@@ -178,7 +178,7 @@ def _answer(status: str, body: bytes, *headers: str) -> bytes:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 async def test_a_big_frame_from_the_bootstrap_port_arrives_intact_and_aligned(dtype):
-    from laps_agent.engine.pd_wire import bootstrap_app, fetch_payload
+    from laps_agent.engine.pd.wire import bootstrap_app, fetch_payload
 
     kv = torch.randn(2, 2, 700, 3, 64).to(dtype)  # over DIRECT_READ_BYTES in either dtype
     outbox = KVOutbox(timeout_s=5)
@@ -200,7 +200,7 @@ async def test_a_big_frame_from_the_bootstrap_port_arrives_intact_and_aligned(dt
 
 
 async def test_a_connection_closed_mid_body_is_retried_like_any_broken_connection():
-    from laps_agent.engine.pd_wire import fetch_payload
+    from laps_agent.engine.pd.wire import fetch_payload
 
     good = KVTransfer(1, list(range(700)), 3, torch.zeros(2, 2, 700, 3, 64)).encode()
     cut = _answer("200 OK", good)[:-1000]  # the whole head, then the connection ends mid-body
@@ -216,7 +216,7 @@ async def test_a_connection_closed_mid_body_is_retried_like_any_broken_connectio
 
 
 async def test_a_body_that_never_arrives_whole_ends_at_the_deadline_naming_the_cause():
-    from laps_agent.engine.pd_wire import fetch_payload
+    from laps_agent.engine.pd.wire import fetch_payload
 
     good = KVTransfer(1, list(range(700)), 3, torch.zeros(2, 2, 700, 3, 64)).encode()
     port, seen, stop = await _serve([_answer("200 OK", good)[:-1000]])
@@ -231,7 +231,7 @@ async def test_a_body_that_never_arrives_whole_ends_at_the_deadline_naming_the_c
 
 @pytest.mark.parametrize("big", [False, True])
 async def test_an_unknown_room_then_not_ready_then_the_payload(big):
-    from laps_agent.engine.pd_wire import UNKNOWN_ROOM_HEADER, fetch_payload
+    from laps_agent.engine.pd.wire import UNKNOWN_ROOM_HEADER, fetch_payload
 
     body = KVTransfer(4, [1, 2], 3, torch.zeros(2, 2, 700 if big else 2, 3, 64)).encode()
     port, seen, stop = await _serve([
@@ -248,7 +248,7 @@ async def test_an_unknown_room_then_not_ready_then_the_payload(big):
 
 
 async def test_a_chunked_answer_is_read_whole():
-    from laps_agent.engine.pd_wire import fetch_payload
+    from laps_agent.engine.pd.wire import fetch_payload
 
     body = KVTransfer(5, [1], 2, torch.randn(2, 2, 700, 3, 64)).encode()
     step = 300_000

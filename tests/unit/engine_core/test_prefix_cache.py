@@ -7,7 +7,7 @@ import pytest
 from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from laps_agent.engine.kv_cache import KVCacheError, KVCacheFull, PagedKVAllocator
+from laps_agent.engine.core.kv_cache import KVCacheError, KVCacheFull, PagedKVAllocator
 
 NUM_PAGES, PS = 20, 4
 # A few conversation openings, so random prompts share prefixes often (and diverge mid-page).
@@ -213,7 +213,7 @@ def test_self_check_catches_a_freed_page_still_cached():
 
 
 def test_engine_metrics_count_hits_lookups_evictions_and_the_class_split():
-    from laps_agent.engine.engine_config import PrefillRecord, PrefillRequest
+    from laps_agent.engine.core.config import PrefillRecord, PrefillRequest
     from laps_agent.engine.metrics import EngineMetrics
     from tests.support.metrics_text import metric_value
 

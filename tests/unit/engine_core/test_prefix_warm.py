@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.engine.prefix_warm import MAX_QUEUED_WARMS, Warm, WarmQueue, parse_warm_body
+from laps_agent.engine.pd.prefix_warm import MAX_QUEUED_WARMS, Warm, WarmQueue, parse_warm_body
 
 
 def test_a_flood_of_warms_keeps_the_newest_and_reports_the_dropped():
@@ -44,8 +44,8 @@ def test_bad_warm_bodies_are_refused_with_the_reason(raw, reason):
 def test_a_warm_to_an_engine_that_is_gone_is_lost_quietly():
     import asyncio
 
-    from laps_agent.engine.prefix_warm import send_warm
-    from laps_agent.local_engines import free_port
+    from laps_agent.engine.pd.prefix_warm import send_warm
+    from laps_agent.local.engines import free_port
 
     # Nothing listens there: no exception reaches the decode engine, the status says "no answer".
     assert asyncio.run(send_warm("127.0.0.1", free_port(), [1, 2, 3], timeout_s=2.0)) == 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.sampling import SamplingError, SamplingParams, StopState, sample_tokens
+from laps_agent.engine.model.sampling import SamplingError, SamplingParams, StopState, sample_tokens
 
 
 def chars(ids: list[int]) -> str:

@@ -15,9 +15,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgom
 
 import torch  # noqa: E402
 
-from laps_agent.engine.loader import default_model_path, load_model  # noqa: E402
-from laps_agent.engine.runner import ForwardItem, ModelRunner  # noqa: E402
-from laps_agent.scheduling.buckets import BucketGrid  # noqa: E402
+from laps_agent.engine.model.loader import default_model_path, load_model  # noqa: E402
+from laps_agent.engine.model.runner import ForwardItem, ModelRunner  # noqa: E402
+from laps_agent.policy.scheduling.buckets import BucketGrid  # noqa: E402
 
 PAGE = 16
 

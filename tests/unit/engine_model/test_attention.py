@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.attention import (bottom_right_causal_mask, flash_applies, flash_attn_with_kvcache,
+from laps_agent.engine.model.attention import (bottom_right_causal_mask, flash_applies, flash_attn_with_kvcache,
                                          paged_attention, sdpa_paged)
 
 

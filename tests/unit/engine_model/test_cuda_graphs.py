@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.loader import load_model
-from laps_agent.engine.runner import ForwardItem, ModelRunner
-from laps_agent.scheduling.buckets import BucketGrid
+from laps_agent.engine.model.loader import load_model
+from laps_agent.engine.model.runner import ForwardItem, ModelRunner
+from laps_agent.policy.scheduling.buckets import BucketGrid
 
 PAGE = 4
 # fp32 on GPU: cuBLAS/SDPA kernels differ between batch shapes; TF32 stays off for matmuls.
@@ -25,8 +25,8 @@ def _pages(first: int, tokens: int) -> list[int]:
 def test_static_buffer_replays_match_eager_on_cpu(tiny_loaded):
     """Everything of the graph path but the capture: fixed-width page tables, in-place buffer
     updates, static last-position logits, reuse of one bucket's buffers for a second batch."""
-    from laps_agent.engine.cuda_graphs import BucketGraphs
-    from laps_agent.scheduling.buckets import plan_padding
+    from laps_agent.engine.model.cuda_graphs import BucketGraphs
+    from laps_agent.policy.scheduling.buckets import plan_padding
 
     grid = BucketGrid([4], [16])
     runner = ModelRunner(tiny_loaded, num_pages=128, page_size=PAGE, grid=grid)
@@ -121,9 +121,9 @@ def _decode_items(runner: ModelRunner, prompts: list[list[int]], steps: int = 1)
 def test_decode_step_in_a_padded_decode_bucket_matches_eager_on_cpu(tiny_loaded):
     """A decode batch of 3 run as the (4, 1) bucket on the graph path's fixed buffers (all but
     the capture), against the eager decode step; a second batch reuses the same buffers."""
-    from laps_agent.engine.cuda_graphs import BucketGraphs
-    from laps_agent.engine.runner import decode_bucket
-    from laps_agent.scheduling.buckets import Bucket, plan_padding
+    from laps_agent.engine.model.cuda_graphs import BucketGraphs
+    from laps_agent.engine.model.runner import decode_bucket
+    from laps_agent.policy.scheduling.buckets import Bucket, plan_padding
 
     runner = ModelRunner(tiny_loaded, num_pages=128, page_size=PAGE)
     eager = ModelRunner(tiny_loaded, num_pages=128, page_size=PAGE)
@@ -217,7 +217,7 @@ def test_kv_export_on_cuda_does_not_wait_for_the_copy(tiny_model_dir):
 def _kv_round_trip(device: str, tiny_model_dir, tiny_loaded=None) -> None:
     """Prefill on one runner, export, stage as the decode side's codec does, import into a
     second runner's pool at other pages: that pool then holds the same KV."""
-    from laps_agent.engine.kv_export import stage_import
+    from laps_agent.engine.model.kv_export import stage_import
 
     loaded = tiny_loaded if tiny_loaded is not None else load_model(tiny_model_dir, device=device)
     prefill = ModelRunner(loaded, num_pages=64, page_size=PAGE)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.loader import ModelLoadError, load_model, resolve_dtype
-from laps_agent.engine.model import rope_inverse_frequencies
-from laps_agent.engine.runner import ForwardItem, ModelRunner
+from laps_agent.engine.model.loader import ModelLoadError, load_model, resolve_dtype
+from laps_agent.engine.model.llama import rope_inverse_frequencies
+from laps_agent.engine.model.runner import ForwardItem, ModelRunner
 
 PAGE = 16
 PROMPTS = ("What is the capital of France?", "Name three primary colours.",

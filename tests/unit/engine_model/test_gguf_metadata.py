@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
-from laps_agent.engine.model_files import default_model_path
-from laps_agent.gguf_metadata import GGUFFormatError, read_gguf_layout, read_gguf_metadata
-from laps_agent.tokenizer import TokenizerError, load_tokenizer
+from laps_agent.modelio.model_files import default_model_path
+from laps_agent.modelio.gguf_metadata import GGUFFormatError, read_gguf_layout, read_gguf_metadata
+from laps_agent.modelio.tokenizer import TokenizerError, load_tokenizer
 
 
 def library_metadata(path: Path) -> dict:
@@ -65,7 +65,7 @@ def test_the_shipped_model_reads_as_the_library_reads_it():
 
 
 def test_a_model_cut_inside_its_weights_or_of_the_other_byte_order_is_a_clear_error(tmp_path):
-    from laps_agent.engine.loader import ModelLoadError, load_model
+    from laps_agent.engine.model.loader import ModelLoadError, load_model
 
     whole = default_model_path().read_bytes()
     cut = tmp_path / "cut.gguf"
@@ -138,7 +138,7 @@ def test_tensor_data_of_every_weight_type_and_any_alignment_reads_as_the_library
     its bytes are shaped for dequantisation: F32, F16, BF16 and Q8_0, non-square."""
     from gguf.quants import dequantize, quantize
 
-    from laps_agent.engine.gguf_loader import _tensor_bytes, model_key
+    from laps_agent.engine.model.gguf_loader import _tensor_bytes, model_key
 
     rng = np.random.default_rng(0)
     weights = {"f32": (rng.standard_normal((3, 64)).astype(np.float32), gguf.GGMLQuantizationType.F32),

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from laps_agent.engine.loader import ModelLoadError, default_model_path, load_model
-from laps_agent.engine.runner import ForwardItem, ModelRunner
-from laps_agent.engine.tiny import write_tiny_model
+from laps_agent.engine.model.loader import ModelLoadError, default_model_path, load_model
+from laps_agent.engine.model.runner import ForwardItem, ModelRunner
+from tests.support.tiny_model import write_tiny_model
 
-from .gguf_writer import write_gguf_from_hf_dir
+from tests.unit.engine_model.gguf_writer import write_gguf_from_hf_dir
 
 
 def _logits(loaded, ids: list[int]) -> torch.Tensor:

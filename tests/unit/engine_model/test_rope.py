@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from laps_agent.engine.model import rope_inverse_frequencies
-from laps_agent.engine.model_config import ModelConfig, UnsupportedModelError
+from laps_agent.engine.model.llama import rope_inverse_frequencies
+from laps_agent.engine.model.config import ModelConfig, UnsupportedModelError
 
 BASE = dict(architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=64, num_layers=1,
             num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=500000.0)
@@ -56,7 +56,7 @@ def test_hf_config_rope_parameters_of_transformers_5_are_read():
 def test_rotation_is_hf_rotate_half_to_the_bit(dtype):
     """The rotation is written as x * (c, c) + swap(x) * (-s, s) to launch fewer kernels; it must
     round to exactly HF's (x1 c - x2 s, x2 c + x1 s), with the tables in the model's dtype."""
-    from laps_agent.engine.model import apply_rope, rope_tables
+    from laps_agent.engine.model.llama import apply_rope, rope_tables
 
     torch.manual_seed(0)
     x = torch.randn(40, 3, 32).to(dtype)

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laps_agent.engine.runner import ForwardError, ForwardItem, ModelRunner
-from laps_agent.scheduling.buckets import BucketGrid, PaddingPlan, SlotPlan, plan_padding
+from laps_agent.engine.model.runner import ForwardError, ForwardItem, ModelRunner
+from laps_agent.policy.scheduling.buckets import BucketGrid, PaddingPlan, SlotPlan, plan_padding
 
 # fp32 throughout; different batch shapes only change summation order.
 ATOL = 1e-4
@@ -209,7 +209,7 @@ def test_any_batch_of_cached_prefixes_and_suffixes_matches_full_prefills(tiny_lo
 
 
 def test_kv_pool_size_follows_free_memory():
-    from laps_agent.engine.engine_config import kv_pages_for_memory
+    from laps_agent.engine.core.config import kv_pages_for_memory
 
     # SmolLM2-like: 30 layers x 3 KV heads x 64 dims, fp32, pages of 16: 737,280 bytes a page
     shape = dict(layers=30, kv_heads=3, head_dim=64, dtype_bytes=4, page_size=16)

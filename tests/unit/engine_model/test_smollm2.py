@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.runner import ForwardItem, ModelRunner
-from laps_agent.scheduling.buckets import BucketGrid
+from laps_agent.engine.model.runner import ForwardItem, ModelRunner
+from laps_agent.policy.scheduling.buckets import BucketGrid
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from laps_agent.tokenizer import ChatTemplateError, TokenizerError, load_tokenizer
+from laps_agent.modelio.tokenizer import ChatTemplateError, TokenizerError, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -20,7 +20,7 @@ def test_gguf_tokenizer_known_ids_without_importing_torch(smollm2_path):
     # A fresh interpreter: the gateway imports this module and must not pull in torch.
     code = (
         "import sys, json\n"
-        "from laps_agent.tokenizer import load_tokenizer\n"
+        "from laps_agent.modelio.tokenizer import load_tokenizer\n"
         f"tok = load_tokenizer({str(smollm2_path)!r})\n"
         "print(json.dumps({'ids': tok.encode('Hello, world 123', add_special_tokens=True),\n"
         "                  'torch': 'torch' in sys.modules,\n"
@@ -136,8 +136,8 @@ def test_missing_tokenizer_files_give_clear_errors(tmp_path):
 def test_a_gguf_with_a_broken_vocabulary_is_a_tokenizer_error_naming_the_key(smollm2_path, change, named):
     """A hand-made or damaged GGUF: the gateway and the engine refuse it with the key at fault,
     not a TypeError or IndexError from deep inside (a missing token list was `len(None)`)."""
-    from laps_agent.gguf_metadata import read_gguf_metadata
-    from laps_agent.tokenizer_gguf import tokenizer_from_gguf, tokenizer_key
+    from laps_agent.modelio.gguf_metadata import read_gguf_metadata
+    from laps_agent.modelio.tokenizer_gguf import tokenizer_from_gguf, tokenizer_key
 
     metadata = {**read_gguf_metadata(smollm2_path, wanted=tokenizer_key), **change}
     metadata = {k: v for k, v in metadata.items() if v is not None}
@@ -147,8 +147,8 @@ def test_a_gguf_with_a_broken_vocabulary_is_a_tokenizer_error_naming_the_key(smo
 
 def test_a_gguf_with_a_bad_end_of_turn_id_still_loads(smollm2_path, caplog):
     """eot only adds a stop token: a bad one is said and ignored, as llama.cpp does."""
-    from laps_agent.gguf_metadata import read_gguf_metadata
-    from laps_agent.tokenizer_gguf import tokenizer_from_gguf, tokenizer_key
+    from laps_agent.modelio.gguf_metadata import read_gguf_metadata
+    from laps_agent.modelio.tokenizer_gguf import tokenizer_from_gguf, tokenizer_key
 
     metadata = {**read_gguf_metadata(smollm2_path, wanted=tokenizer_key), "tokenizer.ggml.eot_token_id": 10**9}
     tok = tokenizer_from_gguf(metadata)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from laps_agent.gateway.admission import (admit, decode_share_bound, decode_slots, group_bound, in_time, in_time_route,
+from laps_agent.policy.admission import (admit, decode_share_bound, decode_slots, group_bound, in_time, in_time_route,
                                           refusal)
-from laps_agent.gateway.routing import Endpoint, EndpointLoad, RouteDecision
+from laps_agent.policy.routing import Endpoint, EndpointLoad, RouteDecision
 
 
 def test_a_group_below_its_bound_admits_and_at_it_refuses():

@@ -8,7 +8,7 @@ import pytest
 
 from laps_agent.gateway.affinity import reported_split
 from laps_agent.gateway.prefix import BLOCK_CHARS, BLOCKS_PER_TIER, PrefixRecord, prefix_chain
-from laps_agent.gateway.routing import AffinityBound, Endpoint, EndpointLoad, choose_route
+from laps_agent.policy.routing import AffinityBound, Endpoint, EndpointLoad, choose_route
 
 
 def ep(name: str) -> Endpoint:
@@ -110,7 +110,7 @@ def test_the_record_is_a_bounded_lru_that_evicts_the_oldest_tails_first():
 
 def test_many_distinct_conversations_over_restarting_pods_keep_the_record_bounded():
     from laps_agent.gateway.affinity import CacheAffinity
-    from laps_agent.gateway.discovery import Membership
+    from laps_agent.gateway.discovery.membership import Membership
     from laps_agent.gateway.metrics import GatewayMetrics
 
     record = PrefixRecord(blocks_per_pod=200)
@@ -164,7 +164,7 @@ def test_the_engines_reported_split_is_read_from_the_answer(body, split):
 
 def test_a_departed_pod_loses_its_record_and_a_relabelled_one_keeps_it():
     from laps_agent.gateway.affinity import CacheAffinity
-    from laps_agent.gateway.discovery import Membership
+    from laps_agent.gateway.discovery.membership import Membership
     from laps_agent.gateway.metrics import GatewayMetrics
 
     record = PrefixRecord()

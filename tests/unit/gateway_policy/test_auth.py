@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.gateway.auth import RELOAD_CHECK_S, ApiKeys, RateLimiter
+from laps_agent.gateway.http.auth import RELOAD_CHECK_S, ApiKeys, RateLimiter
 
 
 class Clock:
@@ -61,7 +61,7 @@ def test_the_bucket_allows_a_second_s_burst_then_says_when_to_retry():
     (["--api-keys-file", "/nonexistent/keys"], "No such file"),
 ])
 def test_gateway_and_local_refuse_unusable_auth_flags_at_start(argv, message, capsys):
-    from laps_agent import local
+    from laps_agent.local import stack as local
     from laps_agent.gateway import cli
 
     for main in (cli.main, local.main):

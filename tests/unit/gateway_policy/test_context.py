@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.gateway.context import refuse_over_context
+from laps_agent.gateway.http.context import refuse_over_context
 from laps_agent.gateway.estimate import PromptCount, TokenEstimator
-from laps_agent.gateway.failures import GatewayError
-from laps_agent.prompt_rules import PromptLimit
+from laps_agent.gateway.proxy.failures import GatewayError
+from laps_agent.modelio.prompt_rules import PromptLimit
 
 LIMIT = 511   # the engines' max_prompt_tokens (a context of 512)
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.gateway.admission import decode_held, group_load
-from laps_agent.gateway.engine_load import EngineLoads, LoadReport, parse_report
-from laps_agent.gateway.routing import Endpoint, EndpointLoad, choose_route
+from laps_agent.policy.admission import decode_held, group_load
+from laps_agent.gateway.proxy.engine_load import EngineLoads, LoadReport, parse_report
+from laps_agent.policy.routing import Endpoint, EndpointLoad, choose_route
 
 
 class Clock:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from laps_agent.gateway.failures import judge_status
+from laps_agent.gateway.proxy.failures import judge_status
 
 
 def _body(kind: str | None, message: str = "KV for bootstrap_room 7 did not arrive") -> bytes:

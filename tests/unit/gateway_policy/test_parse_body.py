@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from laps_agent.gateway.failures import GatewayError
-from laps_agent.gateway.payload import parse_body
+from laps_agent.gateway.proxy.failures import GatewayError
+from laps_agent.gateway.proxy.payload import parse_body
 
 ACCEPTED = [
     b'{"prompt": "plain text", "max_tokens": 4}',

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from laps_agent.gateway.payload import PDPayload
+from laps_agent.gateway.proxy.payload import PDPayload
 
 PD = {"bootstrap_host": "10.0.0.7", "bootstrap_port": 8998, "bootstrap_room": 42}
 

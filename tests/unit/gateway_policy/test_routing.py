@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from laps_agent.gateway.routing import (Endpoint, EndpointLoad, NoEndpointError, bench_routing,
+from laps_agent.policy.routing import (Endpoint, EndpointLoad, NoEndpointError, bench_routing,
                                         choose_route)
-from laps_agent.scheduling.classes import length_class as classify
+from laps_agent.policy.classes import length_class as classify
 
 
 def ep(name: str) -> Endpoint:

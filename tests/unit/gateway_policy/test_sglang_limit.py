@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from laps_agent.gateway.engine_load import EngineLoads
-from laps_agent.gateway.routing import Endpoint
-from laps_agent.gateway.sglang_limit import SGLangLimits
+from laps_agent.gateway.proxy.engine_load import EngineLoads
+from laps_agent.policy.routing import Endpoint
+from laps_agent.gateway.proxy.sglang_limit import SGLangLimits
 from tests.support.waiting import poll
 
 

@@ -1,6 +1,6 @@
 """The LAPSCluster CRD's openAPIV3Schema as a Draft 7 JSON Schema, plus the API server's
 defaulting, so tests can check CRs the way `kubectl apply --validate=strict` would (minus CEL
-rules, which no Python package here evaluates: those are mirrored by laps_operator.spec)."""
+rules, which no Python package here evaluates: those are mirrored by laps_operator.spec.cluster)."""
 from __future__ import annotations
 
 import copy

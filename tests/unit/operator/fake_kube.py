@@ -1,4 +1,4 @@
-"""An in-memory stand-in for `laps_operator.kube.Kube` for unit tests of the writers: objects
+"""An in-memory stand-in for `laps_operator.reconcile.kube.Kube` for unit tests of the writers: objects
 by Ref, RFC 7386 merge patches, resourceVersion preconditions (409), a log of every write.
 
 It checks what the operator sends, not what an API server does with it (the e2e tests run the
@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from laps_operator.kube import KubeError, Ref, field_value
+from laps_operator.reconcile.kube import KubeError, Ref, field_value
 
 
 def merge(target: Any, patch: Any) -> Any:

@@ -3,7 +3,7 @@ unknown pressure and after a conflict (against an in-memory Kube; the e2e tests 
 from __future__ import annotations
 
 import pytest
-from laps_operator.allocate import (
+from laps_operator.allocation.tick import (
     OFF_RECHECK_S,
     PRESSURE_UNAVAILABLE,
     AllocationLoop,
@@ -14,11 +14,11 @@ from laps_operator.allocate import (
     step,
 )
 from laps_operator import metrics
-from laps_operator.allocation import REQUEST_COST_TOKENS, Decision, Move, PolicyState
-from laps_operator.kube import KubeError
-from laps_operator.pressure import Reading, unknown
-from laps_operator.spec import parse_spec
-from laps_operator.status import condition
+from laps_agent.policy.allocation import REQUEST_COST_TOKENS, Decision, Move, PolicyState
+from laps_operator.reconcile.kube import KubeError
+from laps_operator.allocation.pressure import Reading, unknown
+from laps_operator.spec.cluster import parse_spec
+from laps_operator.status.conditions import condition
 
 from tests.unit.operator.fake_kube import FakeKube, cluster, prefill_pod
 
@@ -181,7 +181,7 @@ def test_decisions_slower_than_two_intervals_still_confirm_a_move(monkeypatch):
         clock[0] += 5.0
         return LONG_HEAVY
 
-    monkeypatch.setattr("laps_operator.allocate.pressure.query_prometheus", slow_prometheus)
+    monkeypatch.setattr("laps_operator.allocation.tick.pressure.query_prometheus", slow_prometheus)
     loop = AllocationLoop(kube, "ns", "c", "uid-1", clock=lambda: clock[0], wall=lambda: NOW)
     moves = []
     for _ in range(4):
@@ -288,7 +288,7 @@ def test_a_spec_the_api_server_refused_moves_nothing_the_children_run_the_one_be
 def test_a_pod_event_on_a_refused_spec_gives_a_recreated_pod_its_recorded_group_and_plans_nothing():
     """Generation 2 (prefill.replicas 4 -> 2) was refused: the StatefulSet still runs 4 pods. A
     pod event must not plan groups for 2 pods; a recreated pod gets back its recorded group."""
-    from laps_operator.reconcile import sync_groups_of
+    from laps_operator.reconcile.cycle import sync_groups_of
 
     refused = {"phase": "Invalid", "observedGeneration": 2,
                "conditions": [{"type": "InvalidSpec", "status": "True", "reason": "ChildRefused", "message": "no"}]}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from laps_operator.apply_writes import ChildRefused, apply_all
-from laps_operator.kube import KubeError, Ref
+from laps_operator.reconcile.apply_writes import ChildRefused, apply_all
+from laps_operator.reconcile.kube import KubeError, Ref
 from tests.unit.operator.fake_kube import FakeKube
 
 

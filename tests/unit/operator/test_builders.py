@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from laps_operator.builders import (
+from laps_operator.render.builders import (
     build_children,
     build_config_map,
     build_decode_deployment,
@@ -17,7 +17,7 @@ from laps_operator.builders import (
     optional_children,
 )
 from laps_operator.naming import ClusterRef
-from laps_operator.spec import parse_spec
+from laps_operator.spec.cluster import parse_spec
 
 CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")
 BASE = {"model": {"name": "SmolLM2", "path": "/models/smol.gguf", "servedName": "smol"}}

@@ -7,13 +7,13 @@ import re
 
 import kubernetes_validate
 import pytest
-from laps_operator.builders import (
+from laps_operator.render.builders import (
     build_children,
     build_decode_deployment,
     build_gateway_deployment,
     build_prefill_statefulset,
 )
-from laps_operator.formats import (
+from laps_operator.spec.formats import (
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
     TOLERATION_KEY_MAX_LENGTH,
@@ -21,7 +21,7 @@ from laps_operator.formats import (
     overcommittable,
     quantity,
 )
-from laps_operator.spec import InvalidSpecError
+from laps_operator.spec.cluster import InvalidSpecError
 
 from tests.unit.operator.crd_jsonschema import apply_defaults, errors
 from tests.unit.operator.test_builders import CLUSTER, container, spec_of

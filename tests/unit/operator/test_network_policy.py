@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from laps_operator.builders import build_children, optional_children
+from laps_operator.render.builders import build_children, optional_children
 from laps_operator.naming import ClusterRef
-from laps_operator.network_policy import build_network_policies
-from laps_operator.spec import InvalidSpecError, parse_spec
+from laps_operator.render.network_policy import build_network_policies
+from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 
 CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")
 BASE = {"model": {"name": "m", "path": "/m"}}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from laps_operator.builders import build_children, build_services
-from laps_operator.engine_args import owned_engine_flags
-from laps_operator.pod_security import RUN_AS_ID
-from laps_operator.spec import InvalidSpecError, parse_spec
+from laps_operator.render.builders import build_children, build_services
+from laps_operator.render.engine_args import owned_engine_flags
+from laps_operator.render.pod_security import RUN_AS_ID
+from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 
 from tests.unit.operator.test_builders import CLUSTER, container, flag, spec_of
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from laps_operator.allocation import REQUEST_COST_TOKENS
+from laps_agent.policy.allocation import REQUEST_COST_TOKENS
 from laps_operator.naming import ClusterRef
-from laps_operator.pressure import (
+from laps_operator.allocation.pressure import (
     GatewayWindow,
     Reading,
     default_query,
@@ -20,7 +20,7 @@ from laps_operator.pressure import (
     unknown,
     window_seconds,
 )
-from laps_operator.spec import InvalidSpecError, parse_spec
+from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 
 from tests.support.get_server import GetServer
 from tests.unit.operator.fake_kube import FakeKube

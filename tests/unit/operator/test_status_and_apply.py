@@ -1,11 +1,11 @@
 """Status conditions and the create-or-patch decisions, without a server."""
 from __future__ import annotations
 
-from laps_operator.apply import contains, merge_patch_for
-from laps_operator.builders import build_children
-from laps_operator.reconcile import cluster_ref, delete_children, reconcile, refresh_cluster
-from laps_operator.spec import InvalidSpecError, parse_spec
-from laps_operator.status import (
+from laps_operator.reconcile.apply import contains, merge_patch_for
+from laps_operator.render.builders import build_children
+from laps_operator.reconcile.cycle import cluster_ref, delete_children, reconcile, refresh_cluster
+from laps_operator.spec.cluster import InvalidSpecError, parse_spec
+from laps_operator.status.conditions import (
     condition,
     groups_status,
     invalid_status,
@@ -13,7 +13,7 @@ from laps_operator.status import (
     set_condition,
     workload_readiness,
 )
-from laps_operator.writers import cr_ref
+from laps_operator.reconcile.writers import cr_ref
 
 from tests.unit.operator.fake_kube import FakeKube, cluster
 
@@ -136,7 +136,7 @@ def test_quantities_stored_as_strings_count_as_equal():
 
 
 def test_api_paths_of_core_grouped_and_custom_kinds():
-    from laps_operator.kube import Ref
+    from laps_operator.reconcile.kube import Ref
 
     assert Ref("v1", "Pod", "ns", "p-0").path() == "/api/v1/namespaces/ns/pods/p-0"
     assert Ref("apps/v1", "StatefulSet", "ns").path() == "/apis/apps/v1/namespaces/ns/statefulsets"
@@ -198,7 +198,7 @@ def test_a_refused_repair_keeps_the_cluster_serving_and_holds_back_neither_repai
     upgraded operator's new rendering): the spec is not what is wrong, so the cluster is not
     marked Invalid (which would stop its group sync and allocation), the other children are
     still repaired, and an edit that does not touch the refused child is applied."""
-    from laps_operator.kube import KubeError, Ref
+    from laps_operator.reconcile.kube import KubeError, Ref
 
     kube = FakeKube()
     kube.add(cluster(replicas=2))
@@ -228,7 +228,7 @@ def test_a_refused_repair_keeps_the_cluster_serving_and_holds_back_neither_repai
 
 
 def test_the_resync_retries_a_spec_the_api_server_refused_but_not_one_its_checks_refused():
-    from laps_operator.kube import KubeError
+    from laps_operator.reconcile.kube import KubeError
 
     kube = FakeKube()
     kube.add(cluster(replicas=2))

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laps_operator.apply import (
+from laps_operator.reconcile.apply import (
     LAST_APPLIED,
     contains,
     last_applied_json,
@@ -16,10 +16,10 @@ from laps_operator.apply import (
     three_way_patch,
     with_last_applied,
 )
-from laps_operator.builders import build_prefill_statefulset
+from laps_operator.render.builders import build_prefill_statefulset
 from laps_operator.naming import ClusterRef
 from tests.support.kube_emulator_rules import merge_patch  # RFC 7386, as the API server applies it
-from laps_operator.spec import parse_spec
+from laps_operator.spec.cluster import parse_spec
 
 CLUSTER = ClusterRef("c", "ns", "uid-1")
 

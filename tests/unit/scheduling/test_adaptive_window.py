@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.scheduling import BucketGrid, PrefillItem, PrefillScheduler, SchedulerConfig
-from laps_agent.scheduling.window import PrefillCostModel
+from laps_agent.policy.scheduling import BucketGrid, PrefillItem, PrefillScheduler, SchedulerConfig
+from laps_agent.policy.scheduling.window import PrefillCostModel
 
 
 def feed_costs(sched, overhead_s, per_token_s):
@@ -37,7 +37,7 @@ def test_cost_model_recovers_overhead_and_per_token_cost():
 def test_a_cost_that_does_not_grow_with_tokens_reads_as_overhead_alone():
     """A profile with a fixed cost per batch times both calibration prefills alike: rounding must
     not turn that into a per-token cost of 1e-19 s (and a pod admitting one request at a time)."""
-    from laps_agent.engine.load_report import prefill_capacity
+    from laps_agent.engine.core.load_report import prefill_capacity
 
     model = PrefillCostModel()
     for tokens in (64, 1024):

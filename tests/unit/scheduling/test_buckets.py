@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from laps_agent.scheduling import Bucket, BucketGrid, plan_padding
+from laps_agent.policy.scheduling import Bucket, BucketGrid, plan_padding
 
 sizes = st.lists(st.integers(1, 16), min_size=1, max_size=5)
 

@@ -1,7 +1,7 @@
 """The policy simulation behind `python -m scripts.policy_bench` (simulated time)."""
 from __future__ import annotations
 
-from laps_agent.scheduling import SchedulerConfig
+from laps_agent.policy.scheduling import SchedulerConfig
 from scripts.policy_bench import Workload, simulate
 
 # CPU-like costs from the engine notes: ~50 ms per batch + ~2.2 ms per token (SmolLM2, fp32)

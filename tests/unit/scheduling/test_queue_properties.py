@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings, strategies as st
 
-from laps_agent.scheduling import BucketGrid, PrefillItem, PrefillScheduler, SchedulerConfig
+from laps_agent.policy.scheduling import BucketGrid, PrefillItem, PrefillScheduler, SchedulerConfig
 
 configs = st.builds(
     SchedulerConfig,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.scheduling import PrefillItem, PrefillScheduler, SchedulerConfig
+from laps_agent.policy.scheduling import PrefillItem, PrefillScheduler, SchedulerConfig
 
 
 def rids(decision):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from laps_agent.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.sglang_plugin.driver import QueueDriver
 from laps_agent.sglang_plugin.settings import load_settings
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from laps_agent.results import load_result
-from laps_agent.sim import main
+from laps_agent.lab.results import load_result
+from laps_agent.lab.sim import main
 
 RUN = ["--workload", "lmsys-steady", "--no-plots", "--max-requests", "20"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from laps_agent.workload import WorkloadError, load_workload, parse_workload, plan_requests
-from laps_agent.workload.conversations import oracle_cached_tokens
+from laps_agent.lab.workload import WorkloadError, load_workload, parse_workload, plan_requests
+from laps_agent.lab.workload.conversations import oracle_cached_tokens
 
 
 def spec(seed: int = 3, turns=None, **conv):

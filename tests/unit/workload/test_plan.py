@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from laps_agent.workload import WorkloadError, parse_workload, plan_requests
-from laps_agent.workload.lengths import LMSYS_LIKE, length_bounds
+from laps_agent.lab.workload import WorkloadError, parse_workload, plan_requests
+from laps_agent.lab.workload.lengths import LMSYS_LIKE, length_bounds
 
 
 def spec(*phases, seed=7, **top):
@@ -39,7 +39,7 @@ def test_same_seed_same_plan_and_another_seed_another():
 
 def test_the_plan_is_the_same_in_another_process():
     doc = {"name": "t", "seed": 3, "phases": [phase("a"), phase("b", duration_s=4)]}
-    code = ("import json,sys; from laps_agent.workload import parse_workload, plan_requests; "
+    code = ("import json,sys; from laps_agent.lab.workload import parse_workload, plan_requests; "
             "p = plan_requests(parse_workload(json.loads(sys.argv[1]))); "
             "print(json.dumps([p.at.tolist(), p.prompt_tokens.tolist(), p.output_tokens.tolist()]))")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(doc)], capture_output=True, text=True,
@@ -199,7 +199,7 @@ def test_jsonl_prompts_in_order_with_their_output_tokens(tmp_path, smollm2_token
     doc = {"name": "j", "phases": [phase("a", requests=7, prompt={"distribution": "jsonl", "path": "prompts.jsonl"},
                                          output={"distribution": "fixed", "value": 9})]}
     (tmp_path / "w.yaml").write_text(json.dumps(doc))
-    from laps_agent.workload import load_workload
+    from laps_agent.lab.workload import load_workload
 
     plan = plan_requests(load_workload(tmp_path / "w.yaml"), tokenizer=smollm2_tokenizer)
     assert [plan[i].source.number for i in range(7)] == [1, 2, 3, 1, 2, 3, 1]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.workload import PromptBuilder
+from laps_agent.lab.workload import PromptBuilder
 
 LENGTHS = [1, 2, 3, 4, 5, 6, 7, 16, 63, 255, 256, 257, 1000, 4000, 9000]
 
@@ -73,8 +73,8 @@ def test_a_tokenizer_that_merges_across_words_gets_exact_counts_by_encoding():
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    from laps_agent.tokenizer import Tokenizer
-    from laps_agent.workload.prompts import COMMON_WORDS
+    from laps_agent.modelio.tokenizer import Tokenizer
+    from laps_agent.lab.workload.prompts import COMMON_WORDS
 
     rng = random.Random(0)
     corpus = [" ".join(rng.choices(COMMON_WORDS[:60], k=50)) for _ in range(300)]

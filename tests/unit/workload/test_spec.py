@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from laps_agent.workload import WorkloadError, available_workloads, load_workload, plan_requests
+from laps_agent.lab.workload import WorkloadError, available_workloads, load_workload, plan_requests
 
 GOOD = """\
 name: mix
@@ -124,7 +124,7 @@ def test_mixed_shift_moves_the_short_share_from_85_to_15_and_back():
 
 
 def test_spec_round_trips_through_its_dict(tmp_path):
-    from laps_agent.workload import parse_workload
+    from laps_agent.lab.workload import parse_workload
 
     spec = load_workload(write(tmp_path, GOOD))
     again = parse_workload(spec.to_dict())

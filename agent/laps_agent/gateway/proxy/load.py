@@ -1,0 +1,221 @@
+"""What the gateway itself knows about each pod's load and health.
+
+Pending work of a *prefill* pod (and its group) is counted from dispatch until the request's
+prefill phase completes, which the gateway observes as the first of: the prefill engine's
+response ending (SGLang's prefill server answers once the KV is handed off), the first byte of
+the decode engine's answer, or the attempt failing or being cancelled. A *decode* pod's pending
+requests count until the whole answer has been relayed; so do the requests each class holds on
+the decode pool as a whole (its decode share, admission.py) and on each decode pod (with those
+ever sent there: what engine_load.py takes out of the pod's own per-class report).
+
+Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
+unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
+prefill group, or the decode pool; gateway/outlier.py): a pod whose ejection would take out its
+pool's last healthy pod, or more than `max_ejection_percent` of the pool, stays routable and
+its count starts over.
+
+A pod that answered 503 `draining` is shutting down gracefully: it is out of routing for
+`eject_seconds` too, but that is no failure and no ejection cap applies (it refuses every new
+request anyway); when the time is up a pod that has gone fails fast, one that came back serves.
+
+Pods that leave the membership are forgotten (`follow`): with Kubernetes discovery every rollout
+brings new pod names, and a long-lived gateway kept an entry for each name it ever served. A pod
+that still holds requests of this gateway is forgotten when the last of them ends, so their
+counts stay right; a name that comes back after that starts afresh (a new pod: no failures, no
+ejection), as the prefix record treats it (affinity.py)."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from laps_agent.gateway.config import ProxyConfig
+from laps_agent.gateway.metrics import GROUPS, GatewayMetrics
+from laps_agent.gateway.proxy.outlier import may_eject
+from laps_agent.policy.routing import EndpointLoad
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _GroupPending:
+    requests: int = 0
+    tokens: int = 0
+
+
+class PrefillTicket:
+    """One request's share of a prefill pod's pending work; `done()` is idempotent."""
+
+    __slots__ = ("_tracker", "group", "endpoint", "tokens", "_open")
+
+    def __init__(self, tracker: LoadTracker, group: str, endpoint: str, tokens: int) -> None:
+        self._tracker, self.group, self.endpoint, self.tokens = tracker, group, endpoint, tokens
+        self._open = True
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def done(self) -> bool:
+        """Returns True only for the call that actually closed the ticket."""
+        if not self._open:
+            return False
+        self._open = False
+        self._tracker._finish_prefill(self)
+        return True
+
+
+class LoadTracker:
+    def __init__(self, metrics: GatewayMetrics, config: ProxyConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._metrics, self._config, self._clock = metrics, config, clock
+        self._loads: dict[str, EndpointLoad] = {}
+        self._groups: dict[str, _GroupPending] = {group: _GroupPending() for group in GROUPS}
+        # The gauges read the counts when scraped: setting them on every request cost ~4
+        # metric updates per request for a figure read every few seconds.
+        for group, pending in self._groups.items():
+            metrics.pending_requests_of[group].set_function(lambda p=pending: p.requests)
+            metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
+        self._decode_held: dict[str, int] = {}   # class -> its requests on the decode pool
+        # pod -> class -> [requests held there now, requests ever sent there]: what this
+        # gateway's share of a decode engine's held_by_class can be (engine_load.py)
+        self._held_on: dict[str, dict[str, list[int]]] = {}
+        self._failures: dict[str, int] = {}
+        self._ejected_until: dict[str, float] = {}
+        self._members: object | None = None   # the membership `follow` saw last
+        self._departed: set[str] = set()      # out of it, kept while requests run there
+
+    def follow(self, membership) -> None:
+        """Forget the pods that are not in `membership` (a discovery.Membership) and hold none of
+        this gateway's requests; the others once their last request ends. Discovery replaces
+        the membership object on every change, so an unchanged one costs one comparison."""
+        if membership is self._members:
+            return
+        self._members = membership
+        present = {e.name for e in _pods(membership)}
+        self._departed = {name for name in self.pods() if name not in present}
+        for name in list(self._departed):
+            self._forget_if_idle(name)
+
+    def pods(self) -> set[str]:
+        """Every pod this tracker keeps an entry for."""
+        return {*self._loads, *self._held_on, *self._failures, *self._ejected_until}
+
+    def _forget_if_idle(self, name: str) -> None:
+        # pending_requests counts the pod's prefill tickets and decode requests alike.
+        load = self._loads.get(name)
+        if load is not None and (load.pending_requests or load.pending_tokens):
+            return
+        for table in (self._loads, self._held_on, self._failures, self._ejected_until):
+            table.pop(name, None)
+        self._departed.discard(name)
+
+    def _load(self, name: str) -> EndpointLoad:
+        load = self._loads.get(name)
+        if load is None:
+            load = self._loads[name] = EndpointLoad()
+        return load
+
+    def loads(self) -> dict[str, EndpointLoad]:
+        """Per-pod load for the routing policy, with ejections that ran out lifted."""
+        if self._ejected_until:
+            now = self._clock()
+            for name, until in list(self._ejected_until.items()):
+                if now >= until:
+                    del self._ejected_until[name]
+                    self._load(name).healthy = True
+        return self._loads
+
+    def group_pending(self, group: str) -> tuple[int, int]:
+        pending = self._groups.get(group)
+        return (pending.requests, pending.tokens) if pending else (0, 0)
+
+    def begin_prefill(self, group: str, endpoint: str, tokens: int) -> PrefillTicket:
+        load = self._load(endpoint)
+        load.pending_requests += 1
+        load.pending_tokens += tokens
+        pending = self._groups[group]  # one per group from the start (their gauges read them)
+        pending.requests += 1
+        pending.tokens += tokens
+        return PrefillTicket(self, group, endpoint, tokens)
+
+    def _finish_prefill(self, ticket: PrefillTicket) -> None:
+        load = self._load(ticket.endpoint)
+        load.pending_requests -= 1
+        load.pending_tokens -= ticket.tokens
+        pending = self._groups[ticket.group]
+        pending.requests -= 1
+        pending.tokens -= ticket.tokens
+        if ticket.endpoint in self._departed:
+            self._forget_if_idle(ticket.endpoint)
+
+    def begin_decode(self, endpoint: str, cls: str | None = None) -> None:
+        self._load(endpoint).pending_requests += 1
+        if cls is not None:
+            self._decode_held[cls] = self._decode_held.get(cls, 0) + 1
+            counts = self._held_on.setdefault(endpoint, {}).setdefault(cls, [0, 0])
+            counts[0] += 1
+            counts[1] += 1
+
+    def end_decode(self, endpoint: str, cls: str | None = None) -> None:
+        self._load(endpoint).pending_requests -= 1
+        if cls is not None:
+            self._decode_held[cls] -= 1
+            self._held_on[endpoint][cls][0] -= 1
+        if endpoint in self._departed:
+            self._forget_if_idle(endpoint)
+
+    def decode_held(self, cls: str) -> int:
+        """Requests of class `cls` this gateway holds on the decode pool (dispatch to last byte)."""
+        return self._decode_held.get(cls, 0)
+
+    def held_on(self, endpoint: str) -> dict[str, tuple[int, int]]:
+        """Per class, (requests held on `endpoint` now, requests ever sent there)."""
+        return {cls: (c[0], c[1]) for cls, c in self._held_on.get(endpoint, {}).items()}
+
+    def record_success(self, endpoint: str) -> None:
+        if self._failures.get(endpoint):
+            self._failures[endpoint] = 0
+
+    def record_failure(self, endpoint: str, pool: str, members: Sequence[str]) -> bool:
+        """Count a failure of `endpoint`, one of `members` (the names of its pool `pool`:
+        "short" | "long" | "decode"). Returns whether this failure ejected it."""
+        count = self._failures.get(endpoint, 0) + 1
+        self._failures[endpoint] = count
+        if count < self._config.eject_after_failures:
+            return False
+        self._failures[endpoint] = 0
+        loads = self.loads()  # lifts ejections that ran out, so they do not count against the cap
+        if not loads.get(endpoint, _HEALTHY).healthy:
+            return False  # already out (a late failure of a call made before its ejection)
+        ejected = sum(1 for name in set(members) if not loads.get(name, _HEALTHY).healthy)
+        if not may_eject(len(set(members) | {endpoint}), ejected, self._config.max_ejection_percent):
+            self._metrics.ejections.labels(pool, "capped").inc()
+            return False
+        self._take_out(endpoint)
+        self._metrics.ejections.labels(pool, "ejected").inc()
+        # A state change, said once (the requests it failed are logged at their own level; once
+        # it is out, refusals for want of a pod are debug lines, proxy.py).
+        log.warning("%s pod %s is out of routing for %.0f s after %d failures in a row", pool, endpoint,
+                    self._config.eject_seconds, count)
+        return True
+
+    def record_draining(self, endpoint: str, pool: str) -> None:
+        """`endpoint` (of `pool`) refused a request because it is draining."""
+        if self.loads().get(endpoint, _HEALTHY).healthy:
+            self._take_out(endpoint)
+            self._metrics.ejections.labels(pool, "draining").inc()
+
+    def _take_out(self, endpoint: str) -> None:
+        self._ejected_until[endpoint] = self._clock() + self._config.eject_seconds
+        self._load(endpoint).healthy = False
+
+
+_HEALTHY = EndpointLoad()
+
+
+def _pods(membership) -> Iterable:
+    yield from membership.decode
+    for pods in membership.groups.values():
+        yield from pods

@@ -1,0 +1,308 @@
+"""A simulated PD cluster: the gateway's routing and load accounting in front of engine models.
+
+Discrete events on a virtual clock. What runs is the product's own code: `choose_route` and the
+gateway's `LoadTracker` pick the prefill and decode pod of every request exactly as the gateway
+does (with cache affinity for systems that have it: prefix.py); every engine is an
+`EngineModel` (the emulated engine's model: the real `PrefillScheduler`, batch and step times
+from the profile, a prefix cache on each prefill engine). A request's path mirrors the emulated engines':
+
+  arrival -> route (pending work booked on the prefill pod) -> prefill queue and batch
+  -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
+  -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done
+  -> (systems with prefix warming, a conversation's turn) one hop later its prefill engine is
+     sent prompt + answer to compute when idle (engine/prefix_warm.py).
+
+Admission control is the gateway's `admission.refusal` on the group's pending tokens and on the
+chosen pod's queue against what its model measured it prefills within half the engines'
+--bootstrap-timeout (a refused request fails with 429 at once; the decode share is not
+modelled). Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through
+the gateway and engines costs on a busy machine): two before the prefill engine has the request
+(client -> gateway -> engine), one for the decode engine's KV fetch, two for the first token's
+way back (decode engine -> gateway -> client). Not modelled: client think time and failures.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from laps_agent.emulated.core import EngineModel, Event, ModelRequest
+from laps_agent.emulated.prefill_cost import calibrate
+from laps_agent.emulated.profile import Profile
+from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
+from laps_agent.engine.core.load_report import in_time_tokens
+from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
+from laps_agent.gateway.config import ProxyConfig
+from laps_agent.gateway.proxy.load import LoadTracker
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.policy.routing import Endpoint, NoEndpointError, choose_route
+from laps_agent.lab.results.records import TimelineSample
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, length_class
+from laps_agent.lab.systems import SINGLE_POOL_THRESHOLD, SystemConfig
+
+from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
+from laps_agent.lab.sim.prefix import SimPrefixes
+from laps_agent.policy.allocation import AllocationConfig
+from laps_agent.policy.groups import initial_short_count
+
+_ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM = 0, 1, 2, 3, 4, 5
+HOP_S = 0.001
+
+
+@dataclass
+class SimRequest:
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    routed_tokens: int            # what the gateway's estimator counted
+    sent: float
+    cls: str = ""
+    prefill: int = -1
+    decode: int = -1
+    ticket: object = None
+    first: float | None = None
+    done: float | None = None
+    status: int = 0
+    error: str | None = None
+    conversation: int = -1
+    cached: int = -1              # prompt tokens its prefill engine found cached (-1: never got there)
+    expected: int = 0             # what the gateway expected it to find
+    tokens: int = 0               # completion tokens its decode engine gave (capped by the context)
+
+
+@dataclass
+class SimOutcome:
+    requests: list[SimRequest]
+    timeline: list[TimelineSample] = field(default_factory=list)
+    # Until the last request ended (answered or refused), from time 0 of the arrival times, as
+    # `laps bench run` times a run; the samples, allocation ticks and warms after it do not count.
+    duration: float = 0.0
+    prefill_busy: list[float] = field(default_factory=list)   # modelled busy seconds per pod
+    prefill_warm: list[float] = field(default_factory=list)   # of which prefix warms
+    decode_busy: list[float] = field(default_factory=list)
+
+
+class SimCluster:
+    def __init__(self, profile: Profile, system: SystemConfig, *, prefill: int, decode: int,
+                 threshold: int = DEFAULT_LENGTH_THRESHOLD, engine_args: Sequence[str] = (),
+                 estimate: Callable[[int], int] | None = None, sample_every_s: float = 1.0,
+                 short_pods: int | None = None, allocation: AllocationConfig | None = None,
+                 interval_s: float = INTERVAL_S, hop_s: float = HOP_S,
+                 max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None,
+                 oracle: bool = False) -> None:
+        if prefill < 1 or decode < 1:
+            raise ValueError("a cluster needs at least one prefill and one decode engine")
+        # The engine's own flag parser turns the system's knobs into the scheduler settings, so
+        # the simulated engines are configured exactly as `laps local` configures real ones.
+        args = build_parser().parse_args([*system.engine_args(), "--length-threshold", str(threshold),
+                                          *engine_args])
+        grid = bucket_grid(args)
+        sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
+        running = args.max_running_requests or profile.engine.max_running_requests
+
+        # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record;
+        # `oracle`: one unlimited cache all pods share, known to the router (prefix.py).
+        self.prefixes = SimPrefixes(profile, prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens,
+                                    oracle=oracle)
+
+        def model(role: str, cache=None) -> EngineModel:
+            engine = EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
+                                 max_running=running, kv_pages=args.kv_pages, context_len=args.context_length,
+                                 token_events=False, prefix_cache=cache)
+            calibrate(engine)   # as `laps engine` at start-up
+            return engine
+
+        self.profile, self.system = profile, system
+        self.prefill = [model("prefill", self.prefixes.caches[i]) for i in range(prefill)]
+        self.decode = [model("decode") for _ in range(decode)]
+        self.prefill_eps = [Endpoint(f"prefill-{i}", f"sim://prefill-{i}", f"prefill-{i}", 0) for i in range(prefill)]
+        self.decode_eps = [Endpoint(f"decode-{i}", f"sim://decode-{i}", f"decode-{i}", 0) for i in range(decode)]
+        self._prefill_index = {ep.name: i for i, ep in enumerate(self.prefill_eps)}
+        self._decode_index = {ep.name: i for i, ep in enumerate(self.decode_eps)}
+        if system.groups:
+            short = short_pods if short_pods is not None else initial_short_count(prefill)
+            if not 1 <= short <= prefill:
+                raise ValueError(f"short_pods must be in 1..{prefill}, got {short}")
+            self.groups = {"short": tuple(self.prefill_eps[:short]), "long": tuple(self.prefill_eps[short:])}
+            self.threshold = threshold
+        else:
+            self.groups = {"short": tuple(self.prefill_eps), "long": ()}
+            self.threshold = SINGLE_POOL_THRESHOLD
+        self.class_threshold = threshold
+        self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig())
+        self.estimate = estimate or (lambda tokens: tokens)
+        self.sample_every_s = sample_every_s
+        self.allocation = allocation or AllocationConfig()
+        self.interval_s, self.hop_s = interval_s, hop_s
+        bound = system.max_pending_tokens_per_pod if max_pending_tokens_per_pod is None else max_pending_tokens_per_pod
+        self.max_pending_tokens_per_pod = DEFAULT_MAX_PENDING_TOKENS_PER_POD if bound is None else bound
+        self.bootstrap_timeout_s = args.bootstrap_timeout   # what the engines report their figure by
+        # What `laps local`'s StaticAllocator does, on the virtual clock (allocation.py).
+        self.allocator = SimAllocator(system.allocation, self.allocation, self.prefill_eps)
+        self.moves = self.allocator.moves  # (time, move) of every pod moved between groups
+        self._seq = itertools.count()
+        self._tiebreak = itertools.count()
+
+    # ---- the run -------------------------------------------------------------------------------
+    def run(self, at: Sequence[float], prompt_tokens: Sequence[int], output_tokens: Sequence[int],
+            conversation: Sequence[int] | None = None) -> SimOutcome:
+        """Simulate requests arriving at times `at` (sorted, seconds) until every one finished;
+        `conversation`: each request's conversation id (-1: none), whose turns share prefixes."""
+        n = len(at)
+        reqs = [SimRequest(i, int(prompt_tokens[i]), int(output_tokens[i]),
+                           self.estimate(int(prompt_tokens[i])), float(at[i]),
+                           conversation=-1 if conversation is None else int(conversation[i])) for i in range(n)]
+        for r in reqs:
+            r.cls = length_class(r.prompt_tokens, self.class_threshold)
+        heap: list = []
+        self._heap, self._reqs = heap, reqs
+        self._scheduled: dict[int, float | None] = {}
+        self._engines = self.prefill + self.decode
+        timeline: list[TimelineSample] = []
+        allocating = runs_loop(self.system)
+        if n and (self.sample_every_s > 0 or allocating):
+            heapq.heappush(heap, (float(at[0]), next(self._seq), _SAMPLE, None))
+        if n and allocating:
+            heapq.heappush(heap, (float(at[0]) + self.interval_s, next(self._seq), _REBALANCE, None))
+        nxt, now, finished = 0, 0.0, 0
+        self._finished, self._last_end = 0, 0.0
+        while nxt < n or heap:
+            if nxt < n and (not heap or at[nxt] <= heap[0][0]):
+                now = reqs[nxt].sent
+                self._route(reqs[nxt], now)
+                nxt += 1
+                continue
+            now, _, kind, payload = heapq.heappop(heap)
+            if kind == _ARRIVE:
+                self._arrive(reqs[payload], now)
+            elif kind == _ENGINE:
+                if self._scheduled.get(payload) != now:
+                    continue  # superseded
+                self._scheduled[payload] = None
+                self._poll(payload, now)
+            elif kind == _WARM:
+                self._warm(reqs[payload], now)
+            elif kind == _KV:
+                self._kv_arrived(reqs[payload], now)
+            elif kind == _SAMPLE:  # the timeline, and the allocation's pressure samples (1 s)
+                timeline.append(timeline_sample(now, self.groups, self.tracker))
+                self.allocator.observe(self.tracker, self.groups)
+                if self._finished < n:
+                    heapq.heappush(heap, (now + (self.sample_every_s or 1.0), next(self._seq), _SAMPLE, None))
+            elif kind == _REBALANCE:
+                self.groups = self.allocator.rebalance(now, self.groups, self.tracker)
+                if self._finished < n:
+                    heapq.heappush(heap, (now + self.interval_s, next(self._seq), _REBALANCE, None))
+        return SimOutcome(reqs, timeline, self._last_end,
+                          prefill_busy=[e.busy_seconds for e in self.prefill],
+                          decode_busy=[e.busy_seconds for e in self.decode],
+                          prefill_warm=[e.warm_seconds for e in self.prefill])
+
+    def _route(self, r: SimRequest, now: float) -> None:
+        """The gateway (one hop from the client) routes; the engines get it one hop later."""
+        loads = self.tracker.loads()
+        try:
+            d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads,
+                             tiebreak=next(self._tiebreak), held=self.prefixes.held(r.conversation, r.prompt_tokens))
+        except NoEndpointError as exc:
+            self._fail(r, now, 503, str(exc))
+            return
+        bound = self.max_pending_tokens_per_pod
+        d, pod = in_time_route(d, r.routed_tokens, self.groups[d.group], loads, self._capacity, bound)
+        if refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]), 0, 0, bound, 0.0,
+                   pod) is not None:   # refused before any engine
+            self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
+            return
+        r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
+        r.expected = d.cached  # the pod's work is what it is not expected to hold, as the gateway books it
+        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, d.work(r.routed_tokens))
+        self.tracker.begin_decode(d.decode.name)
+        self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
+        if self.hop_s > 0:
+            heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
+        else:
+            self._arrive(r, now)
+
+    def _capacity(self, name: str) -> int | None:
+        """What prefill pod `name` reports it prefills in time (engine/load_report.py), always
+        fresh (the gateway's view is up to one load poll old)."""
+        cost = self.prefill[self._prefill_index[name]].scheduler.prefill_cost()
+        return in_time_tokens("prefill", cost, self.bootstrap_timeout_s)
+
+    def _arrive(self, r: SimRequest, now: float) -> None:
+        engine = self.prefill[r.prefill]
+        req = ModelRequest(r.index, "prefill", r.prompt_tokens, r.output_tokens, now,
+                           blocks=self.prefixes.blocks(r.conversation, r.prompt_tokens))
+        errors = engine.add(req, now)
+        if errors:
+            self._fail(r, now, 400, errors[0].error)
+            return
+        r.cached = req.cached_tokens
+        self._poll(r.prefill, now)
+
+    def _warm(self, r: SimRequest, now: float) -> None:
+        """Prefix warming (engine/prefix_warm.py): the prefill engine that served the turn
+        computes prompt + answer when idle. The gateway's record counts the answer as held
+        from now (the real gateway infers it at the next turn: gateway/prefix.py)."""
+        total = r.prompt_tokens + r.tokens  # the answer it got, as the decode engine sends it
+        self.prefixes.sent(self.prefill_eps[r.prefill].name, r.conversation, total)
+        self.prefill[r.prefill].warm(self.prefixes.blocks(r.conversation, total), total)
+        self._poll(r.prefill, now)
+
+    def _kv_arrived(self, r: SimRequest, now: float) -> None:
+        r.ticket.done()  # the prefill engine's answer ends once the decode engine has the KV
+        engine = self.decode[r.decode]
+        errors = engine.add(ModelRequest(r.index, "decode", r.prompt_tokens, r.output_tokens, r.sent,
+                                         cls=r.cls), now)
+        if errors:
+            self._fail(r, now, 400, errors[0].error)
+            return
+        self._poll(len(self.prefill) + r.decode, now)
+
+    def _poll(self, engine_id: int, now: float) -> None:
+        engine = self._engines[engine_id]
+        events = engine.poll(now)
+        if events:
+            self._handle(engine_id, events)
+        due = engine.next_time()
+        if due is not None and self._scheduled.get(engine_id) != due:
+            self._scheduled[engine_id] = due
+            heapq.heappush(self._heap, (due, next(self._seq), _ENGINE, engine_id))
+
+    def _handle(self, engine_id: int, events: list[Event]) -> None:
+        reqs = self._reqs
+        prefill_side = engine_id < len(self.prefill)
+        for ev in events:
+            r = reqs[ev.rid]
+            if ev.kind == "error":
+                self._fail(r, ev.time, 400, ev.error)
+            elif prefill_side:  # "prefilled": the KV travels to the decode engine
+                t = ev.time + self.profile.transfer_seconds(r.prompt_tokens) + self.hop_s
+                heapq.heappush(self._heap, (t, next(self._seq), _KV, r.index))
+            else:
+                if ev.tokens == 1 or r.first is None:
+                    r.first = ev.time + 2 * self.hop_s  # decode engine -> gateway -> client
+                if ev.finished:
+                    r.done, r.status, r.tokens = ev.time + 2 * self.hop_s, 200, ev.tokens
+                    self._last_end = max(self._last_end, r.done)
+                    self.tracker.end_decode(self.decode_eps[r.decode].name)
+                    self._finished += 1
+                    if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
+                        heapq.heappush(self._heap, (ev.time + self.hop_s, next(self._seq), _WARM, r.index))
+
+    def _fail(self, r: SimRequest, now: float, status: int, message: str | None) -> None:
+        r.status, r.error, r.done = status, message, now
+        self._last_end = max(self._last_end, now)
+        if r.ticket is not None:
+            r.ticket.done()
+        if r.decode >= 0:
+            self.tracker.end_decode(self.decode_eps[r.decode].name)
+        self._finished += 1
+
+
+def chars4_estimate(chars_per_token: float) -> Callable[[int], int]:
+    """The reference's chars/4 estimate of a prompt of n tokens of text with this many characters
+    per token (the load generator's filler text; what the real gateway would count)."""
+    return lambda tokens: max(1, math.floor(tokens * chars_per_token) // 4)

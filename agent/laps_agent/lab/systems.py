@@ -1,0 +1,120 @@
+"""The serving systems that `laps bench compare` runs side by side and `laps sim` simulates.
+
+Each is one set of knobs, turned into engine and gateway flags for `laps local` and into the
+simulator's settings from this one definition, so a comparison on real or emulated engines and
+one in the simulator compare the same systems.
+
+- `vanilla-pd`: SGLang PD as shipped: every prefill pod serves every length from one FIFO queue,
+  no waiting window, the router sends each request to the least-pending prefill pod.
+- `reference`: the reference LAPS system (Jianshu-She/LAPS): dual queue + fixed waiting window
+  where a waiting long batch always runs while the window holds short ones and nothing bounds a
+  long request's wait, length from the router's chars/4 estimate, prefill pods split half short,
+  half long and moved by its pending-count rule, no admission control (it queues without limit).
+- `laps`: this project: exact token counts at the gateway, the cost rule during the window, the
+  starvation bound, the same half/half split moved by the allocation policy
+  (laps_agent.policy.allocation).
+- `laps-static` and `laps-reference-rule`: `laps` with the split never moved, or moved by the
+  reference's pending-count rule (to compare allocation alone).
+- `laps` and its variants route with cache affinity and classify by the expected uncached
+  length (gateway/routing.py, issue 12); `laps-noaffinity` is `laps` without it (full-length
+  classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and `reference`
+  have no affinity either (as shipped).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from laps_agent.policy.allocation import AllocationConfig
+
+ESTIMATORS = ("auto", "heuristic", "chars4")  # the gateway's --estimator modes
+# The gateway threshold of a single pool (`vanilla-pd`): every request is "short", so every
+# prefill pod (all in one group) serves every length.
+SINGLE_POOL_THRESHOLD = 2**62
+
+
+def moves_pods(allocation: str | None, single_pool: bool, prefill: int) -> bool:
+    """Whether `laps local` runs an allocation loop (its --allocation, default laps; --single-pool
+    has no groups, and one prefill engine none to move)."""
+    return allocation != "none" and not single_pool and prefill >= 2
+
+
+# The flags tuning that loop (dest -> flag) and their defaults, as `laps local` takes them and
+# `laps sim` too (on its virtual clock); `bench compare` passes them through to `laps local`.
+ALLOCATION_KNOBS = {"allocation_interval": "--allocation-interval", "allocation_ratio": "--allocation-ratio",
+                    "min_per_group": "--min-per-group"}
+ALLOCATION_DEFAULTS = {"allocation_interval": 5.0, "allocation_ratio": AllocationConfig.ratio,
+                       "min_per_group": AllocationConfig.min_per_group}
+
+
+def policy_config(given: object) -> AllocationConfig:
+    """The loop's policy settings from the parsed knobs (`laps local`, `laps sim`)."""
+    return AllocationConfig(ratio=given.allocation_ratio, min_per_group=given.min_per_group)
+
+
+def unused_allocation_flags(given: object, systems: Sequence[str], also: Sequence[str] = ()) -> str | None:
+    """The knobs `given` (parsed flags) sets off their defaults, and `also` (other flags of the
+    loop), when none of `systems` runs the loop: silently unused, they would read as part of a
+    comparison they took no part in. None when there are none. The caller knows none runs one."""
+    knobs = [*also, *(f"{flag} {getattr(given, dest):g}" for dest, flag in ALLOCATION_KNOBS.items()
+                      if getattr(given, dest) != ALLOCATION_DEFAULTS[dest])]
+    if not knobs:
+        return None
+    return (f"{', '.join(knobs)} {'tunes' if len(knobs) == 1 else 'tune'} the allocation loop, and none of the "
+            f"systems ({', '.join(systems)}) runs one: leave it out, or add a system that does (laps)")
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    name: str
+    laps_scheduler: bool = True
+    wait_window_ms: float = 5.0
+    adaptive_window: bool = False
+    long_in_window: str = "cost"
+    max_long_wait_ms: float = 2000.0
+    groups: bool = True                 # False: one pool of prefill pods, no length classes
+    estimator: str = "auto"             # how the gateway counts prompt tokens (ESTIMATORS)
+    allocation: str = "none"            # moving pods between groups: "none" | "reference" | "laps"
+    # The gateway's admission control per group (None: the gateway's default bound; 0: none, as
+    # the reference router, which queues without limit).
+    max_pending_tokens_per_pod: int | None = None
+    affinity: bool = False              # the gateway's cache affinity + expected-uncached classes
+    prefix_warm: bool = False           # answers computed into the prefill cache (engine/prefix_warm.py)
+
+    def engine_args(self) -> list[str]:
+        """`laps engine` flags (passed through `laps local`)."""
+        return ["--laps-scheduler" if self.laps_scheduler else "--no-laps-scheduler",
+                "--wait-window-ms", f"{self.wait_window_ms:g}",
+                "--adaptive-window" if self.adaptive_window else "--no-adaptive-window",
+                "--long-in-window", self.long_in_window,
+                "--max-long-wait-ms", f"{self.max_long_wait_ms:g}"]
+
+    def local_args(self) -> list[str]:
+        """`laps local` flags of the gateway side."""
+        bound = ([] if self.max_pending_tokens_per_pod is None
+                 else ["--max-pending-tokens-per-pod", str(self.max_pending_tokens_per_pod)])
+        return (["--estimator", self.estimator, "--allocation", self.allocation, *bound]
+                + ([] if self.groups else ["--single-pool"])
+                + ([] if self.affinity else ["--no-prefix-affinity"])
+                + ["--prefix-warm" if self.prefix_warm else "--no-prefix-warm"])
+
+
+SYSTEMS: dict[str, SystemConfig] = {
+    "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
+    "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
+                              estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0),
+    "laps": SystemConfig("laps", allocation="laps", affinity=True, prefix_warm=True),
+    "laps-noaffinity": SystemConfig("laps-noaffinity", allocation="laps"),
+    # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how
+    # pods move between the groups.
+    "laps-static": SystemConfig("laps-static", allocation="none", affinity=True, prefix_warm=True),
+    "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference", affinity=True,
+                                        prefix_warm=True),
+}
+
+
+def system(name: str) -> SystemConfig:
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}") from None

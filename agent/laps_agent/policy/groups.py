@@ -1,0 +1,118 @@
+"""Group-assignment policy for prefill pods (pure: no API calls).
+
+Membership is planned by pod *name*: a StatefulSet's pod names are stable, so the plan covers
+ordinals 0..replicas-1 whether or not their pods exist right now. The plan is recorded in the
+LAPSCluster's status, which is what gives a recreated pod its group back and keeps a restarted
+operator from changing any label.
+
+Rules, in order:
+1. A name recorded in status keeps its recorded group.
+2. Otherwise a pod that already carries a valid group label keeps it (status was lost or
+   written by an older operator: the label is the truth the gateway already routes by).
+3. With nothing recorded and nothing labelled (a new cluster) the first half of the ordinals
+   (at least one) is short and the rest long, as the reference router splits its instances.
+4. Any other new name (a scale-up) joins the smaller group; ties go to short.
+5. Names at or beyond `replicas` (a scale-down) leave the plan. While a group then has fewer
+   than `min_per_group` pods (1, or laps.allocation.minPerGroup with allocation on) and the
+   other has more, the other's highest ordinal moves over. The allocation loop never takes a
+   group below its minimum, but a scale-down (or a raised minimum) can: without this a group
+   would stay under it until pressure happened to ask for a pod the other way.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from laps_operator.naming import GROUPS, pod_ordinal
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    group_label: str | None = None   # current value of laps.io/prefill-group
+    terminating: bool = False        # has a deletionTimestamp: leave its labels alone
+    ready: bool = False              # its Ready condition is True: the Services route to it
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    groups: dict[str, list[str]]                       # "short"/"long" -> pod names by ordinal
+    label_changes: dict[str, str] = field(default_factory=dict)  # existing pod -> group to write
+    moved: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (from, to), rule 5
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {g: len(names) for g, names in self.groups.items()}
+
+    def group_of(self, name: str) -> str | None:
+        return next((g for g, names in self.groups.items() if name in names), None)
+
+
+def initial_short_count(replicas: int) -> int:
+    return max(1, replicas // 2) if replicas > 0 else 0
+
+
+def plan_groups(
+    statefulset: str,
+    replicas: int,
+    pods: Sequence[PodView],
+    recorded: Mapping[str, Sequence[str]] | None,
+    min_per_group: int = 1,
+) -> GroupPlan:
+    recorded_group = {
+        name: group for group in GROUPS for name in (recorded or {}).get(group, ()) or ()
+    }
+    by_name = {p.name: p for p in pods if pod_ordinal(p.name, statefulset) is not None}
+    names = [f"{statefulset}-{i}" for i in range(replicas)]
+    assignment: dict[str, str] = {}
+    unassigned: list[str] = []
+    for name in names:
+        label = by_name[name].group_label if name in by_name else None
+        if name in recorded_group:
+            assignment[name] = recorded_group[name]
+        elif label in GROUPS:
+            assignment[name] = label
+        else:
+            unassigned.append(name)
+
+    fresh_cluster = not recorded_group and not any(p.group_label in GROUPS for p in by_name.values())
+    if fresh_cluster:
+        short = initial_short_count(replicas)
+        for name in unassigned:
+            assignment[name] = "short" if pod_ordinal(name, statefulset) < short else "long"
+    else:
+        for name in unassigned:
+            sizes = _sizes(assignment)
+            assignment[name] = "short" if sizes["short"] <= sizes["long"] else "long"
+
+    moved = _keep_minimum(assignment, statefulset, min_per_group)
+    groups = {g: sorted((n for n, a in assignment.items() if a == g), key=lambda n: pod_ordinal(n, statefulset))
+              for g in GROUPS}
+    label_changes = {
+        name: group
+        for name, group in assignment.items()
+        if name in by_name and not by_name[name].terminating and by_name[name].group_label != group
+    }
+    return GroupPlan(groups=groups, label_changes=label_changes, moved=moved)
+
+
+def _sizes(assignment: Mapping[str, str]) -> dict[str, int]:
+    sizes = dict.fromkeys(GROUPS, 0)
+    for group in assignment.values():
+        sizes[group] += 1
+    return sizes
+
+
+def _keep_minimum(assignment: dict[str, str], statefulset: str, minimum: int) -> dict[str, tuple[str, str]]:
+    moved: dict[str, tuple[str, str]] = {}
+    minimum = max(1, minimum)
+    for short_of, donor_group in (("short", "long"), ("long", "short")):
+        sizes = _sizes(assignment)
+        # Never below the minimum on the donor's side: with too few pods for both, each keeps what it can.
+        while sizes[short_of] < minimum and sizes[donor_group] > minimum:
+            donor = max((n for n, g in assignment.items() if g == donor_group),
+                        key=lambda n: pod_ordinal(n, statefulset))
+            assignment[donor] = short_of
+            moved[donor] = (donor_group, short_of)
+            sizes = _sizes(assignment)
+    return moved

@@ -1,0 +1,230 @@
+"""Group pressure for the allocation loop: each group's total pending prefill work (P_g).
+
+P_g is `allocation.group_pressure`: the gateway's `laps_gateway_pending_tokens{group}` (estimated
+prompt tokens dispatched to a group whose prefill has not finished) plus REQUEST_COST_TOKENS per
+`laps_gateway_pending_requests{group}` (each prefill's fixed cost), the definition `laps local`
+and `laps sim` use too. Two sources of those series:
+
+* Prometheus (`spec.monitoring.prometheusURL`): one instant query per decision (`default_query`):
+  each gateway replica's series averaged over the window, then summed over the replicas (each
+  replica only knows the work it dispatched itself). `spec.monitoring.pressureQuery` replaces it
+  and must return an instant vector with one series per group, labelled group="short|long".
+* Without Prometheus, the gateway pods' own /metrics, read every second and averaged over the
+  interval by the caller (`GatewayWindow`), summed over the pods.
+
+Anything that makes the reading doubtful is "unknown" with a reason, never a number: the source
+is down or refuses, a group is missing, the result is stale, a gateway pod cannot be read.
+Unknown means no move (allocation policy rule 1).
+
+The pure parts (parse_prometheus, parse_gateway_metrics, default_query) take no I/O.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from laps_agent.policy.allocation import GROUPS, REQUEST_COST_TOKENS, group_pressure
+from laps_operator.reconcile.kube import Kube, Ref
+from laps_operator.naming import ClusterRef, role_selector
+from laps_operator.reconcile.observed import pod_ready
+
+TOKENS, REQUESTS = "laps_gateway_pending_tokens", "laps_gateway_pending_requests"
+# What Kubernetes writes a ReplicaSet's pod-template-hash and a generateName suffix in
+# (k8s.io/apimachinery's rand.SafeEncodeString and rand.String): no vowels, no 0, 1 or 3.
+GENERATED_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+TIMEOUT_S = 5.0
+MIN_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    totals: Mapping[str, float] | None      # group -> P_g; None: unknown
+    reason: str = ""                        # CamelCase cause when unknown (a condition's reason)
+    message: str = ""                       # what a human needs to fix it
+    source: str = "prometheus"              # "prometheus" | "gateways"
+
+    @property
+    def known(self) -> bool:
+        return self.totals is not None
+
+
+def unknown(reason: str, message: str, source: str = "prometheus") -> Reading:
+    return Reading(None, reason, message, source)
+
+
+def window_seconds(interval_s: float) -> float:
+    """The averaging window: the interval, but at least two scrapes of the PodMonitor the
+    operator renders (it scrapes every interval/2, at least every second)."""
+    return max(float(interval_s), MIN_WINDOW_S)
+
+
+def scrape_interval_seconds(interval_s: float) -> float:
+    """How often the rendered PodMonitor scrapes: twice per interval, between 1 s and 15 s."""
+    return min(15.0, max(1.0, float(interval_s) / 2))
+
+
+def gateway_pod_regex(cluster: ClusterRef) -> str:
+    """Names of the gateway Deployment's pods, `<deployment>-<template hash>-<suffix>`: anchored
+    (PromQL regexes are), so cluster "a" never matches "a-gateway-b"'s pods. Kubernetes cuts
+    `<deployment>-<hash>-` to 58 characters before it adds the 5-character suffix, so from a
+    cluster name of 39 characters on the dash before the suffix is gone (`<deployment>-<hash
+    cut><suffix>`): one segment or two after the Deployment's name. Both are written in the
+    alphabet Kubernetes generates names in (GENERATED_NAME_CHARS), which has no vowel: with
+    [a-z0-9] the pods of a cluster named `<this one>-gateway` (`<...>-gateway-gateway-<hash
+    cut><suffix>`, once cut) matched too, and their pending work was counted as this one's."""
+    # Object names hold [a-z0-9.-]; a dot is the one regex character, escaped for the regex
+    # (backslash) inside a PromQL string (which needs that backslash doubled).
+    chars = f"[{GENERATED_NAME_CHARS}]+"
+    return cluster.gateway.replace(".", "\\\\.") + f"-{chars}(-{chars})?"
+
+
+def default_query(cluster: ClusterRef, window_s: float) -> str:
+    """Every gateway replica of the cluster, selected by the `namespace` and `pod` labels that
+    Kubernetes service discovery gives (the rendered PodMonitor, ServiceMonitors)."""
+    selector = f'namespace="{cluster.namespace}",pod=~"{gateway_pod_regex(cluster)}"'
+    window = f"[{int(round(window_s * 1000))}ms]"
+
+    def per_group(series: str) -> str:
+        return f"sum by (group) (avg_over_time({series}{{{selector}}}{window}))"
+    # Both sides keep only `group`, so they match one to one; a group missing on either side is
+    # missing from the result (and the reading unknown).
+    return f"{per_group(TOKENS)} + {REQUEST_COST_TOKENS:g} * {per_group(REQUESTS)}"
+
+
+def parse_prometheus(status_code: int, body: Any, now: float, max_age_s: float) -> Reading:
+    """An instant query's answer -> Reading (pure)."""
+    if not isinstance(body, dict):
+        return unknown("PrometheusError", f"HTTP {status_code}: the answer is not a JSON object")
+    if body.get("status") != "success":
+        return unknown("PrometheusError", f"HTTP {status_code}: {body.get('errorType') or 'error'}: "
+                                          f"{body.get('error') or 'no error message'}")
+    data = body.get("data") or {}
+    if not isinstance(data, dict):
+        # The URL answers JSON but is not Prometheus' query API (another service, a proxy's page):
+        # say so in the condition instead of failing the loop on every interval.
+        return unknown("PrometheusError", f"HTTP {status_code}: `data` is not a query result: {data!r}"[:500])
+    if data.get("resultType") != "vector":
+        return unknown("BadQuery", f"the pressure query must return an instant vector, got {data.get('resultType')!r}")
+    result = data.get("result") or []
+    if not isinstance(result, list) or not all(isinstance(s, dict) and isinstance(s.get("metric") or {}, dict)
+                                               for s in result):
+        return unknown("PrometheusError", f"HTTP {status_code}: `data.result` is not a list of samples: {result!r}"[:500])
+    totals: dict[str, float] = {}
+    for sample in result:
+        group = (sample.get("metric") or {}).get("group")
+        if group not in GROUPS:
+            continue
+        try:
+            stamp, value = float(sample["value"][0]), float(sample["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return unknown("PrometheusError", f"malformed sample for group {group}: {sample!r}")
+        if now - stamp > max_age_s:
+            return unknown("Stale", f"the {group} sample is {now - stamp:.0f}s old (more than {max_age_s:g}s)")
+        if math.isnan(value) or math.isinf(value):
+            return unknown("NoSeries", f"group {group} has no number ({value})")
+        totals[group] = totals.get(group, 0.0) + value
+    if not totals:
+        return unknown("NoSeries", "the pressure query returned no series with a group label "
+                                   "(is Prometheus scraping the gateway, at least twice per interval?)")
+    missing = [g for g in GROUPS if g not in totals]
+    if missing:
+        return unknown("GroupMissing", f"no pressure series for group {', '.join(missing)}")
+    return Reading(totals)
+
+
+def query_prometheus(url: str, query: str, now: float, max_age_s: float, *,
+                     timeout_s: float = TIMEOUT_S) -> Reading:
+    try:
+        response = httpx.get(url.rstrip("/") + "/api/v1/query", params={"query": query},
+                             timeout=timeout_s, trust_env=False)
+    # InvalidURL is no HTTPError; UnicodeError is a host the resolver cannot be asked for (the
+    # spec's check refuses those: this keeps any it misses a condition, not a traceback a tick).
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
+        return unknown("PrometheusUnreachable", f"cannot query {url}: {type(exc).__name__}: {exc}"[:500])
+    try:
+        body = response.json()
+    except ValueError:
+        return unknown("PrometheusError", f"HTTP {response.status_code} from {url}: {response.text[:200]!r}")
+    return parse_prometheus(response.status_code, body, now, max_age_s)
+
+
+def parse_gateway_metrics(text: str) -> dict[str, float]:
+    """One gateway's /metrics -> its pressure per group (pure); ValueError when a series or one
+    of its groups is missing or the text is not the exposition format."""
+    found: dict[str, dict[str, float]] = {TOKENS: {}, REQUESTS: {}}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples if family.name in found else ():
+            group = sample.labels.get("group")
+            if sample.name == family.name and group in GROUPS:
+                found[family.name][group] = found[family.name].get(group, 0.0) + float(sample.value)
+    for series, values in found.items():
+        missing = [g for g in GROUPS if g not in values]
+        if missing:
+            raise ValueError(f"no {series} for group {', '.join(missing)}")
+    return {g: group_pressure(found[REQUESTS][g], found[TOKENS][g]) for g in GROUPS}
+
+
+def _gateway_port(pod: dict[str, Any], default: int) -> int:
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        for port in container.get("ports") or ():
+            if port.get("name") == "http" and port.get("containerPort"):
+                return int(port["containerPort"])
+    return default
+
+
+def scrape_gateways(kube: Kube, cluster: ClusterRef, port: int, *, timeout_s: float = 2.0) -> Reading:
+    """One sample: the Ready gateway pods' pending tokens, summed over the pods. Ready ones only:
+    the gateway Service sends work to those alone, and a pod Running but not Ready (starting,
+    or crash-looping: its phase stays Running) cannot be read, which made every reading unknown
+    and stopped the allocation loop for as long as one replica was down."""
+    pods = kube.list(Ref("v1", "Pod", cluster.namespace), role_selector(cluster.name, "gateway"))
+    pods = [p for p in pods if (p.get("status") or {}).get("podIP") and pod_ready(p)
+            and not p["metadata"].get("deletionTimestamp")]
+    if not pods:
+        return unknown("NoGateway", "no Ready gateway pod to read pressure from", "gateways")
+    totals = dict.fromkeys(GROUPS, 0.0)
+    with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        for pod in pods:
+            url = f"http://{pod['status']['podIP']}:{_gateway_port(pod, port)}/metrics"
+            try:
+                response = client.get(url)
+                response.raise_for_status()
+                per_group = parse_gateway_metrics(response.text)
+            except (httpx.HTTPError, ValueError) as exc:
+                return unknown("GatewayUnreachable",
+                               f"gateway pod {pod['metadata']['name']} ({url}): {exc}"[:500], "gateways")
+            for group, value in per_group.items():
+                totals[group] += value
+    return Reading(totals, source="gateways")
+
+
+class GatewayWindow:
+    """Samples between two decisions (fallback mode): the mean of them, or unknown if any one
+    failed (a gateway missing from one sample would bias the mean low)."""
+
+    def __init__(self) -> None:
+        self._sums = dict.fromkeys(GROUPS, 0.0)
+        self._count = 0
+        self._failure: Reading | None = None
+
+    def add(self, reading: Reading) -> None:
+        if not reading.known:
+            self._failure = self._failure or reading
+            return
+        for group in GROUPS:
+            self._sums[group] += float(reading.totals[group])
+        self._count += 1
+
+    def take(self) -> Reading:
+        failure, count, sums = self._failure, self._count, self._sums
+        self.__init__()
+        if failure is not None:
+            return failure
+        if not count:
+            return unknown("NoSamples", "no gateway sample in this interval yet", "gateways")
+        return Reading({g: s / count for g, s in sums.items()}, source="gateways")
