@@ -25,12 +25,11 @@ from tests.support.waiting import poll
 
 
 def _gateway(prefill: SGLangServer, decode: SGLangServer):
-    from laps_agent.gateway.http.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
+    from laps_agent.gateway.http.app import create_app
     from laps_agent.serving.listen import ServerThread
-    from tests.support.waiting import poll
 
     discovery = StaticDiscovery(StaticSpec((prefill.url,), (prefill.url,), (decode.url,)), poll_s=0.2)
     server = ServerThread(create_app(GatewayConfig(served_model_name="smollm2", request_deadline_s=600.0),

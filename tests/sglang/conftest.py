@@ -40,10 +40,10 @@ def start_prefill(log_dir, env: dict[str, str]) -> SGLangServer:
 def gateway_for():
     """gateway_for(prefill, decode) -> URL of this project's gateway in front of them (both
     prefill groups point at the one prefill server)."""
-    from laps_agent.gateway.http.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
+    from laps_agent.gateway.http.app import create_app
     from laps_agent.serving.listen import ServerThread
     from tests.support.waiting import poll
 

@@ -12,10 +12,6 @@ Stable API (the gateway tests build on it):
 """
 from __future__ import annotations
 
-from tests.support.waiting import stop_process
-
-from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
-
 import os
 import signal
 import subprocess
@@ -28,6 +24,9 @@ from typing import Sequence
 
 import httpx
 import pytest
+
+from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
+from tests.support.waiting import stop_process
 
 # One torch thread per engine: the test machine's 2 cores are shared by everything running.
 DEFAULT_ENGINE_ARGS = ("--torch-threads", "1", "--log-level", "info")

@@ -2,8 +2,6 @@
 loopback. Every server or process started here is stopped at teardown, also on failure."""
 from __future__ import annotations
 
-from tests.support.waiting import poll  # noqa: F401  (re-exported: tests import it from here)
-
 import os
 import signal
 import subprocess
@@ -12,6 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.waiting import poll  # noqa: F401  (re-exported: tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,9 +123,9 @@ def gateway_server():
     """start(discovery, **GatewayConfig fields) -> ServerThread serving a gateway app; waits
     until the discovery shows at least one prefill and one decode pod unless told not to.
     `server_options`: make_server's (laps_agent/serving/listen.py), e.g. header_timeout_s."""
-    from laps_agent.gateway.http.app import create_app
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.estimate import TokenEstimator
+    from laps_agent.gateway.http.app import create_app
     from laps_agent.serving.listen import ServerThread
 
     started: list[ServerThread] = []

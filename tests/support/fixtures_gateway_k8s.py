@@ -108,8 +108,8 @@ def sync_endpoint_slices(core, slices_api) -> None:
 
 def create_operator_services(core) -> None:
     """The Services exactly as the operator builds them (so their port names are checked too)."""
-    from laps_operator.render.builders import build_services
     from laps_operator.naming import ClusterRef
+    from laps_operator.render.builders import build_services
     from laps_operator.spec.cluster import parse_spec
 
     spec = parse_spec({"model": {"name": "stub", "path": "/models/stub.gguf"}})

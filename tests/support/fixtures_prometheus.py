@@ -14,8 +14,6 @@ Stable API:
 """
 from __future__ import annotations
 
-from tests.support.waiting import stop_process
-
 import json
 import os
 import shutil
@@ -31,6 +29,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
+from tests.support.waiting import stop_process
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 # The namespace label the chart's dashboards select on; "local" marks a stack outside Kubernetes.

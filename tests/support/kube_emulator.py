@@ -63,9 +63,9 @@ from kmock._internal import parsing, rendering
 from tests.support import kube_emulator_quantities as quantities
 from tests.support import kube_emulator_rules as rules
 from tests.support.kube_emulator_access import AccessControl, Forbidden
-from tests.support.kube_emulator_rbac import bootstrap_policy, non_resource_attributes, resource_attributes
 from tests.support.kube_emulator_crds import CRDS, CrdRegistry
 from tests.support.kube_emulator_openapi import openapi_group_version, openapi_root
+from tests.support.kube_emulator_rbac import bootstrap_policy, non_resource_attributes, resource_attributes
 from tests.support.kube_emulator_store import ObjectStore, ResourceRef
 from tests.support.kube_emulator_watch import close_all_watches, open_watch
 

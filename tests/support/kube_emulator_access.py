@@ -22,8 +22,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tests.support.kube_emulator_rbac import (
-    ANONYMOUS, MASTERS, RBAC_GROUP, Attributes, Authorizer, Identity, Lookup)
+from tests.support.kube_emulator_rbac import ANONYMOUS, MASTERS, RBAC_GROUP, Attributes, Authorizer, Identity, Lookup
 
 ADMIN_TOKEN = "emulator-token"   # the token in the fixture's admin kubeconfig
 ADMIN = Identity("kubernetes-admin", (MASTERS, "system:authenticated"))

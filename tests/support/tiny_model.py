@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from laps_agent.engine.model.llama import CausalLM
 from laps_agent.engine.model.config import ModelConfig
+from laps_agent.engine.model.llama import CausalLM
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2
 CHAT_TEMPLATE = (

@@ -24,17 +24,16 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from laps_agent.emulated.prefill_cost import prefill_batch_cost, prefill_record
+from laps_agent.emulated.prefix_cache import PrefixCacheModel
+from laps_agent.emulated.profile import Profile
+from laps_agent.emulated.requests import KINDS, Event, ModelRequest
 from laps_agent.engine.core.config import PrefillRecord, kv_reservation
 from laps_agent.engine.pd.prefix_warm import Warm, WarmQueue
 from laps_agent.modelio.prompt_rules import over_context_message
 from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
-
-from laps_agent.emulated.prefill_cost import prefill_batch_cost, prefill_record
-from laps_agent.emulated.prefix_cache import PrefixCacheModel
-from laps_agent.emulated.profile import Profile
-from laps_agent.emulated.requests import KINDS, Event, ModelRequest
 
 _IDLE, _PREFILL, _DECODE, _WARM = 0, 1, 2, 3
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from laps_agent.engine.core.config import EngineConfig
-from laps_agent.engine.pd.wire import BootstrapError, decode_frame, encode_frame
-from laps_agent.engine.core.requests import EngineOutput, GenerateWork, OutputSink
-
 from laps_agent.emulated.core import EngineModel
 from laps_agent.emulated.profile import Profile
 from laps_agent.emulated.requests import Event, ModelRequest
+from laps_agent.engine.core.config import EngineConfig
+from laps_agent.engine.core.requests import EngineOutput, GenerateWork, OutputSink
+from laps_agent.engine.pd.wire import BootstrapError, decode_frame, encode_frame
 
 log = logging.getLogger(__name__)
 FILLER_WORDS = (" the", " of", " and", " to", " in", " data", " model", " time", " value", " system")

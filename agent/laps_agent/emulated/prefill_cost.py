@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from laps_agent.emulated.profile import Profile
+from laps_agent.emulated.requests import ModelRequest
 from laps_agent.engine.core.config import PrefillRecord, PrefillRequest
 from laps_agent.policy.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
 from laps_agent.policy.scheduling.window import calibration_lengths
-
-from laps_agent.emulated.profile import Profile
-from laps_agent.emulated.requests import ModelRequest
 
 if TYPE_CHECKING:
     from laps_agent.emulated.core import EngineModel

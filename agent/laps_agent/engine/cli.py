@@ -9,13 +9,13 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.serving.drain import DEFAULT_GRACE_S
-from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES
-from laps_agent.serving.flag_types import positive_ints
-from laps_agent.engine.http.serve import check_server_flags, listen, serve, server_settings
 from laps_agent.engine.core.config import DTYPE_CHOICES
+from laps_agent.engine.http.serve import check_server_flags, listen, serve, server_settings
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES
+from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.exit_reason import ExitRecordingParser, record_cannot_start
+from laps_agent.serving.flag_types import positive_ints
 
 if TYPE_CHECKING:
     from laps_agent.policy.scheduling.buckets import BucketGrid
@@ -151,10 +151,10 @@ def build(args: argparse.Namespace):
 
     from laps_agent.engine.core.calibration import calibrate_prefill
     from laps_agent.engine.engine import Engine, EngineConfig
-    from laps_agent.engine.model.loader import default_model_path, load_model, resolve_dtype
-    from laps_agent.engine.metrics import EngineMetrics
-    from laps_agent.engine.model.runner import ModelRunner
     from laps_agent.engine.http.server import EngineServer
+    from laps_agent.engine.metrics import EngineMetrics
+    from laps_agent.engine.model.loader import default_model_path, load_model, resolve_dtype
+    from laps_agent.engine.model.runner import ModelRunner
 
     # Check every flag before the (slow) model load.
     check_server_flags(args)

@@ -18,8 +18,8 @@ from typing import Callable
 
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
-from laps_agent.policy.routing import Endpoint, RouteDecision
 from laps_agent.policy.classes import length_class
+from laps_agent.policy.routing import Endpoint, RouteDecision
 
 # Usage sits at the end of an answer; a prefill pod's answer is a few hundred bytes.
 _TAIL_BYTES = 4096

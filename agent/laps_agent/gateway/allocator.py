@@ -18,10 +18,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
-from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.policy.allocation import (GROUPS, AllocationConfig, Move, PolicyState, PressureWindow, decide,
-                                      group_pressure, reference_decide)
+from laps_agent.gateway.proxy.load import LoadTracker
+from laps_agent.policy.allocation import (
+    GROUPS,
+    AllocationConfig,
+    Move,
+    PolicyState,
+    PressureWindow,
+    decide,
+    group_pressure,
+    reference_decide,
+)
 
 log = logging.getLogger(__name__)
 MODES = ("laps", "reference")

@@ -6,13 +6,12 @@ import logging
 from pathlib import Path
 from typing import NoReturn
 
-from laps_agent.serving.flag_types import at_least, non_negative, positive
-from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
 from laps_agent.gateway.discovery.membership import Discovery, StaticDiscovery, StaticSpec, split_urls
-from laps_agent.policy.routing import AffinityBound
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
-
+from laps_agent.policy.routing import AffinityBound
+from laps_agent.serving.exit_reason import ExitRecordingParser
+from laps_agent.serving.flag_types import at_least, non_negative, positive
 
 # The types of flags laps local shares: a count of tokens (0 means something for each: every
 # prompt long, no slack, no bound), a positive time. A wrong value was taken and failed later, or
@@ -228,8 +227,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from laps_agent.gateway.http.app import create_app
-    from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
     from laps_agent.modelio.tokenizer import tokenizer_problem
+    from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
     def cannot_start(reason: str) -> NoReturn:   # the parser leaves it as the exit reason too
         parser.exit(1, f"laps gateway: error: {reason}\n")

@@ -20,15 +20,24 @@ import sys
 import tempfile
 from pathlib import Path
 
-from laps_agent.serving.flag_types import non_negative
 from laps_agent.gateway.cli import TOKENS, auth_args_problem, decode_share
-from laps_agent.local.engines import (EngineChild, engine_flag, free_ports, served_name,
-                                      shared_gpu_args, spawn_engine, stop_all, unknown_engine_args,
-                                      wait_until_loaded, write_labels)
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.lab.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
+from laps_agent.local.engines import (
+    EngineChild,
+    engine_flag,
+    free_ports,
+    served_name,
+    shared_gpu_args,
+    spawn_engine,
+    stop_all,
+    unknown_engine_args,
+    wait_until_loaded,
+    write_labels,
+)
+from laps_agent.local.signals_deferred import SignalsDeferred
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.groups import initial_short_count
+from laps_agent.serving.flag_types import non_negative
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,10 +119,10 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
 
 
 def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_args: list[str]) -> int:
-    from laps_agent.gateway.http.app import create_app
     from laps_agent.gateway.config import GatewayConfig
-    from laps_agent.gateway.estimate import TokenEstimator
     from laps_agent.gateway.discovery.membership import StaticSpec
+    from laps_agent.gateway.estimate import TokenEstimator
+    from laps_agent.gateway.http.app import create_app
     from laps_agent.local.discovery import LocalDiscovery
     from laps_agent.serving.listen import run_forever, url_host
 

@@ -29,8 +29,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from laps_agent.policy.allocation import GROUPS, REQUEST_COST_TOKENS, group_pressure
-from laps_operator.reconcile.kube import Kube, Ref
 from laps_operator.naming import ClusterRef, role_selector
+from laps_operator.reconcile.kube import Kube, Ref
 from laps_operator.reconcile.observed import pod_ready
 
 TOKENS, REQUESTS = "laps_gateway_pending_tokens", "laps_gateway_pending_requests"

@@ -23,17 +23,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from laps_agent.policy.allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
 from laps_operator import metrics
 from laps_operator.allocation import pressure
-from laps_agent.policy.allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
-from laps_operator.reconcile.apply import contains
-from laps_operator.reconcile.kube import Kube, KubeError
 from laps_operator.naming import GATEWAY_PORT, ClusterRef
-from laps_operator.reconcile.observed import prefill_pods
+from laps_operator.reconcile.apply import contains
 from laps_operator.reconcile.cycle import cluster_ref, is_gone, label_pod, spec_in_force, sync_groups
+from laps_operator.reconcile.kube import Kube, KubeError
+from laps_operator.reconcile.observed import prefill_pods
+from laps_operator.reconcile.writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
 from laps_operator.spec.cluster import ClusterSpec
 from laps_operator.status.conditions import condition, groups_status, set_condition
-from laps_operator.reconcile.writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
 
 PRESSURE_UNAVAILABLE = "PressureUnavailable"
 HISTORY = 10

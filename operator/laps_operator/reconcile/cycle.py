@@ -8,20 +8,29 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from laps_agent.policy.groups import GroupPlan, plan_groups
 from laps_operator import metrics
+from laps_operator.naming import GROUP_LABEL, GROUPS, ClusterRef, cluster_name_problem
 from laps_operator.reconcile.apply import contains
 from laps_operator.reconcile.apply_writes import Applied, ChildRefused, apply_all, delete_if_owned
-from laps_operator.render.builders import build_children, optional_children
-from laps_agent.policy.groups import GroupPlan, plan_groups
 from laps_operator.reconcile.kube import Kube, Ref
-from laps_operator.naming import GROUP_LABEL, GROUPS, ClusterRef, cluster_name_problem
-from laps_operator.render.network_policy import network_policy_refs
 from laps_operator.reconcile.observed import pods_by_role, prefill_pods, workload_events
-from laps_operator.spec.cluster import ClusterSpec, InvalidSpecError, parse_spec
-from laps_operator.status.conditions import CHILD_REFUSED, INVALID_SPEC, condition, groups_status, invalid_status, now_rfc3339, reconciled_status, workload_readiness
 from laps_operator.reconcile.writers import cluster_lock, cr_ref, retry_on_conflict
 from laps_operator.reconcile.writers import forget as forget_writers
 from laps_operator.reconcile.writers import patch_status as _patch_status
+from laps_operator.render.builders import build_children, optional_children
+from laps_operator.render.network_policy import network_policy_refs
+from laps_operator.spec.cluster import ClusterSpec, InvalidSpecError, parse_spec
+from laps_operator.status.conditions import (
+    CHILD_REFUSED,
+    INVALID_SPEC,
+    condition,
+    groups_status,
+    invalid_status,
+    now_rfc3339,
+    reconciled_status,
+    workload_readiness,
+)
 
 # Every function here that writes holds the cluster's lock (writers.cluster_lock) from its read
 # of the live LAPSCluster to its last write; callers pass names, never a body that may be stale.

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from laps_agent.policy.groups import PodView
-from laps_operator.reconcile.kube import Kube, KubeError, Ref
 from laps_operator.naming import CLUSTER_LABEL, GROUP_LABEL, ROLE_LABEL, ClusterRef, role_selector
+from laps_operator.reconcile.kube import Kube, KubeError, Ref
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from laps_operator.naming import BOOTSTRAP_PORT, CLUSTER_LABEL, ENGINE_PORT, GROUP_LABEL, GROUPS, ROLE_LABEL, ClusterRef, object_meta as _meta, role_selector
-from laps_operator.render.network_policy import build_network_policies, network_policy_refs
 from laps_operator.allocation.pressure import scrape_interval_seconds
-from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.naming import (
+    BOOTSTRAP_PORT,
+    CLUSTER_LABEL,
+    ENGINE_PORT,
+    GROUP_LABEL,
+    GROUPS,
+    ROLE_LABEL,
+    ClusterRef,
+    role_selector,
+)
+from laps_operator.naming import object_meta as _meta
+from laps_operator.render.network_policy import build_network_policies, network_policy_refs
 from laps_operator.render.workloads import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset
+from laps_operator.spec.cluster import ClusterSpec
 
 
 def _service(cluster: ClusterRef, name: str, component: str, selector: dict, ports: list[dict],

@@ -17,7 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from laps_operator.naming import BOOTSTRAP_PORT, CLUSTER_LABEL, ENGINE_PORT, HTTP_PORT_NAME, OPERATOR_POD_LABELS, ROLE_LABEL, ClusterRef, object_meta, role_selector
+from laps_operator.naming import (
+    BOOTSTRAP_PORT,
+    CLUSTER_LABEL,
+    ENGINE_PORT,
+    HTTP_PORT_NAME,
+    OPERATOR_POD_LABELS,
+    ROLE_LABEL,
+    ClusterRef,
+    object_meta,
+    role_selector,
+)
 from laps_operator.spec.cluster import ClusterSpec
 from laps_operator.spec.network import NetworkPolicyPeer
 

@@ -10,13 +10,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from laps_operator.render.engine_args import engine_command, gateway_command, model_visible_to_gateway, sglang_plugin_env
-from laps_operator.spec.formats import overcommittable
+from laps_operator.naming import (
+    BOOTSTRAP_PORT,
+    ENGINE_PORT,
+    GATEWAY_PORT,
+    HTTP_PORT_NAME,
+    ClusterRef,
+    component_labels,
+    role_selector,
+)
+from laps_operator.naming import object_meta as _meta
+from laps_operator.render.engine_args import (
+    engine_command,
+    gateway_command,
+    model_visible_to_gateway,
+    sglang_plugin_env,
+)
 from laps_operator.render.gateway_auth import gateway_auth
-from laps_operator.spec.gpus import GPU, engine_gpus
-from laps_operator.naming import BOOTSTRAP_PORT, ENGINE_PORT, GATEWAY_PORT, HTTP_PORT_NAME, ClusterRef, component_labels, object_meta as _meta, role_selector
 from laps_operator.render.pod_security import restricted
 from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.spec.formats import overcommittable
+from laps_operator.spec.gpus import GPU, engine_gpus
 from laps_operator.spec.pods import PlacementSpec, PoolSpec, ResourcesSpec
 
 PODINFO_DIR = "/etc/podinfo"

@@ -15,10 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from laps_operator.render.engine_args import owned_engine_flags, plugin_env_fields
 from laps_operator.naming import OPERATOR_KEY_PREFIX, ClusterRef, component_labels
+from laps_operator.render.engine_args import owned_engine_flags, plugin_env_fields
+from laps_operator.render.workloads import (
+    USER_OVERRIDABLE_ENV,
+    build_decode_deployment,
+    build_gateway_deployment,
+    build_prefill_statefulset,
+    operator_env,
+)
 from laps_operator.spec.cluster import ClusterSpec
-from laps_operator.render.workloads import USER_OVERRIDABLE_ENV, build_decode_deployment, build_gateway_deployment, build_prefill_statefulset, operator_env
 
 ROLES = ("prefill", "decode")
 

@@ -10,8 +10,16 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from laps_operator.spec.formats import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, TOLERATION_KEY_MAX_LENGTH, TOLERATION_KEY_PATTERN, annotations_problem, label_value_problem, qualified_name_problem
 from laps_operator.naming import role_selector
+from laps_operator.spec.formats import (
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
+    TOLERATION_KEY_MAX_LENGTH,
+    TOLERATION_KEY_PATTERN,
+    annotations_problem,
+    label_value_problem,
+    qualified_name_problem,
+)
 
 
 class SpecModel(BaseModel):

@@ -11,7 +11,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from laps_operator.spec.formats import DNS_SUBDOMAIN_PATTERN, env_name_problem, requests_over_limits, resource_problem
-from laps_operator.spec.placement import AnnotationMap, Affinity, LabelMap, SpecModel, Toleration, TopologySpreadConstraint
+from laps_operator.spec.placement import (
+    Affinity,
+    AnnotationMap,
+    LabelMap,
+    SpecModel,
+    Toleration,
+    TopologySpreadConstraint,
+)
 
 Quantity = int | str  # as the CRD: x-kubernetes-int-or-string
 

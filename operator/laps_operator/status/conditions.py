@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from laps_operator.status.pod_problems import role_problems
 from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.status.pod_problems import role_problems
 
 READY, PROGRESSING, INVALID_SPEC = "Ready", "Progressing", "InvalidSpec"
 CHILD_REFUSED = "ChildRefused"   # the InvalidSpec reason when the API server refuses a child

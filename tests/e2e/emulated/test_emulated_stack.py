@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from laps_agent.emulated.profile import load_profile
-
 from tests.support.emulated_profiles import synthetic_profile
 from tests.support.metrics_text import metric_value as _metric
 

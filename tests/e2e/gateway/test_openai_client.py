@@ -6,7 +6,6 @@ import openai
 import pytest
 
 
-
 @pytest.fixture
 def engine_gateway(tiny_pd_engines, gateway_server):
     from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec

@@ -1,10 +1,6 @@
 """The real operator (`laps operator`, i.e. kopf) as a subprocess against the `kube_api` emulator."""
 from __future__ import annotations
 
-from tests.support.waiting import stop_process
-
-from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
-
 import os
 import pathlib
 import signal
@@ -17,6 +13,9 @@ from typing import TypeVar
 
 import httpx
 import pytest
+
+from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
+from tests.support.waiting import stop_process
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "lapscluster.yaml"

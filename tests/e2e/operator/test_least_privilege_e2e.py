@@ -51,8 +51,8 @@ def test_the_operator_story_runs_under_the_charts_service_account_with_exactly_i
 
 
 def _gateway_role_triples() -> set:
-    from laps_operator.render.builders import build_gateway_rbac
     from laps_operator.naming import ClusterRef
+    from laps_operator.render.builders import build_gateway_rbac
     from laps_operator.spec.cluster import parse_spec
 
     _, role, _ = build_gateway_rbac(ClusterRef("smollm2", NS, "uid"), parse_spec({"model": {"name": "m", "path": "/m"}}))

@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-from laps_agent.local.process import alive, descendants
 from laps_agent.lab.results import load_result
-
+from laps_agent.local.process import alive, descendants
 from tests.integration.bench.test_workload_errors import engine, served  # noqa: F401  (engine: a fixture)
 from tests.support.waiting import poll
 from tests.unit.sim.test_sim_cli import NO_REQUEST, QUIET

@@ -13,9 +13,9 @@ import time
 import pytest
 from PIL import Image
 
-from laps_agent.local.engines import free_port
 from laps_agent.lab.results import load_result
 from laps_agent.lab.results.plots import DPI, FIGSIZE
+from laps_agent.local.engines import free_port
 from tests.support.fixtures_local import LocalStack
 
 TWO_PHASES = """\
@@ -85,8 +85,8 @@ def test_a_two_phase_workload_against_laps_local(local_url, tiny_model_dir, tmp_
 
 async def test_chat_workload_in_process_and_a_stop_cuts_the_run(local_url, tiny_model_dir):
     from laps_agent.lab.bench.run import run_workload
-    from laps_agent.modelio.tokenizer import load_tokenizer
     from laps_agent.lab.workload import parse_workload
+    from laps_agent.modelio.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_model_dir)
     spec = parse_workload({"name": "chat", "api": "chat", "seed": 1, "phases": [

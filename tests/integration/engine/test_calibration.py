@@ -9,9 +9,9 @@ import queue
 import httpx
 
 from laps_agent.engine.core.calibration import calibrate_prefill
-from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.core.load_report import load_report
 from laps_agent.engine.core.requests import GenerateWork
+from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.model.runner import ModelRunner
 from laps_agent.engine.model.sampling import SamplingParams
 from laps_agent.policy.scheduling.window import CALIBRATION_TOKENS

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.core.requests import EngineOutput, GenerateWork
+from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.model.sampling import SamplingParams
 from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
@@ -174,7 +174,8 @@ def test_a_failing_request_does_not_stop_the_loop(make_engine):
 
 
 def test_random_submits_and_aborts_always_return_every_page(make_engine):
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     engine, _ = make_engine(num_pages=40)
     request = st.tuples(st.integers(1, 300), st.integers(1, 40), st.booleans())  # prompt, new, abort?

@@ -7,8 +7,8 @@ import queue
 import pytest
 import torch
 
-from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.core.requests import GenerateWork
+from laps_agent.engine.engine import Engine, EngineConfig
 from laps_agent.engine.model.runner import ModelRunner
 from laps_agent.engine.model.sampling import SamplingParams
 from tests.integration.engine.helpers import wait_for

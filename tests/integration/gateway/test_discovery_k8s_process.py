@@ -15,11 +15,10 @@ import kmock
 import kubernetes
 
 from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
-from tests.support.stub_engine import KVHandoff
 from laps_operator.naming import GROUP_LABEL
 from tests.support.fixtures_gateway import poll
-from tests.support.fixtures_gateway_k8s import (create_operator_services, start_pod, stub_pod,
-                                               sync_endpoint_slices)
+from tests.support.fixtures_gateway_k8s import create_operator_services, start_pod, stub_pod, sync_endpoint_slices
+from tests.support.stub_engine import KVHandoff
 
 NS = "default"
 SERVICES = ServiceNames("c-prefill-short", "c-prefill-long", "c-decode")

@@ -8,13 +8,13 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from laps_agent.gateway.http.app import create_app
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 from laps_agent.gateway.estimate import TokenEstimator
+from laps_agent.gateway.http.app import create_app
 from laps_agent.serving.listen import ServerThread
-from tests.support.stub_engine import StubEngine
 from tests.support.fixtures_gateway import poll
+from tests.support.stub_engine import StubEngine
 
 _CONFIG = GatewayConfig(served_model_name="default", max_body_bytes=64 * 1024)
 

@@ -8,7 +8,6 @@ import httpx
 from tests.support.metrics_text import metric_value as _metric
 
 
-
 def test_non_streaming_completion_pairs_prefill_and_decode(pd_stack):
     gateway, engines = pd_stack()
     reply = httpx.post(f"{gateway.url}/v1/completions",

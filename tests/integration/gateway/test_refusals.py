@@ -9,7 +9,6 @@ import logging
 import httpx
 
 from laps_agent.gateway.config import ProxyConfig
-
 from tests.support.fixtures_gateway import poll
 from tests.support.metrics_text import metric_value
 

@@ -8,7 +8,6 @@ import json
 import httpx
 
 from laps_agent.gateway.config import ProxyConfig
-
 from tests.support.fixtures_gateway import RawRequest, poll
 from tests.support.metrics_text import metric_value
 

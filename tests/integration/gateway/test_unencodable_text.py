@@ -30,9 +30,9 @@ def _assert_400_naming(reply: httpx.Response, where: str) -> None:
 @pytest.fixture
 def tokenizer_gateway(tiny_pd_engines, gateway_server, tiny_engine_model):
     """The gateway counting tokens with the engines' own tokenizer, over real PD engines."""
-    from laps_agent.modelio.tokenizer import load_tokenizer
     from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
+    from laps_agent.modelio.tokenizer import load_tokenizer
 
     spec = StaticSpec((tiny_pd_engines.prefill.url,), (), (tiny_pd_engines.decode.url,))
     return gateway_server(StaticDiscovery(spec), served_model_name="test-model",

@@ -67,7 +67,7 @@ def test_deleting_the_crd_removes_its_resource(kube_api, tmp_path):
 
 
 def test_an_incomplete_crd_is_422(kube_api):
-    response = kube_api.http.post(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    response = kube_api.http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
                           json={"metadata": {"name": "x.y"}, "spec": {"group": "y"}})
     assert response.status_code == 422 and "names" in response.json()["message"]
 
@@ -88,10 +88,10 @@ def test_repository_crds_apply_and_serve_their_kinds(kube_api, path):
 
 
 def test_discovery_paths(kube_api):
-    apis = kube_api.http.get(f"/apis/").json()  # the trailing slash client-go uses
+    apis = kube_api.http.get("/apis/").json()  # the trailing slash client-go uses
     assert apis["kind"] == "APIGroupList"
     assert "discovery.k8s.io" in {g["name"] for g in apis["groups"]}
-    core = kube_api.http.get(f"/api/v1").json()
+    core = kube_api.http.get("/api/v1").json()
     assert core["groupVersion"] == "v1"
     assert {"pods", "pods/status", "namespaces"} <= {r["name"] for r in core["resources"]}
     versions = kubernetes.client.CoreApi(kube_api.api_client()).get_api_versions()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime
 
-import httpx
 import kubernetes
 import pytest
 from kubernetes.client import ApiException
@@ -14,7 +13,7 @@ def _config_map(name: str, labels: dict | None = None, **extra) -> dict:
 
 
 def test_create_answers_201_and_sets_server_fields(kube_api):
-    response = kube_api.http.post(f"/api/v1/namespaces/ns1/configmaps",
+    response = kube_api.http.post("/api/v1/namespaces/ns1/configmaps",
                           json={"metadata": {"name": "c"}, "data": {"k": "v"}})
     assert response.status_code == 201
     meta = response.json()["metadata"]
@@ -68,7 +67,7 @@ def test_lists_carry_kind_and_filter_by_label_selector(kube_api, core):
     core.create_namespaced_pod("default", _pod("p1", {"app": "x", "tier": "web"}))
     core.create_namespaced_pod("default", _pod("p2", {"app": "x", "tier": "db"}))
     core.create_namespaced_pod("default", _pod("p3", {"app": "y"}))
-    listing = kube_api.http.get(f"/api/v1/namespaces/default/pods").json()
+    listing = kube_api.http.get("/api/v1/namespaces/default/pods").json()
     assert listing["kind"] == "PodList" and listing["apiVersion"] == "v1"
 
     def names(selector: str) -> list[str]:
@@ -124,7 +123,7 @@ def test_bad_create_is_rejected_with_a_message_and_stores_nothing(kube_api, body
 
 
 def test_unknown_resource_is_404(kube_api):
-    response = kube_api.http.get(f"/apis/nothing.example.com/v1/things")
+    response = kube_api.http.get("/apis/nothing.example.com/v1/things")
     assert response.status_code == 404
 
 

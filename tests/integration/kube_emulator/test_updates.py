@@ -1,7 +1,6 @@
 """PATCH (three flavours), PUT, resourceVersion conflicts, the status subresource, generation."""
 from __future__ import annotations
 
-import httpx
 import kubernetes
 import pytest
 from kubernetes.client import ApiException

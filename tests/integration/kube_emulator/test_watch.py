@@ -5,7 +5,6 @@ import queue
 import threading
 import time
 
-import httpx
 import kubernetes
 import pytest
 from kubernetes import watch

@@ -16,10 +16,10 @@ import types
 import kubernetes
 import prometheus_client
 import pytest
-from laps_operator import main
-from laps_operator.reconcile.kube import Kube
-from laps_operator.reconcile.cycle import reconcile
 
+from laps_operator import main
+from laps_operator.reconcile.cycle import reconcile
+from laps_operator.reconcile.kube import Kube
 from tests.e2e.operator.conftest import CRD
 from tests.support.get_server import GetServer
 from tests.support.kube_gates import ApiGate

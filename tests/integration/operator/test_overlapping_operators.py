@@ -16,9 +16,9 @@ import types
 
 import kubernetes
 import pytest
-from laps_operator.reconcile.kube import Kube
-from laps_operator.reconcile.cycle import reconcile, sync_groups_of
 
+from laps_operator.reconcile.cycle import reconcile, sync_groups_of
+from laps_operator.reconcile.kube import Kube
 from tests.e2e.operator.conftest import CRD
 from tests.support.kube_gates import ApiGate
 from tests.support.waiting import poll

@@ -8,6 +8,7 @@ Every request is counted: each ends as a success or as an error with a clear sta
 from __future__ import annotations
 
 import asyncio
+
 import httpx
 import pytest
 import yaml

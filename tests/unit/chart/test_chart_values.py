@@ -280,7 +280,6 @@ def test_the_charts_formats_are_the_operators():
     import json
 
     from laps_operator.spec import formats
-
     from tests.unit.chart.test_chart import CHART
     definitions = json.loads((CHART / "values.schema.json").read_text())["definitions"]
     assert definitions["labelKey"]["pattern"] == formats.LABEL_KEY_PATTERN

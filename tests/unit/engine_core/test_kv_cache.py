@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from laps_agent.engine.core.kv_cache import KVCacheError, KVCacheFull, PagedKVAllocator

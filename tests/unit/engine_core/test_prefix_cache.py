@@ -4,7 +4,8 @@ would hold; so a page reused while someone still reads it shows up as wrong cont
 from __future__ import annotations
 
 import pytest
-from hypothesis import event, settings, strategies as st
+from hypothesis import event, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from laps_agent.engine.core.kv_cache import KVCacheError, KVCacheFull, PagedKVAllocator

@@ -4,8 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.model.attention import (bottom_right_causal_mask, flash_applies, flash_attn_with_kvcache,
-                                         paged_attention, sdpa_paged)
+from laps_agent.engine.model.attention import (
+    bottom_right_causal_mask,
+    flash_applies,
+    flash_attn_with_kvcache,
+    paged_attention,
+    sdpa_paged,
+)
 
 
 def test_queries_sit_at_the_end_of_their_sequence():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laps_agent.engine.model.loader import ModelLoadError, load_model, resolve_dtype
 from laps_agent.engine.model.llama import rope_inverse_frequencies
+from laps_agent.engine.model.loader import ModelLoadError, load_model, resolve_dtype
 from laps_agent.engine.model.runner import ForwardItem, ModelRunner
 
 PAGE = 16

@@ -9,8 +9,8 @@ import gguf
 import numpy as np
 import pytest
 
-from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.gguf_metadata import GGUFFormatError, read_gguf_layout, read_gguf_metadata
+from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import TokenizerError, load_tokenizer
 
 

@@ -10,7 +10,6 @@ from safetensors.torch import load_file
 from laps_agent.engine.model.loader import ModelLoadError, default_model_path, load_model
 from laps_agent.engine.model.runner import ForwardItem, ModelRunner
 from tests.support.tiny_model import write_tiny_model
-
 from tests.unit.engine_model.gguf_writer import write_gguf_from_hf_dir
 
 

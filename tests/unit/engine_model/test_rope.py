@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from laps_agent.engine.model.llama import rope_inverse_frequencies
 from laps_agent.engine.model.config import ModelConfig, UnsupportedModelError
+from laps_agent.engine.model.llama import rope_inverse_frequencies
 
 BASE = dict(architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=64, num_layers=1,
             num_heads=2, num_kv_heads=1, head_dim=32, rope_theta=500000.0)

@@ -3,10 +3,18 @@ the group's routable pods; 0 turns it off. Per prefill pod, by its measured capa
 request must fit with what the pod holds."""
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from laps_agent.policy.admission import (admit, decode_share_bound, decode_slots, group_bound, in_time, in_time_route,
-                                          refusal)
+from laps_agent.policy.admission import (
+    admit,
+    decode_share_bound,
+    decode_slots,
+    group_bound,
+    in_time,
+    in_time_route,
+    refusal,
+)
 from laps_agent.policy.routing import Endpoint, EndpointLoad, RouteDecision
 
 

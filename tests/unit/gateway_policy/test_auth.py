@@ -61,8 +61,8 @@ def test_the_bucket_allows_a_second_s_burst_then_says_when_to_retry():
     (["--api-keys-file", "/nonexistent/keys"], "No such file"),
 ])
 def test_gateway_and_local_refuse_unusable_auth_flags_at_start(argv, message, capsys):
-    from laps_agent.local import stack as local
     from laps_agent.gateway import cli
+    from laps_agent.local import stack as local
 
     for main in (cli.main, local.main):
         with pytest.raises(SystemExit) as exited:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.gateway.http.context import refuse_over_context
 from laps_agent.gateway.estimate import PromptCount, TokenEstimator
+from laps_agent.gateway.http.context import refuse_over_context
 from laps_agent.gateway.proxy.failures import GatewayError
 from laps_agent.modelio.prompt_rules import PromptLimit
 

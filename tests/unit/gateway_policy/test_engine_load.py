@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.policy.admission import decode_held, group_load
 from laps_agent.gateway.proxy.engine_load import EngineLoads, LoadReport, parse_report
+from laps_agent.policy.admission import decode_held, group_load
 from laps_agent.policy.routing import Endpoint, EndpointLoad, choose_route
 
 

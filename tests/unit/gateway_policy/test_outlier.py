@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from laps_agent.gateway.config import ProxyConfig
-from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.gateway.proxy.outlier import ejection_cap, may_eject
 
 

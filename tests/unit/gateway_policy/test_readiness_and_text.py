@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from laps_agent.modelio.tokenizer import unencodable_text
 from laps_agent.gateway.discovery.membership import Membership
-from laps_agent.policy.routing import Endpoint, EndpointLoad
 from laps_agent.gateway.http.status import readiness
+from laps_agent.modelio.tokenizer import unencodable_text
+from laps_agent.policy.routing import Endpoint, EndpointLoad
 
 
 def ep(name: str) -> Endpoint:

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from laps_agent.policy.routing import (Endpoint, EndpointLoad, NoEndpointError, bench_routing,
-                                        choose_route)
 from laps_agent.policy.classes import length_class as classify
+from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, bench_routing, choose_route
 
 
 def ep(name: str) -> Endpoint:

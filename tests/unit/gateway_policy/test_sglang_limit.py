@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from laps_agent.gateway.proxy.engine_load import EngineLoads
-from laps_agent.policy.routing import Endpoint
 from laps_agent.gateway.proxy.sglang_limit import SGLangLimits
+from laps_agent.policy.routing import Endpoint
 from tests.support.waiting import poll
 
 

@@ -3,6 +3,10 @@ unknown pressure and after a conflict (against an in-memory Kube; the e2e tests 
 from __future__ import annotations
 
 import pytest
+
+from laps_agent.policy.allocation import REQUEST_COST_TOKENS, Decision, Move, PolicyState
+from laps_operator import metrics
+from laps_operator.allocation.pressure import Reading, unknown
 from laps_operator.allocation.tick import (
     OFF_RECHECK_S,
     PRESSURE_UNAVAILABLE,
@@ -13,13 +17,9 @@ from laps_operator.allocation.tick import (
     state_to_status,
     step,
 )
-from laps_operator import metrics
-from laps_agent.policy.allocation import REQUEST_COST_TOKENS, Decision, Move, PolicyState
 from laps_operator.reconcile.kube import KubeError
-from laps_operator.allocation.pressure import Reading, unknown
 from laps_operator.spec.cluster import parse_spec
 from laps_operator.status.conditions import condition
-
 from tests.unit.operator.fake_kube import FakeKube, cluster, prefill_pod
 
 NOW = 1_800_000_000.0

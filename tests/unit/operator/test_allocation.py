@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laps_agent.policy.allocation import (AllocationConfig, Move, PolicyState, decide, reference_decide)
+from laps_agent.policy.allocation import AllocationConfig, Move, PolicyState, decide, reference_decide
 
 CONFIG = AllocationConfig(ratio=2.0, min_per_group=1, min_pressure=1.0, confirm=2, pod_cooldown_s=60)
 

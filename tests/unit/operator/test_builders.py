@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from laps_operator.naming import ClusterRef
 from laps_operator.render.builders import (
     build_children,
     build_config_map,
@@ -16,7 +18,6 @@ from laps_operator.render.builders import (
     build_services,
     optional_children,
 )
-from laps_operator.naming import ClusterRef
 from laps_operator.spec.cluster import parse_spec
 
 CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")

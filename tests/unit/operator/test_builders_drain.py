@@ -5,9 +5,9 @@ deadline. The rendered flags are checked against the data plane's own parsers.""
 from __future__ import annotations
 
 import pytest
+
 from laps_operator.render.builders import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset
 from laps_operator.spec.cluster import EXIT_MARGIN_SECONDS, InvalidSpecError, parse_spec
-
 from tests.unit.operator.test_builders import CLUSTER, container, flag, spec_of
 
 WORKLOADS = {"prefill": build_prefill_statefulset, "decode": build_decode_deployment,

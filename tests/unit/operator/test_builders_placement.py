@@ -7,12 +7,14 @@ import re
 
 import kubernetes_validate
 import pytest
+
 from laps_operator.render.builders import (
     build_children,
     build_decode_deployment,
     build_gateway_deployment,
     build_prefill_statefulset,
 )
+from laps_operator.spec.cluster import InvalidSpecError
 from laps_operator.spec.formats import (
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
@@ -21,8 +23,6 @@ from laps_operator.spec.formats import (
     overcommittable,
     quantity,
 )
-from laps_operator.spec.cluster import InvalidSpecError
-
 from tests.unit.operator.crd_jsonschema import apply_defaults, errors
 from tests.unit.operator.test_builders import CLUSTER, container, spec_of
 from tests.unit.operator.test_crd import SCHEMA, with_spec

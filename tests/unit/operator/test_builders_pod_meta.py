@@ -7,15 +7,15 @@ import re
 
 import kubernetes_validate
 import pytest
+
 from laps_operator.render.builders import build_children, build_services
+from laps_operator.spec.cluster import InvalidSpecError
 from laps_operator.spec.formats import (
     ANNOTATIONS_MAX_BYTES,
     DNS_SUBDOMAIN_PATTERN,
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
 )
-from laps_operator.spec.cluster import InvalidSpecError
-
 from tests.unit.operator.crd_jsonschema import apply_defaults, errors
 from tests.unit.operator.test_builders import CLUSTER, spec_of
 from tests.unit.operator.test_builders_placement import pods

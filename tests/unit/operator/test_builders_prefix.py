@@ -3,8 +3,9 @@ the gateway are started with, and the combinations the operator refuses."""
 from __future__ import annotations
 
 import pytest
-from laps_operator.render.builders import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset
+
 from laps_operator.naming import ClusterRef
+from laps_operator.render.builders import build_decode_deployment, build_gateway_deployment, build_prefill_statefulset
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 
 CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from laps_operator.render.builders import build_children
+
 from laps_operator.naming import ClusterRef
+from laps_operator.render.builders import build_children
 from laps_operator.spec.cluster import parse_spec
 
 CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")

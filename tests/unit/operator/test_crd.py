@@ -7,11 +7,11 @@ import re
 import kubernetes_validate
 import pytest
 import yaml
-from laps_operator.render.builders import build_children
-from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, QUANTITY_PATTERN
-from laps_operator.naming import CLUSTER_NAME_PATTERN, MAX_CLUSTER_NAME, ClusterRef, cluster_name_problem
-from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 
+from laps_operator.naming import CLUSTER_NAME_PATTERN, MAX_CLUSTER_NAME, ClusterRef, cluster_name_problem
+from laps_operator.render.builders import build_children
+from laps_operator.spec.cluster import InvalidSpecError, parse_spec
+from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, QUANTITY_PATTERN
 from tests.unit.operator.crd_jsonschema import (
     EXAMPLES,
     apply_defaults,

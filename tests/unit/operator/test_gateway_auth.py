@@ -3,9 +3,9 @@ Secret volume named by `--api-keys-file`; off by default; no RBAC on Secrets."""
 from __future__ import annotations
 
 import pytest
+
 from laps_operator.render.builders import build_gateway_deployment, build_gateway_rbac
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
-
 from tests.unit.operator.test_builders import CLUSTER, container, flag, spec_of
 
 

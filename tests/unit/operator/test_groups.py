@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from laps_agent.policy.groups import PodView, plan_groups
 
 STS = "c-prefill"

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from laps_operator.render.builders import build_children, optional_children
+
 from laps_operator.naming import ClusterRef
+from laps_operator.render.builders import build_children, optional_children
 from laps_operator.render.network_policy import build_network_policies
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from laps_operator.render.builders import build_children, build_services
 from laps_operator.render.engine_args import owned_engine_flags
 from laps_operator.render.pod_security import RUN_AS_ID
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
-
 from tests.unit.operator.test_builders import CLUSTER, container, flag, spec_of
 
 SGLANG = {"backend": "sglang", "image": "sglang:laps"}

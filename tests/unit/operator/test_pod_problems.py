@@ -2,9 +2,9 @@
 them (core/v1 PodStatus, apps/v1 DeploymentCondition): what the Ready condition shows."""
 from __future__ import annotations
 
-from laps_operator.status.pod_problems import DETAIL_CHARS, role_problems
 from laps_operator.spec.cluster import parse_spec
 from laps_operator.status.conditions import condition, reconciled_status, workload_readiness
+from laps_operator.status.pod_problems import DETAIL_CHARS, role_problems
 
 SPEC = parse_spec({"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 2}})
 IMAGE = "ghcr.io/laps-project/laps:0.9.9"   # a tag never pushed

@@ -7,11 +7,11 @@ import copy
 import kubernetes_validate
 import pytest
 import yaml
-from laps_operator.render.builders import build_children
+
 from laps_operator.naming import ClusterRef
+from laps_operator.render.builders import build_children
 from laps_operator.render.pod_security import RUN_AS_ID
 from laps_operator.spec.cluster import parse_spec
-
 from tests.support.pod_security_standard import violations
 from tests.unit.operator.crd_jsonschema import EXAMPLES, REPO, apply_defaults, load_crd, openapi_schema
 

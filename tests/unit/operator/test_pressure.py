@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from laps_agent.policy.allocation import REQUEST_COST_TOKENS
-from laps_operator.naming import ClusterRef
 from laps_operator.allocation.pressure import (
     GatewayWindow,
     Reading,
@@ -20,8 +20,8 @@ from laps_operator.allocation.pressure import (
     unknown,
     window_seconds,
 )
+from laps_operator.naming import ClusterRef
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
-
 from tests.support.get_server import GetServer
 from tests.unit.operator.fake_kube import FakeKube
 

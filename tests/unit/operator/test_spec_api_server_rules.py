@@ -9,8 +9,9 @@ fields); near misses the API server accepts still pass."""
 from __future__ import annotations
 
 import pytest
-from laps_operator.render.builders import build_children
+
 from laps_operator.naming import ClusterRef
+from laps_operator.render.builders import build_children
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 
 BASE = {"model": {"name": "m", "path": "/models/m"}}

@@ -9,11 +9,11 @@ import pathlib
 
 import kubernetes_validate
 import pytest
-from laps_operator.render.builders import build_children
+
 from laps_operator.naming import ClusterRef
+from laps_operator.render.builders import build_children
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 from laps_operator.spec.pods import VOLUME_SOURCES
-
 from tests.support.kube_emulator_schema import object_checker
 from tests.unit.operator.crd_jsonschema import errors, load_crd, openapi_schema
 

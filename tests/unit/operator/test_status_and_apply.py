@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from laps_operator.reconcile.apply import contains, merge_patch_for
-from laps_operator.render.builders import build_children
 from laps_operator.reconcile.cycle import cluster_ref, delete_children, reconcile, refresh_cluster
+from laps_operator.reconcile.writers import cr_ref
+from laps_operator.render.builders import build_children
 from laps_operator.spec.cluster import InvalidSpecError, parse_spec
 from laps_operator.status.conditions import (
     condition,
@@ -13,8 +14,6 @@ from laps_operator.status.conditions import (
     set_condition,
     workload_readiness,
 )
-from laps_operator.reconcile.writers import cr_ref
-
 from tests.unit.operator.fake_kube import FakeKube, cluster
 
 SPEC = parse_spec({"model": {"name": "m", "path": "/m"}, "prefill": {"replicas": 2}})

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laps_operator.naming import ClusterRef
 from laps_operator.reconcile.apply import (
     LAST_APPLIED,
     contains,
@@ -17,9 +18,8 @@ from laps_operator.reconcile.apply import (
     with_last_applied,
 )
 from laps_operator.render.builders import build_prefill_statefulset
-from laps_operator.naming import ClusterRef
-from tests.support.kube_emulator_rules import merge_patch  # RFC 7386, as the API server applies it
 from laps_operator.spec.cluster import parse_spec
+from tests.support.kube_emulator_rules import merge_patch  # RFC 7386, as the API server applies it
 
 CLUSTER = ClusterRef("c", "ns", "uid-1")
 

@@ -5,11 +5,11 @@ import threading
 import time
 
 import pytest
+
 from laps_operator.reconcile import writers
 from laps_operator.reconcile.kube import KubeError
-from laps_operator.status.conditions import condition
 from laps_operator.reconcile.workers import ClusterLoops, Ticker
-
+from laps_operator.status.conditions import condition
 from tests.unit.operator.fake_kube import FakeKube, cluster
 
 

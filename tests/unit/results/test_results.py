@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from laps_agent.lab.results import (RequestRecord, RequestTable, RunResult, TimelineSample, compare_markdown,
-                                load_result, markdown, save, summarize)
+from laps_agent.lab.results import (
+    RequestRecord,
+    RequestTable,
+    RunResult,
+    TimelineSample,
+    compare_markdown,
+    load_result,
+    markdown,
+    save,
+    summarize,
+)
 from laps_agent.lab.results.plots import DPI, FIGSIZE
 
 PHASES = [{"name": "one", "start_s": 0.0, "end_s": 5.0}, {"name": "two", "start_s": 5.0, "end_s": 10.0}]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from laps_agent.policy.scheduling import BucketGrid, PrefillItem, PrefillScheduler, SchedulerConfig
 

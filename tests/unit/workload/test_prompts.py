@@ -73,8 +73,8 @@ def test_a_tokenizer_that_merges_across_words_gets_exact_counts_by_encoding():
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    from laps_agent.modelio.tokenizer import Tokenizer
     from laps_agent.lab.workload.prompts import COMMON_WORDS
+    from laps_agent.modelio.tokenizer import Tokenizer
 
     rng = random.Random(0)
     corpus = [" ".join(rng.choices(COMMON_WORDS[:60], k=50)) for _ in range(300)]

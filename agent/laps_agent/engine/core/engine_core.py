@@ -12,12 +12,12 @@ from typing import Any, Callable
 from laps_agent.engine.core.config import EngineConfig, PrefillRecord, PrefillRequest, kv_reservation
 from laps_agent.engine.core.engine_core_pd import PDSteps
 from laps_agent.engine.core.kv_cache import KVCacheFull, PagedKVAllocator
-from laps_agent.engine.pd.prefix_warm import Warm, WarmQueue
 from laps_agent.engine.core.requests import EngineOutput, GenerateWork, OutputSink
 from laps_agent.engine.model.runner import ForwardItem
 from laps_agent.engine.model.sampling import StopState, sample_each
-from laps_agent.policy.scheduling.buckets import bucket_for_batch
+from laps_agent.engine.pd.prefix_warm import Warm, WarmQueue
 from laps_agent.policy.classes import length_class
+from laps_agent.policy.scheduling.buckets import bucket_for_batch
 from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
 
 log = logging.getLogger("laps_agent.engine.engine")

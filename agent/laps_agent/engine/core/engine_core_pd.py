@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from laps_agent.engine.core.config import EngineConfig
 from laps_agent.engine.core.kv_cache import KVCacheFull, PagedKVAllocator
-from laps_agent.engine.pd.prefix_warm import WarmQueue
 from laps_agent.engine.core.requests import EngineOutput
 from laps_agent.engine.model.runner import ForwardItem
+from laps_agent.engine.pd.prefix_warm import WarmQueue
 from laps_agent.policy.scheduling.queues import PrefillScheduler
 
 if TYPE_CHECKING:

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from laps_agent.serving.drain import WORK_PATHS
 from laps_agent.engine.http.api_models import LAPS_CLASS_HEADER
+from laps_agent.serving.drain import WORK_PATHS
 
 _HEADER = LAPS_CLASS_HEADER.lower().encode()
 # A queued request's prefill must end well before its decode engine stops waiting for the KV:

@@ -6,11 +6,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from laps_agent.engine.core.sampling_params import SamplingError, SamplingParams, is_whole_number
 from laps_agent.engine.http.api_error import ApiError
 from laps_agent.engine.http.chat_messages import clean_messages
-from laps_agent.engine.core.sampling_params import SamplingError, SamplingParams, is_whole_number
-from laps_agent.engine.http.unsupported_fields import (OPENAI_BODY, SGLANG_GENERATE, SGLANG_SAMPLING,
-                                                  asks_nothing, refuse_unsupported)
+from laps_agent.engine.http.unsupported_fields import (
+    OPENAI_BODY,
+    SGLANG_GENERATE,
+    SGLANG_SAMPLING,
+    asks_nothing,
+    refuse_unsupported,
+)
 from laps_agent.policy.classes import CLASSES
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions

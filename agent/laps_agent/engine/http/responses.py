@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from typing import AsyncGenerator, AsyncIterator
 
+from laps_agent.engine.core.requests import EngineOutput, GenerateWork
 from laps_agent.engine.http import api_models as api
 from laps_agent.engine.http.util import log_failure, sse
-from laps_agent.engine.core.requests import EngineOutput, GenerateWork
 
 
 def response_id(parsed: api.ParsedRequest, work: GenerateWork) -> str:

@@ -9,15 +9,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from laps_agent.serving.drain import DrainGuard, refusal_body
-from laps_agent.engine.http import api_models as api
-from laps_agent.engine.http.util import error, http_error
 from laps_agent.engine.core.load_report import HeldByClass, load_report
-from laps_agent.engine.metrics import read_group
 from laps_agent.engine.core.requests import GenerateWork, new_rid
 from laps_agent.engine.core.sampling_params import SamplingParams
-from laps_agent.serving.request_id import tagged
+from laps_agent.engine.http import api_models as api
+from laps_agent.engine.http.util import error, http_error
+from laps_agent.engine.metrics import read_group
 from laps_agent.policy.classes import CLASSES
+from laps_agent.serving.drain import DrainGuard, refusal_body
+from laps_agent.serving.request_id import tagged
 
 if TYPE_CHECKING:
     from laps_agent.engine.http.server import EngineServer

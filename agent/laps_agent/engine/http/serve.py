@@ -66,8 +66,8 @@ def uvicorn_servers(server, bootstrap: bool, header_timeout_s: float | None = No
     (default HEADER_TIMEOUT_S) to send a request's headers (laps_agent/serving/header_timeout.py)."""
     import uvicorn
 
-    from laps_agent.serving.drain import DrainingServer
     from laps_agent.engine.pd.wire import bootstrap_app  # not .pd: an emulated engine needs no torch
+    from laps_agent.serving.drain import DrainingServer
     from laps_agent.serving.header_timeout import http_protocol
     from laps_agent.serving.request_body import HEADER_TIMEOUT_S
 

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from laps_agent.serving.drain import DEFAULT_GRACE_S, Drain
+from laps_agent.engine.core.requests import EngineOutput, GenerateWork, new_rid
 from laps_agent.engine.http import api_models as api
+from laps_agent.engine.http.responses import final_body, sse_events
 from laps_agent.engine.http.util import ClientGone, failed, read_json, until_disconnect, until_stream_end
 from laps_agent.engine.metrics import EngineMetrics
-from laps_agent.engine.pd.wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.engine.pd.prefix_warm import parse_warm_body, send_warm
-from laps_agent.engine.core.requests import EngineOutput, GenerateWork, new_rid
-from laps_agent.engine.http.responses import final_body, sse_events
+from laps_agent.engine.pd.wire import BootstrapError, KVCodec, KVOutbox, fetch_payload
 from laps_agent.modelio.prompt_rules import CONTEXT_LENGTH_EXCEEDED, over_context_message
+from laps_agent.serving.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.serving.request_body import BODY_IDLE_TIMEOUT_S
 from laps_agent.serving.request_id import shown
 

@@ -12,9 +12,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from laps_agent.engine.http import api_models as api
+from laps_agent.modelio.tokenizer import loads_json_text, unencodable_message, unencodable_text
 from laps_agent.serving.request_body import BodyRefused, read_request_body
 from laps_agent.serving.request_id import shown
-from laps_agent.modelio.tokenizer import loads_json_text, unencodable_message, unencodable_text
 
 log = logging.getLogger(__name__)
 

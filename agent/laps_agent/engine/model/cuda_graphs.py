@@ -73,7 +73,7 @@ class BucketGraphs:
 
     @torch.inference_mode()
     def _capture(self, bucket: Bucket) -> _CapturedBucket:
-        from laps_agent.engine.model.runner import ForwardItem, BucketInputs, build_bucket_inputs
+        from laps_agent.engine.model.runner import BucketInputs, ForwardItem, build_bucket_inputs
 
         runner = self.runner
         # Capture with an all-dummy batch: every write goes to the scratch page.

@@ -17,9 +17,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quant_shape_to_byte_shape
 
-from laps_agent.modelio.gguf_metadata import GGUFLayout, read_gguf_layout
-
 from laps_agent.engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from laps_agent.modelio.gguf_metadata import GGUFLayout, read_gguf_layout
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",

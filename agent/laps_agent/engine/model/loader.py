@@ -7,13 +7,12 @@ from pathlib import Path
 
 import torch
 
-from laps_agent.engine.model.llama import CausalLM, rope_inverse_frequencies
 from laps_agent.engine.model.config import ModelConfig, UnsupportedModelError
+from laps_agent.engine.model.llama import CausalLM, rope_inverse_frequencies
+from laps_agent.modelio.gguf_metadata import GGUFFormatError
 from laps_agent.modelio.model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
 from laps_agent.modelio.tokenizer import Tokenizer, TokenizerError, tokenizer_from_hf_dir
-from laps_agent.modelio.gguf_metadata import GGUFFormatError
 from laps_agent.modelio.tokenizer_gguf import tokenizer_from_gguf
-
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

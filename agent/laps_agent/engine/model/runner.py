@@ -19,11 +19,10 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from laps_agent.policy.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
-
 from laps_agent.engine.model.attention import EAGER_SDPA_BACKENDS, BlockAttention, PackedAttention
 from laps_agent.engine.model.kv_export import KVExport, start_export
 from laps_agent.engine.model.loader import LoadedModel
+from laps_agent.policy.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
 
 
 class ForwardError(ValueError):

@@ -9,8 +9,7 @@ from typing import Sequence
 
 import torch
 
-from laps_agent.engine.core.sampling_params import (DEFAULT_MAX_NEW_TOKENS, SamplingError,  # noqa: F401
-                                               SamplingParams, StopState)
+from laps_agent.engine.core.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingError, SamplingParams, StopState  # noqa: F401
 
 
 def sample_tokens(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequence[int]) -> list[int]:

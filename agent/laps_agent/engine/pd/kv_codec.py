@@ -13,8 +13,15 @@ from dataclasses import dataclass, field
 import torch
 
 from laps_agent.engine.model.kv_export import KVExport, resolve, stage_import
-from laps_agent.engine.pd.wire import (BootstrapError, Frame, KVOutbox, bootstrap_app,  # noqa: F401
-                                       decode_frame, encode_frame, fetch_payload)
+from laps_agent.engine.pd.wire import (  # noqa: F401
+    BootstrapError,
+    Frame,
+    KVOutbox,
+    bootstrap_app,
+    decode_frame,
+    encode_frame,
+    fetch_payload,
+)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
 from laps_agent.engine.pd import fetch as pd_fetch
-from laps_agent.engine.pd.frame import (BootstrapError, Frame, Payload, decode_frame,  # noqa: F401
-                                        encode_frame)
+from laps_agent.engine.pd.frame import BootstrapError, Frame, Payload, decode_frame, encode_frame  # noqa: F401
 
 KV_PATH = "/laps/kv/{room}"
 # The gateway sends a request to its prefill and decode engines at once, so the decode engine's

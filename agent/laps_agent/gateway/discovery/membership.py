@@ -38,10 +38,10 @@ class Discovery(abc.ABC):
     @abc.abstractmethod
     def membership(self) -> Membership: ...
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - optional hook: static membership tracks nothing
         """Begin tracking; returns without waiting for the first pods to appear."""
 
-    async def stop(self) -> None:
+    async def stop(self) -> None:  # noqa: B027 - optional hook, as start
         """Stop every task or thread started by `start`."""
 
 

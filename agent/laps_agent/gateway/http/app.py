@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import asynccontextmanager
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,26 +12,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from laps_agent.serving.drain import Drain, DrainGuard, refusal_body
+from laps_agent.gateway.config import GatewayConfig
+from laps_agent.gateway.discovery.membership import Discovery
+from laps_agent.gateway.estimate import PromptCount, TokenEstimator
 from laps_agent.gateway.http.auth import install_auth
 from laps_agent.gateway.http.body import client_gone, read_body
-from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.http.context import engines_limit, refuse_over_context
 from laps_agent.gateway.http.deadline import RequestDeadline
-from laps_agent.gateway.discovery.membership import Discovery
-from laps_agent.gateway.http.errors import (crash_response, error_response, install_error_handlers,
-                                       validation_message)
-from laps_agent.gateway.estimate import PromptCount, TokenEstimator
-from laps_agent.gateway.proxy.failures import GatewayError, UpstreamStatus
-from laps_agent.gateway.proxy.load import LoadTracker
-from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.proxy.payload import PDPayload, parse_body
-from laps_agent.gateway.prefix import prefix_chain
-from laps_agent.gateway.proxy.pd import PDProxy, ProxyCall
-from laps_agent.gateway.proxy.replies import Reply, StreamReply
-from laps_agent.gateway.proxy.relay import HangupGuard, RelayResponse
+from laps_agent.gateway.http.errors import crash_response, error_response, install_error_handlers, validation_message
 from laps_agent.gateway.http.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
 from laps_agent.gateway.http.status import laps_status, readiness
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.prefix import prefix_chain
+from laps_agent.gateway.proxy.failures import GatewayError, UpstreamStatus
+from laps_agent.gateway.proxy.load import LoadTracker
+from laps_agent.gateway.proxy.payload import PDPayload, parse_body
+from laps_agent.gateway.proxy.pd import PDProxy, ProxyCall
+from laps_agent.gateway.proxy.relay import HangupGuard, RelayResponse
+from laps_agent.gateway.proxy.replies import Reply, StreamReply
+from laps_agent.serving.drain import Drain, DrainGuard, refusal_body
 from laps_agent.serving.request_id import SCOPE_KEY, shown, tagged
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
-from laps_agent.gateway.proxy.failures import GatewayError
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.proxy.replies import StreamReply, sse_error
+from laps_agent.gateway.proxy.failures import GatewayError
 from laps_agent.gateway.proxy.relay import RelayResponse
+from laps_agent.gateway.proxy.replies import StreamReply, sse_error
 
 T = TypeVar("T")
 REASON = "deadline_exceeded"   # laps_gateway_errors_total{reason}, and the SSE error's type

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from laps_agent.policy.admission import decode_held, decode_share_bound, decode_slots, group_bound
-from laps_agent.gateway.http.context import engines_limit
 from laps_agent.gateway.discovery.membership import GROUP_NAMES, Membership
-from laps_agent.policy.routing import Endpoint, EndpointLoad
+from laps_agent.gateway.http.context import engines_limit
+from laps_agent.policy.admission import decode_held, decode_share_bound, decode_slots, group_bound
 from laps_agent.policy.classes import CLASSES
+from laps_agent.policy.routing import Endpoint, EndpointLoad
 
 if TYPE_CHECKING:
     from laps_agent.gateway.http.app import Gateway

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from laps_agent.gateway.discovery.membership import Discovery
-from laps_agent.policy.routing import Endpoint, EndpointLoad
 from laps_agent.gateway.proxy.sglang_limit import ANY_LENGTH, SGLangLimits
 from laps_agent.gateway.proxy.upstream import UpstreamError, UpstreamPool, UpstreamTimeout, address
 from laps_agent.modelio.prompt_rules import PromptLimit
+from laps_agent.policy.routing import Endpoint, EndpointLoad
 
 log = logging.getLogger(__name__)
 _IDLE = EndpointLoad()

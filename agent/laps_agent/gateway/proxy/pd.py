@@ -23,22 +23,27 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
-from laps_agent.policy.admission import decode_held, decode_slots, group_load, in_time_route, refusal
 from laps_agent.gateway.affinity import CacheAffinity
 from laps_agent.gateway.config import GatewayConfig
 from laps_agent.gateway.discovery.membership import Discovery, Membership
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
 from laps_agent.gateway.proxy.engine_load import EngineLoadPoller, EngineLoads
 from laps_agent.gateway.proxy.failures import GatewayError, Retryable, UpstreamStatus, judge_status
 from laps_agent.gateway.proxy.load import LoadTracker, PrefillTicket
-from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.payload import PDPayload, upstream_headers
-from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
 from laps_agent.gateway.proxy.relay import Leftovers
 from laps_agent.gateway.proxy.replies import EventAligner, Reply, StreamReply, sse_error
-from laps_agent.policy.routing import (Endpoint, EndpointLoad, NoEndpointError, RouteDecision,
-                                        choose_route)
-from laps_agent.gateway.proxy.upstream import (UpstreamConnectError, UpstreamError, UpstreamPool,
-                                         UpstreamResponse, UpstreamTimeout, address)
+from laps_agent.gateway.proxy.upstream import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+    address,
+)
+from laps_agent.policy.admission import decode_held, decode_slots, group_load, in_time_route, refusal
+from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, choose_route
 
 log = logging.getLogger(__name__)
 

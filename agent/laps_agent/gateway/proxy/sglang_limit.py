@@ -29,9 +29,9 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from laps_agent.policy.routing import Endpoint
 from laps_agent.gateway.proxy.upstream import UpstreamError, UpstreamPool, address
 from laps_agent.modelio.prompt_rules import PromptLimit
+from laps_agent.policy.routing import Endpoint
 
 if TYPE_CHECKING:
     from laps_agent.gateway.proxy.engine_load import EngineLoads

@@ -10,12 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from laps_agent.lab.bench._client import StreamClient, StreamOutcome
-from laps_agent.lab.bench._conversations import (PodLoad, busy_ratios, converse, prefill_busy, prefix_meta,
-                                              shared_prefix_tokens)
+from laps_agent.lab.bench._conversations import (
+    PodLoad,
+    busy_ratios,
+    converse,
+    prefill_busy,
+    prefix_meta,
+    shared_prefix_tokens,
+)
 from laps_agent.lab.results import RequestRecord, RunResult, TimelineSample
-from laps_agent.policy.classes import length_class
 from laps_agent.lab.workload import Plan, PromptBuilder, WorkloadSpec, plan_requests
 from laps_agent.lab.workload.plan import require_requests
+from laps_agent.policy.classes import length_class
 
 PROBE_TIMEOUT_S = 5.0
 STATUS_INTERVAL_S = 1.0

@@ -24,14 +24,14 @@ import sys
 from pathlib import Path
 
 from laps_agent.lab.bench.run import RESULTS_DIR
-from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
-from laps_agent.local.process import LocalProcess
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
-from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.lab.systems import SYSTEMS, SystemConfig, system
 from laps_agent.lab.workload import Plan, WorkloadError, WorkloadSpec, load_workload
 from laps_agent.lab.workload.plan import require_requests, warmup_plan
+from laps_agent.local.process import LocalProcess
+from laps_agent.local.signals_deferred import SignalsDeferred
+from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,8 +88,8 @@ def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig
                             engine_args: list[str]) -> str | None:
     """Allocation flags given when no system compared moves pods: silently ignored, they would
     read as part of a comparison they took no part in."""
-    from laps_agent.local import stack as local
     from laps_agent.lab.systems import moves_pods, unused_allocation_flags
+    from laps_agent.local import stack as local
 
     parser = local.build_parser()
     for sys_config in systems:
@@ -102,8 +102,8 @@ def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig
 def api_key(engine_args: list[str]) -> str | None:
     """The key the load generator sends: the first in `--api-keys-file`, passed through to every
     system's gateway (local_problem has checked it holds one)."""
-    from laps_agent.local import stack as local
     from laps_agent.gateway.http.auth import keys_in
+    from laps_agent.local import stack as local
 
     keys_file = local.build_parser().parse_known_args(engine_args)[0].api_keys_file
     return keys_in(Path(keys_file))[0] if keys_file else None
@@ -173,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     from laps_agent.emulated.profile import ProfileError, load_profile
-    from laps_agent.modelio.model_files import default_model_path
-    from laps_agent.modelio.tokenizer import load_tokenizer
     from laps_agent.lab.sim import mean_rate, measure_capacity
     from laps_agent.lab.workload import plan_requests
+    from laps_agent.modelio.model_files import default_model_path
+    from laps_agent.modelio.tokenizer import load_tokenizer
 
     rate_scale = args.rate_scale or 1.0
     try:  # as `laps bench run` says a tokenizer it cannot read (a bad --model)

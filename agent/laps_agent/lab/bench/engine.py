@@ -16,11 +16,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from laps_agent.serving.flag_types import non_negative, positive
 from laps_agent.engine.core.config import DTYPE_CHOICES
 from laps_agent.engine.core.requests import EngineOutput, GenerateWork
 from laps_agent.engine.model.sampling import SamplingParams
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.serving.flag_types import non_negative, positive
 
 
 @dataclass
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from laps_agent.engine.engine import Engine, EngineConfig
     from laps_agent.engine.model.loader import default_model_path, load_model, resolve_dtype
-    from laps_agent.modelio.model_files import ModelLoadError
     from laps_agent.engine.model.runner import ForwardItem, ModelRunner
+    from laps_agent.modelio.model_files import ModelLoadError
     from laps_agent.policy.scheduling.buckets import BucketGrid
     from laps_agent.policy.scheduling.config import SchedulerConfig
 

@@ -40,11 +40,10 @@ from pathlib import Path
 
 import httpx
 
-from laps_agent.serving.flag_types import positive, positive_ints
 from laps_agent.lab.bench._gateway_report import Cell, latency_row, scale_out_row, table
-from laps_agent.lab.bench._gateway_stack import (Child, spawn_engine, spawn_gateway, spawn_stub_upstreams,
-                                              word_tokenizer)
+from laps_agent.lab.bench._gateway_stack import Child, spawn_engine, spawn_gateway, spawn_stub_upstreams, word_tokenizer
 from laps_agent.lab.bench._http_load import LoadClient
+from laps_agent.serving.flag_types import positive, positive_ints
 
 _WORDS = ("the prefill pod computes the prompt's KV cache, then hands it to a decode pod; "
           "requests of 1024 tokens or more are long (see docs/contracts.md).\n").split(" ")

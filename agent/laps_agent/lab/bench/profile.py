@@ -70,8 +70,8 @@ def measure(args: argparse.Namespace) -> dict[str, list]:
     import torch
 
     from laps_agent.engine.model.loader import default_model_path, load_model
-    from laps_agent.engine.pd.kv_codec import KVTransfer
     from laps_agent.engine.model.runner import ForwardItem, ModelRunner
+    from laps_agent.engine.pd.kv_codec import KVTransfer
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -96,19 +96,19 @@ def measure(args: argparse.Namespace) -> dict[str, list]:
             if n * length > args.max_batch_tokens:
                 continue
             batch = items(n, length)
-            s = _median_seconds(lambda: runner.forward(batch, bucketed=False), args.repeats)
+            s = _median_seconds(lambda batch=batch: runner.forward(batch, bucketed=False), args.repeats)
             data["prefill"].append((n, length, s))
             print(f"  prefill {n} x {length:5d} tokens  {s * 1e3:8.1f} ms", flush=True)
     for n in _DECODE_BATCHES:
         for context in _DECODE_CONTEXTS:
             step = items(n, 1, start=context)
-            s = _median_seconds(lambda: runner.forward(step, bucketed=False), args.repeats)
+            s = _median_seconds(lambda step=step: runner.forward(step, bucketed=False), args.repeats)
             data["decode"].append((n, context, s))
             print(f"  decode  {n:2d} running x {context:5d} context  {s * 1e3:8.1f} ms", flush=True)
     for length in _TRANSFER_LENGTHS:
         pages_of = list(range(-(-length // page)))
 
-        def hand_off() -> None:
+        def hand_off(pages_of: list[int] = pages_of, length: int = length) -> None:
             kv = runner.export_kv(pages_of, length)
             KVTransfer.decode(KVTransfer(1, list(range(length)), 0, kv).encode())
 

@@ -23,11 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laps_agent.serving.flag_types import non_negative, output_dir, positive, slo_seconds, unwritable_dir
 from laps_agent.lab.bench._client import StreamClient
 from laps_agent.lab.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
 from laps_agent.lab.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
-
+from laps_agent.serving.flag_types import non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 RESULTS_DIR = Path("bench-results")  # where results go without --out
 

@@ -11,13 +11,20 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from laps_agent.serving.flag_types import at_least, positive
 from laps_agent.gateway.proxy.load import LoadTracker
-from laps_agent.policy.routing import Endpoint
 from laps_agent.lab.results.records import TimelineSample
 from laps_agent.lab.systems import ALLOCATION_DEFAULTS, SystemConfig, moves_pods, unused_allocation_flags
-from laps_agent.policy.allocation import (AllocationConfig, Move, PolicyState, PressureWindow, decide,
-                                      group_pressure, reference_decide)
+from laps_agent.policy.allocation import (
+    AllocationConfig,
+    Move,
+    PolicyState,
+    PressureWindow,
+    decide,
+    group_pressure,
+    reference_decide,
+)
+from laps_agent.policy.routing import Endpoint
+from laps_agent.serving.flag_types import at_least, positive
 
 Groups = dict[str, tuple[Endpoint, ...]]
 INTERVAL_S = ALLOCATION_DEFAULTS["allocation_interval"]  # between decisions, as `laps local`

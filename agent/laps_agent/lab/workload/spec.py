@@ -31,9 +31,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
-
 from laps_agent.lab.workload.spec_errors import _RuleError, format_validation_error
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 DEFAULT_THRESHOLD = DEFAULT_LENGTH_THRESHOLD

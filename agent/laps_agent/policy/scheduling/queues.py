@@ -44,8 +44,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.classes import LONG, SHORT, length_class
+from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.policy.scheduling.window import WaitWindow, WindowSetting
 
