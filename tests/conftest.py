@@ -9,3 +9,17 @@ _SUPPORT = pathlib.Path(__file__).parent / "support"
 sys.path.insert(0, str(_SUPPORT.parent.parent))  # repo root, so `tests.support` imports work
 
 pytest_plugins = sorted(f"tests.support.{p.stem}" for p in _SUPPORT.glob("fixtures_*.py"))
+
+
+# Each directory under tests/ is a tier, and a marker of the same name selects it
+# (`pytest -m unit`, `-m "not sglang"`): unit starts no process and no server (tests/unit/conftest.py
+# enforces it), integration runs real servers on loopback, e2e whole stacks, sglang real SGLang.
+TIERS = ("unit", "integration", "e2e", "sglang")
+
+
+def pytest_collection_modifyitems(items):
+    tests_dir = pathlib.Path(__file__).parent
+    for item in items:
+        tier = item.path.relative_to(tests_dir).parts[0]
+        if tier in TIERS:
+            item.add_marker(tier)

@@ -10,8 +10,7 @@ MANAGER = "laps-operator"
 OPERATOR_KEY_PREFIX = "laps.io/"
 CLUSTER_LABEL = "laps.io/cluster"
 ROLE_LABEL = "laps.io/role"
-GROUP_LABEL = "laps.io/prefill-group"
-GROUPS = ("short", "long")
+GROUP_LABEL = "laps.io/prefill-group"   # its values: laps_agent.policy.classes.CLASSES
 
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
@@ -123,11 +122,3 @@ def role_selector(cluster: str, role: str) -> dict[str, str]:
     so they hold only labels that never change."""
     return {CLUSTER_LABEL: cluster, ROLE_LABEL: role}
 
-
-def pod_ordinal(pod_name: str, statefulset: str) -> int | None:
-    """Ordinal of a StatefulSet pod (`<sts>-<n>`), None for a pod of another set."""
-    prefix = f"{statefulset}-"
-    if not pod_name.startswith(prefix):
-        return None
-    tail = pod_name[len(prefix):]
-    return int(tail) if tail.isdigit() else None

@@ -1,8 +1,7 @@
 """A Kubernetes API server for tests: KMock's `KubernetesEmulator` plus what kopf 1.45 and the
 official `kubernetes` client need from a real kube-apiserver.
 
-KMock 0.8 keeps objects as plain JSON (see /work/shared/notes/testing-without-a-cluster.md
-for what it lacks). This subclass keeps KMock's discovery, request log, object history and
+KMock 0.8 keeps objects as plain JSON and lacks much of the API server's behaviour. This subclass keeps KMock's discovery, request log, object history and
 reactions (failure injection: a test's reaction is served before the emulator's own), and
 replaces its object verbs with ones that follow the real API server:
 

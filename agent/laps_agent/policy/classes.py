@@ -6,10 +6,22 @@ the rule here (e.g. to a strict `<`) changes it everywhere at once.
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import TypeVar
 
-SHORT, LONG = "short", "long"
-CLASSES = (SHORT, LONG)
+
+class LengthClass(StrEnum):
+    """The two length classes, which name the prefill groups too. Members are strings
+    (LengthClass.SHORT == "short"), so labels, JSON and metrics carry the plain values."""
+    SHORT = "short"
+    LONG = "long"
+
+
+SHORT, LONG = LengthClass.SHORT, LengthClass.LONG
+# A tuple, not the enum class: `x in CLASSES` must answer for any value (None, a label someone
+# wrote by hand), which `x in LengthClass` does not for non-members on Python 3.11.
+CLASSES: tuple[LengthClass, ...] = (SHORT, LONG)
+OTHER: dict[str, LengthClass] = {SHORT: LONG, LONG: SHORT}   # the other class (group)
 DEFAULT_LENGTH_THRESHOLD = 256
 
 _N = TypeVar("_N")
@@ -20,6 +32,6 @@ def is_short(tokens: _N, threshold: int) -> _N:
     return tokens <= threshold
 
 
-def length_class(tokens: int, threshold: int) -> str:
+def length_class(tokens: int, threshold: int) -> LengthClass:
     """"short" | "long" for `tokens` prompt tokens that need prefill."""
     return SHORT if is_short(tokens, threshold) else LONG

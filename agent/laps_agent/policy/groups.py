@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from laps_operator.naming import GROUPS, pod_ordinal
+from laps_agent.policy.classes import CLASSES, LONG, OTHER, SHORT
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class PodView:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    groups: dict[str, list[str]]                       # "short"/"long" -> pod names by ordinal
+    groups: dict[str, list[str]]                       # group (CLASSES) -> pod names by ordinal
     label_changes: dict[str, str] = field(default_factory=dict)  # existing pod -> group to write
     moved: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (from, to), rule 5
 
@@ -46,6 +46,15 @@ class GroupPlan:
 
     def group_of(self, name: str) -> str | None:
         return next((g for g, names in self.groups.items() if name in names), None)
+
+
+def pod_ordinal(pod_name: str, statefulset: str) -> int | None:
+    """Ordinal of a StatefulSet pod (`<sts>-<n>`), None for a pod of another set."""
+    prefix = f"{statefulset}-"
+    if not pod_name.startswith(prefix):
+        return None
+    tail = pod_name[len(prefix):]
+    return int(tail) if tail.isdigit() else None
 
 
 def initial_short_count(replicas: int) -> int:
@@ -60,7 +69,7 @@ def plan_groups(
     min_per_group: int = 1,
 ) -> GroupPlan:
     recorded_group = {
-        name: group for group in GROUPS for name in (recorded or {}).get(group, ()) or ()
+        name: group for group in CLASSES for name in (recorded or {}).get(group, ()) or ()
     }
     by_name = {p.name: p for p in pods if pod_ordinal(p.name, statefulset) is not None}
     names = [f"{statefulset}-{i}" for i in range(replicas)]
@@ -70,24 +79,24 @@ def plan_groups(
         label = by_name[name].group_label if name in by_name else None
         if name in recorded_group:
             assignment[name] = recorded_group[name]
-        elif label in GROUPS:
+        elif label in CLASSES:
             assignment[name] = label
         else:
             unassigned.append(name)
 
-    fresh_cluster = not recorded_group and not any(p.group_label in GROUPS for p in by_name.values())
+    fresh_cluster = not recorded_group and not any(p.group_label in CLASSES for p in by_name.values())
     if fresh_cluster:
         short = initial_short_count(replicas)
         for name in unassigned:
-            assignment[name] = "short" if pod_ordinal(name, statefulset) < short else "long"
+            assignment[name] = SHORT if pod_ordinal(name, statefulset) < short else LONG
     else:
         for name in unassigned:
             sizes = _sizes(assignment)
-            assignment[name] = "short" if sizes["short"] <= sizes["long"] else "long"
+            assignment[name] = SHORT if sizes[SHORT] <= sizes[LONG] else LONG
 
     moved = _keep_minimum(assignment, statefulset, min_per_group)
     groups = {g: sorted((n for n, a in assignment.items() if a == g), key=lambda n: pod_ordinal(n, statefulset))
-              for g in GROUPS}
+              for g in CLASSES}
     label_changes = {
         name: group
         for name, group in assignment.items()
@@ -97,7 +106,7 @@ def plan_groups(
 
 
 def _sizes(assignment: Mapping[str, str]) -> dict[str, int]:
-    sizes = dict.fromkeys(GROUPS, 0)
+    sizes = dict.fromkeys(CLASSES, 0)
     for group in assignment.values():
         sizes[group] += 1
     return sizes
@@ -106,7 +115,8 @@ def _sizes(assignment: Mapping[str, str]) -> dict[str, int]:
 def _keep_minimum(assignment: dict[str, str], statefulset: str, minimum: int) -> dict[str, tuple[str, str]]:
     moved: dict[str, tuple[str, str]] = {}
     minimum = max(1, minimum)
-    for short_of, donor_group in (("short", "long"), ("long", "short")):
+    for short_of in CLASSES:
+        donor_group = OTHER[short_of]
         sizes = _sizes(assignment)
         # Never below the minimum on the donor's side: with too few pods for both, each keeps what it can.
         while sizes[short_of] < minimum and sizes[donor_group] > minimum:

@@ -21,86 +21,24 @@ anyway (not for a conversation's last turn), done while the pod is otherwise idl
 re-sent answer tokenizes differently from the generated ids, the cache match simply ends there.
 Warms are dropped, never waited for: when the queue passes `MAX_QUEUED_WARMS`, when the pool has
 no free page, when a forward fails.
+
+This module carries warms between engines (the body, the POST, its parsing); the queue and its
+chunks are core/warm_queue.py, which the engine's PD hand-off (core/pd_handoff.py) drives.
 """
 from __future__ import annotations
 
 import json
 import logging
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+import httpx
+
+from laps_agent.engine.pd import fetch as pd_fetch
+from laps_agent.engine.pd.frame import BootstrapError
 
 log = logging.getLogger(__name__)
 
 WARM_PATH = "/laps/warm"
-MAX_QUEUED_WARMS = 64
 WARM_TIMEOUT_S = 5.0
-# What WarmQueue reports besides "chunk" (the laps_engine_prefix_warm_total outcomes).
-WARM_OUTCOMES = ("done", "dropped", "refused", "failed")
-
-
-def warm_chunk(tokens: int, pos: int, cached: int, page_size: int, threshold: int) -> tuple[int, int] | None:
-    """The next chunk (start, end) to compute of a warm of `tokens` tokens that has reached `pos`
-    and of which the cache holds `cached` now; None when nothing is left. Only whole pages can
-    be cached, so a chunk ends on a page boundary, and it is at most `threshold` tokens (at
-    least a page): never more than a short batch, so it delays nothing for long."""
-    full = tokens // page_size * page_size
-    start = max(pos, cached)
-    if full - start < page_size:
-        return None
-    size = max(threshold // page_size, 1) * page_size
-    return start, min(full, start + size)
-
-
-@dataclass(slots=True)
-class Warm:
-    """A finished turn to compute into the prefix cache."""
-    ids: Sequence[int]        # builtin: the token ids; emulated: the KV-page keys
-    tokens: int
-    rid: str = ""
-    pos: int = 0              # tokens warmed so far: each chunk moves it on, so a warm always ends
-
-
-class WarmQueue:
-    """The warms a prefill engine holds, oldest first, and the chunk each computes next; the
-    builtin engine and the emulated engine's model drive it the same way when idle:
-    `next_chunk` -> compute (start..end) -> `advance`, or `drop` when that cannot be done.
-    `report(outcome, tokens)`: "chunk" (tokens computed) or one of WARM_OUTCOMES."""
-
-    def __init__(self, page_size: int, threshold: int, report: Callable[[str, int], None] | None = None) -> None:
-        self.page_size, self.threshold = page_size, threshold
-        self.report = report or (lambda outcome, tokens: None)
-        self._queue: deque[Warm] = deque()
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def add(self, warm: Warm) -> None:
-        self._queue.append(warm)
-        while len(self._queue) > MAX_QUEUED_WARMS:  # the oldest turn is the least likely to come back
-            self._queue.popleft()
-            self.report("dropped", 0)
-
-    def next_chunk(self, cached: Callable[[Warm], int]) -> tuple[Warm, int, int] | None:
-        """The head warm and its next chunk (start, end), finishing warms that have none left;
-        `cached(warm)`: tokens of it the cache holds now."""
-        while self._queue:
-            warm = self._queue[0]
-            chunk = warm_chunk(warm.tokens, warm.pos, cached(warm), self.page_size, self.threshold)
-            if chunk is not None:
-                return warm, *chunk
-            self._queue.popleft()
-            self.report("done", 0)
-        return None
-
-    def advance(self, warm: Warm, end: int, computed: int) -> None:
-        warm.pos = end
-        self.report("chunk", computed)
-
-    def drop(self, outcome: str) -> None:
-        """The head warm cannot go on ("dropped": no room; "failed": its forward failed)."""
-        self._queue.popleft()
-        self.report(outcome, 0)
 
 
 def warm_body(input_ids: list[int]) -> bytes:
@@ -123,11 +61,6 @@ def parse_warm_body(raw: bytes, vocab_size: int, max_tokens: int) -> list[int]:
 async def send_warm(host: str, port: int, input_ids: list[int], timeout_s: float = WARM_TIMEOUT_S) -> int:
     """POST a warm to a prefill engine's bootstrap port; returns the HTTP status (0: no answer).
     Over its own connection, as the KV fetch it shares the client with (pd_fetch.request)."""
-    import httpx
-
-    from laps_agent.engine.pd import fetch as pd_fetch
-    from laps_agent.engine.pd.frame import BootstrapError
-
     try:
         answer = await pd_fetch.request("POST", host, port, WARM_PATH, timeout_s, body=warm_body(input_ids),
                                         content_type="application/json")

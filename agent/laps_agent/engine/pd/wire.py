@@ -27,6 +27,7 @@ import httpx
 
 from laps_agent.engine.pd import fetch as pd_fetch
 from laps_agent.engine.pd.frame import BootstrapError, Frame, Payload, decode_frame, encode_frame  # noqa: F401
+from laps_agent.engine.pd.prefix_warm import WARM_PATH
 
 KV_PATH = "/laps/kv/{room}"
 # The gateway sends a request to its prefill and decode engines at once, so the decode engine's
@@ -181,8 +182,6 @@ def bootstrap_app(outbox: KVOutbox, warm: Callable[[bytes], tuple[int, str]] | N
     """The ASGI app served on --bootstrap-port; `warm` takes prefix warms' bodies (prefix_warm.py;
     None: this engine takes none, 404)."""
     from fastapi import FastAPI, Query, Response
-
-    from laps_agent.engine.pd.prefix_warm import WARM_PATH
 
     class _FrameResponse(Response):
         """Sends a Frame's parts as they are: the transport writes each buffer without joining."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from laps_agent.emulated.engine import FILLER_WORDS
+from laps_agent.local.engines import free_ports
 from laps_agent.local.signals_deferred import SignalsDeferred
 
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -88,8 +89,6 @@ def word_tokenizer(directory: Path, words: Iterable[str]) -> Path:
 
 
 def spawn_engine(role: str, tokenizer: Path, profile: str = "instant") -> Child:
-    from laps_agent.local.engines import free_ports
-
     port, boot = free_ports(2)
 
     def ready(proc: subprocess.Popen) -> Child:

@@ -23,14 +23,21 @@ import signal
 import sys
 from pathlib import Path
 
+from laps_agent.emulated.profile import ProfileError, load_profile
+from laps_agent.gateway.http.auth import keys_in
+from laps_agent.lab.bench._runner import probe, run_workload
 from laps_agent.lab.bench.run import RESULTS_DIR
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
-from laps_agent.lab.systems import SYSTEMS, SystemConfig, system
-from laps_agent.lab.workload import Plan, WorkloadError, WorkloadSpec, load_workload
+from laps_agent.lab.sim import mean_rate, measure_capacity
+from laps_agent.lab.systems import SYSTEMS, SystemConfig, moves_pods, system, unused_allocation_flags
+from laps_agent.lab.workload import Plan, WorkloadError, WorkloadSpec, load_workload, plan_requests
 from laps_agent.lab.workload.plan import require_requests, warmup_plan
+from laps_agent.local import stack as local
 from laps_agent.local.process import LocalProcess
 from laps_agent.local.signals_deferred import SignalsDeferred
+from laps_agent.modelio.model_files import default_model_path
+from laps_agent.modelio.tokenizer import load_tokenizer
 from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 
@@ -73,7 +80,6 @@ def local_problem(args: argparse.Namespace, sys_config: SystemConfig, engine_arg
     """Why `laps local` would refuse this system's command line (local.args_problem: `--prefill 1`
     for a system that moves pods, a flag no engine takes, a bad value of one of `laps local`'s own
     flags passed through), found before the first system starts, not after the earlier ones ran."""
-    from laps_agent.local import stack as local
 
     parser = local.build_parser()
     parser.exit_on_error = False  # a bad value raises, rather than printing laps local's usage
@@ -88,8 +94,6 @@ def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig
                             engine_args: list[str]) -> str | None:
     """Allocation flags given when no system compared moves pods: silently ignored, they would
     read as part of a comparison they took no part in."""
-    from laps_agent.lab.systems import moves_pods, unused_allocation_flags
-    from laps_agent.local import stack as local
 
     parser = local.build_parser()
     for sys_config in systems:
@@ -102,8 +106,6 @@ def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig
 def api_key(engine_args: list[str]) -> str | None:
     """The key the load generator sends: the first in `--api-keys-file`, passed through to every
     system's gateway (local_problem has checked it holds one)."""
-    from laps_agent.gateway.http.auth import keys_in
-    from laps_agent.local import stack as local
 
     keys_file = local.build_parser().parse_known_args(engine_args)[0].api_keys_file
     return keys_in(Path(keys_file))[0] if keys_file else None
@@ -115,7 +117,6 @@ async def _measure(url: str, spec: WorkloadSpec, plans: tuple[Plan, Plan | None]
     a result with meta["interrupted"] when it came during the measured run (kept, as
     `laps bench run` keeps a partial run). `plans`: the measured run's and the warm-up's; `key`:
     the API key to send (api_key)."""
-    from laps_agent.lab.bench._runner import probe, run_workload
 
     plan, warm_plan = plans
     target = await probe(url, api_key=key)
@@ -172,11 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laps bench compare: error: cannot write the results to {out}: {problem} (give --out DIR)",
               file=sys.stderr)
         return 2
-    from laps_agent.emulated.profile import ProfileError, load_profile
-    from laps_agent.lab.sim import mean_rate, measure_capacity
-    from laps_agent.lab.workload import plan_requests
-    from laps_agent.modelio.model_files import default_model_path
-    from laps_agent.modelio.tokenizer import load_tokenizer
 
     rate_scale = args.rate_scale or 1.0
     try:  # as `laps bench run` says a tokenizer it cannot read (a bad --model)

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from laps_agent.engine.core.config import DTYPE_CHOICES
 from laps_agent.engine.core.requests import EngineOutput, GenerateWork
 from laps_agent.engine.model.sampling import SamplingParams
+from laps_agent.modelio.model_files import ModelLoadError
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.scheduling.buckets import BucketGrid
+from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.serving.flag_types import non_negative, positive
 
 
@@ -58,14 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level="WARNING")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `laps engine` does; before torch
+    # lazy: torch loads after OMP_WAIT_POLICY is set, and only when this benchmark runs
     import torch
 
     from laps_agent.engine.engine import Engine, EngineConfig
     from laps_agent.engine.model.loader import default_model_path, load_model, resolve_dtype
     from laps_agent.engine.model.runner import ForwardItem, ModelRunner
-    from laps_agent.modelio.model_files import ModelLoadError
-    from laps_agent.policy.scheduling.buckets import BucketGrid
-    from laps_agent.policy.scheduling.config import SchedulerConfig
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

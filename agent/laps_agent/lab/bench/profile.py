@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 import yaml
 
+from laps_agent.emulated.profile import ProfileError, load_profile, parse_profile, relative_error
+from laps_agent.modelio.model_files import ModelLoadError
 from laps_agent.serving.flag_types import at_least, output_file, positive
 
 _PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -67,6 +69,7 @@ def _nnls(rows: list[list[float]], measured: list[float]) -> list[float]:
 
 def measure(args: argparse.Namespace) -> dict[str, list]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `laps engine`; before torch loads
+    # lazy: torch loads after OMP_WAIT_POLICY is set, and only when this benchmark runs
     import torch
 
     from laps_agent.engine.model.loader import default_model_path, load_model
@@ -137,7 +140,6 @@ def fit(data: dict[str, list]) -> dict:
 
 def errors(profile, data: dict[str, list]) -> dict[str, list[float]]:
     """Relative error of `profile` on every measured sample, per kind."""
-    from laps_agent.emulated.profile import relative_error
 
     return {
         "prefill": [relative_error(profile.prefill_seconds([length] * n), s) for n, length, s in data["prefill"]],
@@ -165,8 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="cpu-smollm2", help="name of the written profile")
     args = p.parse_args(argv)
 
-    from laps_agent.emulated.profile import ProfileError, load_profile, parse_profile
-    from laps_agent.modelio.model_files import ModelLoadError
 
     try:
         against = load_profile(args.against)

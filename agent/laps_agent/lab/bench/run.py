@@ -25,7 +25,11 @@ from typing import Any
 
 from laps_agent.lab.bench._client import StreamClient
 from laps_agent.lab.bench._runner import Target, TargetError, probe, run_workload  # noqa: F401 (API)
+from laps_agent.lab.results import markdown, save, summarize
+from laps_agent.lab.results.turns import summarize_turns, turns_report
 from laps_agent.lab.workload import WorkloadError, WorkloadSpec, available_workloads, load_workload
+from laps_agent.modelio.model_files import default_model_path
+from laps_agent.modelio.tokenizer import load_tokenizer
 from laps_agent.serving.flag_types import non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 RESULTS_DIR = Path("bench-results")  # where results go without --out
@@ -63,8 +67,6 @@ def _error(message: str) -> int:
 def _load_tokenizer(arg: str | None) -> tuple[Any, str | None]:
     if arg and arg.lower() == "none":
         return None, None
-    from laps_agent.modelio.model_files import default_model_path
-    from laps_agent.modelio.tokenizer import load_tokenizer
 
     path = arg or str(default_model_path())
     return load_tokenizer(path), path
@@ -99,7 +101,6 @@ async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
     result.meta["slo"] = args.slo
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or RESULTS_DIR / f"{stamp}-{label}"
-    from laps_agent.lab.results import markdown, save, summarize
 
     try:
         paths = save(result, out, slo=args.slo)
@@ -111,7 +112,6 @@ async def _main_async(args: argparse.Namespace, spec: WorkloadSpec) -> int:
     print(markdown(summarize(result, slo=args.slo, by_phase=by_phase)))
     print()
     if "prefix" in result.meta:  # a workload with conversations (issue 12)
-        from laps_agent.lab.results.turns import summarize_turns, turns_report
 
         print(turns_report([(label, summarize_turns(result))]) + "\n")
     for name, path in paths.items():

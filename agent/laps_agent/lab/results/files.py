@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from laps_agent.lab.results.records import CLASSES, COLUMNS, RequestTable, RunResult, TimelineSample
+from laps_agent.lab.results.report import markdown
+from laps_agent.lab.results.summary import summarize
 
 FORMAT = 1
 RESULTS_JSON = "results.json"
@@ -106,8 +108,6 @@ def save(result: RunResult, out_dir: str | Path, *, slo: dict[str, float] | None
          plots: bool = True) -> dict[str, Path]:
     """Write results.json, results.md and the plots (ttft_cdf.png, ttft_timeline.png, and
     groups_timeline.png when there is a timeline) into `out_dir`; returns them by name."""
-    from laps_agent.lab.results.report import markdown
-    from laps_agent.lab.results.summary import summarize
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -124,6 +124,7 @@ def save(result: RunResult, out_dir: str | Path, *, slo: dict[str, float] | None
     summary = summarize(result, slo=slo, by_phase=len(result.meta.get("phases") or []) > 1)
     paths["markdown"].write_text(markdown(summary) + "\n")
     if plots:
+        # lazy: matplotlib loads only when plots are drawn
         from laps_agent.lab.results.plots import write_plots
 
         paths.update(write_plots(result, out))

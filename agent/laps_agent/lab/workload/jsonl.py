@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from laps_agent.gateway.estimate import heuristic_tokens
 from laps_agent.lab.workload.spec import WorkloadError
 
 
@@ -72,8 +73,6 @@ def _parse_line(raw: str, number: int, name: str) -> JsonlLine:
 
 def _count(line: JsonlLine, api: str, tokenizer: Any | None) -> int:
     if tokenizer is None:
-        from laps_agent.gateway.estimate import heuristic_tokens
-
         if api == "chat":
             return sum(heuristic_tokens(str(m.get("content") or "")) for m in line.chat_messages())
         return heuristic_tokens(line.completion_text(None))
