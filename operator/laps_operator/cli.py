@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         # Both kopf's own login and the official client read it from here.
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
 
-    import kopf  # imported late so `laps operator --help` stays fast
+    # lazy: kopf and the handlers load only when the operator runs, so `laps operator --help` stays fast
+    import kopf
 
     from laps_operator import main as _handlers  # noqa: F401  (registers the handlers with kopf)
     from laps_operator import metrics

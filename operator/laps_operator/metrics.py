@@ -13,6 +13,8 @@ import threading
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, start_http_server
 
+from laps_agent.policy.classes import CLASSES, OTHER
+
 GROUP_SIZE = Gauge("laps_operator_group_size", "Prefill pods planned per group", ["cluster", "group"])
 REBALANCES = Counter("laps_operator_rebalances_total", "Prefill pods moved between groups by the allocation loop",
                      ["cluster", "direction"])
@@ -24,8 +26,7 @@ DECISIONS = Counter("laps_operator_allocation_decisions_total", "Decisions of th
                     ["cluster", "result"])
 RECONCILES = Counter("laps_operator_reconciles_total", "LAPSCluster reconciles by result", ["result"])
 
-GROUPS = ("short", "long")
-DIRECTIONS = ("short_to_long", "long_to_short")
+DIRECTIONS = tuple(f"{g}_to_{OTHER[g]}" for g in CLASSES)   # allocation.Move.direction
 RESULTS = ("moved", "held", "unknown")
 
 for _result in ("ok", "invalid", "error"):
@@ -66,7 +67,7 @@ def forget_cluster(namespace: str, name: str, uid: str | None = None) -> None:
 
 
 def _remove(key: str) -> None:
-    for metric, values in ((GROUP_SIZE, GROUPS), (PRESSURE, GROUPS), (REBALANCES, DIRECTIONS), (DECISIONS, RESULTS)):
+    for metric, values in ((GROUP_SIZE, CLASSES), (PRESSURE, CLASSES), (REBALANCES, DIRECTIONS), (DECISIONS, RESULTS)):
         for value in values:
             try:
                 metric.remove(key, value)
@@ -90,7 +91,7 @@ def record_pressure(namespace: str, name: str, uid: str, totals: dict[str, float
     with _lock:
         if _incarnations.get(key) != uid:
             return
-        for group in GROUPS:
+        for group in CLASSES:
             if totals is None:
                 try:
                     PRESSURE.remove(key, group)

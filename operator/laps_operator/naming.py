@@ -1,4 +1,4 @@
-"""Names and labels of everything the operator creates (docs/contracts.md, "Labels")."""
+"""Names and labels of everything the operator creates (docs/contracts.md, "Objects, labels and annotations")."""
 from __future__ import annotations
 
 import re

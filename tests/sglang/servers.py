@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from laps_agent.local.engines import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PY = REPO / ".venv-sglang" / "bin" / "python"
 MODEL_DIR = REPO / ".cache" / "smollm2-hf"
@@ -43,11 +45,6 @@ def setup_problem() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def port_is_free(port: int) -> bool:
     with socket.socket() as s:
@@ -62,7 +59,10 @@ def port_is_free(port: int) -> bool:
 
 class SGLangServer:
     def __init__(self, role: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.role, self.port = role, free_port()
+        # Both ports at once (free_ports holds each until all are chosen): the bootstrap port
+        # is used by prefill servers only.
+        self.port, bootstrap_port = free_ports(2)
+        self.role = role
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"sglang-{role}-{self.port}.log"
         args = [str(SGLANG_PY), "-m", "sglang.launch_server", "--model-path", str(MODEL_DIR),
@@ -72,7 +72,7 @@ class SGLangServer:
         if role == "prefill":
             # A free port of its own (the gateway reads it from /get_server_info, as
             # `disaggregation_bootstrap_port`), so servers of two test modules never collide.
-            self.bootstrap_port = free_port()
+            self.bootstrap_port = bootstrap_port
             args += ["--disaggregation-bootstrap-port", str(self.bootstrap_port)]
         else:
             # CPU-only: the default retraction backup pins CUDA host memory.

@@ -156,7 +156,7 @@ def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, 
 
 def test_the_gateway_routes_by_what_sglang_reports_it_holds(gateway, laps_prefill, decode_server):
     """Stock SGLang has no /get_load: the gateway reads its /v1/loads instead, so gateway
-    replicas share what SGLang holds (README: "Gateway replicas share what the engines hold")."""
+    replicas share what SGLang holds (docs/sglang.md, "Behind the gateway")."""
     def reports() -> dict:
         status = httpx.get(f"{gateway}/laps_status", timeout=10).json()
         pods = [p for group in status["groups"].values() for p in group["pods"]] + status["decode"]["pods"]

@@ -25,7 +25,7 @@ from typing import Sequence
 import httpx
 import pytest
 
-from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
+from laps_agent.local.engines import free_ports
 from tests.support.waiting import stop_process
 
 # One torch thread per engine: the test machine's 2 cores are shared by everything running.

@@ -3,7 +3,7 @@
 Usage (sync or async tests alike; the server runs in its own thread and event loop)::
 
     def test_something(kube_api):
-        kube_api.apply_crd("crds/lapscluster.yaml")         # the CR kind becomes servable
+        kube_api.apply_crd("charts/laps/crds/lapscluster.yaml")  # the CR kind becomes servable
         core = kubernetes.client.CoreV1Api(kube_api.api_client())
         core.create_namespaced_config_map("default", {"metadata": {"name": "c"}})
         # subprocesses (`kopf run --standalone ...`, `laps operator`, `laps gateway`) find the

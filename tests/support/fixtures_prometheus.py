@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from laps_agent.local.engines import free_ports
 from tests.support.waiting import stop_process
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
@@ -82,9 +82,8 @@ def render_config(targets: Sequence[ScrapeTarget], *, scrape_interval: str = "1s
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # A seam: a test that restarts Prometheus on the port it had replaces it.
+    return free_ports(1)[0]
 
 
 class PrometheusServer:
@@ -142,7 +141,7 @@ class PrometheusServer:
             body = response.json()
         except ValueError:
             raise PrometheusQueryError(
-                f"{path}: HTTP {response.status_code}: {response.text[:500]}")
+                f"{path}: HTTP {response.status_code}: {response.text[:500]}") from None
         if body.get("status") != "success":
             raise PrometheusQueryError(
                 f"{path} {params}: {body.get('errorType')}: {body.get('error')}")

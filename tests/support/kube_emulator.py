@@ -142,7 +142,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 return await self._handle(request)
             except rendering.StreamingError as exc:
                 started = exc.args[0]
-                raise exc.__cause__ or exc
+                raise exc.__cause__ or exc  # noqa: B904 - the handler's own error, as it raised it
         except Exception as exc:
             if not self._errors:
                 raise
@@ -437,7 +437,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         try:
             data = json.loads(request.body)
         except ValueError as exc:
-            raise rules.bad_request(f"the request body is not valid JSON: {exc}")
+            raise rules.bad_request(f"the request body is not valid JSON: {exc}") from exc
         if not isinstance(data, kind):
             raise rules.bad_request(f"the request body must be a JSON {kind.__name__}")
         return data
@@ -449,7 +449,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         try:
             data = yaml.safe_load(request.text)
         except yaml.YAMLError as exc:
-            raise rules.bad_request(f"the apply patch is not valid YAML: {exc}")
+            raise rules.bad_request(f"the apply patch is not valid YAML: {exc}") from exc
         if not isinstance(data, dict):
             raise rules.bad_request("the apply patch must be an object")
         return data

@@ -95,6 +95,6 @@ class EndpointSliceController:
             if self.store.find(SLICES, ns, name) is None:
                 self.store.create(SLICES, ns, wanted)
             else:
-                self.store.patch(SLICES, ns, name, lambda current: {
+                self.store.patch(SLICES, ns, name, lambda current, wanted=wanted: {
                     **current, "endpoints": wanted["endpoints"], "ports": wanted["ports"]},
                     status_only=False)

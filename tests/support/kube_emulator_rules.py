@@ -142,10 +142,10 @@ def json_patch(target: Mapping[str, Any], operations: Any) -> dict[str, Any]:
     try:
         return jsonpatch.apply_patch(copy.deepcopy(dict(target)), operations)
     except jsonpatch.JsonPatchTestFailed as exc:
-        raise invalid(f"the server rejected our request due to an error in our request: {exc}")
+        raise invalid(f"the server rejected our request due to an error in our request: {exc}") from exc
     except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, IndexError,
             TypeError) as exc:
-        raise invalid(f"the server rejected our request due to an error in our request: {exc}")
+        raise invalid(f"the server rejected our request due to an error in our request: {exc}") from exc
 
 
 # Lists that strategic merge patch merges by a key instead of replacing, as declared by

@@ -24,7 +24,7 @@ def open_watch(store: ObjectStore, resource: ResourceRef, namespace: str | None,
         timeout = float(raw_timeout) if raw_timeout else None
         since = int(params.get("resourceVersion") or "0")
     except ValueError:
-        raise rules.bad_request("timeoutSeconds and resourceVersion must be integers")
+        raise rules.bad_request("timeoutSeconds and resourceVersion must be integers") from None
     # Subscribing and taking the backlog happen with no await between them, so no event can
     # fall in between (the event loop is single-threaded).
     queue: asyncio.Queue[Any] = asyncio.Queue()

@@ -2,5 +2,6 @@
 
 `profile` (cost-model profiles), `core` (the engine model, shared with `laps sim`; its
 `requests` in and events out, `prefill_cost` its batch durations), `engine`
-(the wall-clock driver behind the engine's HTTP server), `build` (`laps engine --backend emulated`).
+(the wall-clock driver behind the engine's HTTP server), `build` and `cli` (`laps engine --backend
+emulated`: its server, its entry).
 """

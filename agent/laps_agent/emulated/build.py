@@ -9,8 +9,8 @@ from laps_agent.emulated.engine import EmulatedEngine, EmulatedKVCodec
 from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.prefix_cache import PrefixCacheModel
 from laps_agent.emulated.profile import load_profile
-from laps_agent.engine.cli import bucket_grid, scheduler_config
 from laps_agent.engine.core.config import EngineConfig
+from laps_agent.engine.flags import bucket_grid, scheduler_config
 from laps_agent.engine.http.serve import check_server_flags, server_settings
 from laps_agent.engine.http.server import EngineServer
 from laps_agent.engine.metrics import EngineMetrics

@@ -17,6 +17,10 @@ head of the import queue.
 
 Requests in, events out: requests.py. With `token_events=False` (the simulator) decode steps
 report only finished requests, so a step costs O(finished), not O(running).
+
+Why not the builtin engine's EngineCore (engine/core/engine_core.py): it runs each step to its end on a runner (forward
+passes, sampling, stop strings, KV page ids); this model has no runner and runs on the caller's clock (a phase ends at
+`busy_until`, KV is page counts, decode O(finished)). Shared: PrefillScheduler, kv_reservation, WarmQueue, buckets.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from laps_agent.emulated.prefix_cache import PrefixCacheModel
 from laps_agent.emulated.profile import Profile
 from laps_agent.emulated.requests import KINDS, Event, ModelRequest
 from laps_agent.engine.core.config import PrefillRecord, kv_reservation
-from laps_agent.engine.pd.prefix_warm import Warm, WarmQueue
+from laps_agent.engine.core.warm_queue import Warm, WarmQueue
 from laps_agent.modelio.prompt_rules import over_context_message
 from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
@@ -58,7 +62,7 @@ class EngineModel:
         self.requests: dict[str, ModelRequest] = {}
         self.running: dict[str, ModelRequest] = {}
         self.imports: deque[str] = deque()
-        # Prefix warms, at the lowest priority (engine/prefix_warm.py), as the builtin engine.
+        # Prefix warms, at the lowest priority (engine/pd/prefix_warm.py), as the builtin engine.
         self.warms = WarmQueue(self.page_size, scheduler.length_threshold, on_warm)
         self._finishing: list[tuple[int, int, str]] = []   # (finish step, tie, rid)
         self._sum_prompt = self._sum_start = 0              # over running: context bookkeeping

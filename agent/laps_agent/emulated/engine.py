@@ -1,5 +1,6 @@
 """The emulated engine: the builtin engine's HTTP server and PD protocol, with an `EngineModel`
-in place of the model, driven by the wall clock on the server's own event loop.
+in place of the model, driven by the wall clock on the server's own event loop (why the model is
+not the builtin engine's EngineCore: core.py).
 
 It computes nothing and sleeps instead, so many of them share a small machine. Phases are laid
 end to end on the model's own timeline (a phase starts when the previous one *should* have

@@ -8,16 +8,14 @@ builtin engine's own choice (`bucket_for_batch`); only the seconds are the profi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from laps_agent.emulated.profile import Profile
 from laps_agent.emulated.requests import ModelRequest
 from laps_agent.engine.core.config import PrefillRecord, PrefillRequest
 from laps_agent.policy.scheduling.buckets import Bucket, BucketGrid, bucket_for_batch
+from laps_agent.policy.scheduling.queues import PrefillScheduler
 from laps_agent.policy.scheduling.window import calibration_lengths
-
-if TYPE_CHECKING:
-    from laps_agent.emulated.core import EngineModel
 
 
 def prefill_batch_cost(profile: Profile, grid: BucketGrid | None, queue: str, uncached: list[int],
@@ -44,7 +42,17 @@ def prefill_record(queue: str, uncached: list[int], bucket: Bucket | None, secon
                                    for r in batch])
 
 
-def calibrate(model: EngineModel) -> None:
+class Calibrated(Protocol):
+    """What `calibrate` reads of an engine model (core.py's EngineModel)."""
+
+    profile: Profile
+    role: str
+    scheduler: PrefillScheduler
+
+    def max_prompt_tokens(self) -> int: ...
+
+
+def calibrate(model: Calibrated) -> None:
     """What the builtin engine measures at start-up (engine/calibration.py), from the profile: an
     eager prefill of each calibration length, fed to the model's cost fit, so that a fresh
     emulated (or simulated) prefill engine reports its speed from the start, as the builtin one

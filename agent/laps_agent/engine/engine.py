@@ -12,7 +12,12 @@ scheduler's waiting window holding short requests and nothing to decode, the thr
 the window's `wake_at` or until new work arrives.
 
 KV is reserved at admission for prompt + max_new_tokens (capped by the context length), so a
-running request can never run out of pages mid-decode and nothing needs to be preempted."""
+running request can never run out of pages mid-decode and nothing needs to be preempted.
+
+Who does what (as nano-vllm's LLMEngine owns its Scheduler and ModelRunner): `Engine` owns the
+thread, its inbox and the published snapshot; its `EngineCore` (core/engine_core.py, torch-free)
+owns the scheduling state and one iteration's steps, with a `PDHandoff` for the work crossing
+engines; the `ModelRunner` (model/runner.py) computes, and model/sampling.py picks the tokens."""
 from __future__ import annotations
 
 import logging
@@ -23,25 +28,61 @@ from typing import Any, Callable
 
 from laps_agent.engine.core.config import ROLES, EngineConfig, PrefillRecord  # noqa: F401 (re-exported)
 from laps_agent.engine.core.engine_core import EngineCore
+from laps_agent.engine.core.kv_cache import PagedKVAllocator
 from laps_agent.engine.core.requests import GenerateWork, OutputSink
+from laps_agent.engine.core.warm_queue import WarmQueue
+from laps_agent.engine.model.runner import ModelRunner
+from laps_agent.engine.model.sampling import sample_each
+from laps_agent.policy.scheduling.queues import PrefillScheduler
 
 log = logging.getLogger(__name__)
 
 
-class Engine(EngineCore):
-    """EngineCore driven by its own thread; `submit`/`submit_many`/`abort` are thread-safe."""
+class Engine:
+    """An EngineCore over a ModelRunner, driven by its own thread; `submit`/`submit_many`/`abort`
+    are thread-safe, the rest reads what the loop publishes (`snapshot`) or fixed settings."""
 
-    def __init__(self, runner: Any, tokenizer: Any, config: EngineConfig, *, grid: Any = None,
+    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, *, grid: Any = None,
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
                  on_first_token: Callable[[str, float], None] | None = None,
                  on_warm: Callable[[str, int], None] | None = None) -> None:
-        super().__init__(runner, tokenizer, config, grid=grid, on_prefill=on_prefill,
-                         on_first_token=on_first_token, on_warm=on_warm)
+        self.runner = runner
+        self.core = EngineCore(runner, tokenizer, config, sample=sample_each, grid=grid,
+                               on_prefill=on_prefill, on_first_token=on_first_token, on_warm=on_warm,
+                               on_prefill_start=lambda n, tokens: self._publish_snapshot((n, tokens)))
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.snapshot: dict[str, Any] = {"running": 0, "queues": {}, "kv_usage": 0.0, "waiting_kv": 0, "live": 0}
+
+    # ---- what the server and the start-up read (the core's, fixed once built) ------------------
+    @property
+    def config(self) -> EngineConfig:
+        return self.core.config
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.core.tokenizer
+
+    @property
+    def grid(self) -> Any:
+        return self.core.grid
+
+    @property
+    def kv(self) -> PagedKVAllocator:
+        return self.core.kv
+
+    @property
+    def scheduler(self) -> PrefillScheduler:
+        return self.core.scheduler
+
+    @property
+    def warms(self) -> WarmQueue:
+        return self.core.warms
+
+    def max_prompt_tokens(self) -> int:
+        return self.core.max_prompt_tokens()
 
     # ---- thread-safe API -------------------------------------------------------------------
     def start(self) -> None:
@@ -85,30 +126,17 @@ class Engine(EngineCore):
                 if self._stopping:
                     break
             try:
-                worked, wake_at = self._iterate()
+                self._drain_inbox()
+                worked, wake_at = self.core.step()
             except Exception as exc:  # noqa: BLE001 - a bug must fail requests, not kill serving
                 log.exception("engine iteration failed; failing the requests in flight")
-                self._fail_all(f"internal engine error: {exc}")
+                self.core.fail_all(f"internal engine error: {exc}")
                 worked, wake_at = True, None
             self._publish_snapshot()
             if not worked:
                 self._idle(wake_at)
         self._drain_inbox()
-        self._fail_all("engine stopped")
-
-    def _iterate(self) -> tuple[bool, float | None]:
-        self._drain_inbox()
-        worked = self._admit_imports()
-        wake_at = None
-        if len(self._running) < self.config.max_running_requests:
-            ran, wake_at = self._prefill_once()
-            worked |= ran
-        if self._running:
-            self._decode_once()
-            worked = True
-        if not worked:
-            worked = self._warm_idle()
-        return worked, wake_at
+        self.core.fail_all("engine stopped")
 
     def _idle(self, wake_at: float | None) -> None:
         timeout = self.config.idle_wait_s
@@ -124,19 +152,9 @@ class Engine(EngineCore):
             self._inbox.clear()
         for kind, payload in commands:
             if kind == "submit":
-                self._accept(*payload)
+                self.core.accept(*payload)
             else:
-                self._abort(payload)
-
-    def _run_prefill(self, batch: list, queue: str | None) -> None:
-        # Published before the forward pass, which can take seconds: the batch has left the
-        # queues, and readers of the snapshot (/get_load) must still see its work as pending.
-        self._publish_snapshot(prefilling=(len(batch), sum(item.uncached for item in batch)))
-        super()._run_prefill(batch, queue)
+                self.core.abort(payload)
 
     def _publish_snapshot(self, prefilling: tuple[int, int] = (0, 0)) -> None:
-        self.snapshot = {"running": len(self._running), "queues": self.scheduler.pending(),
-                         "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
-                         "waiting_kv": len(self._imports), "live": len(self._live),
-                         "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms),
-                         "prefill_cost": self.scheduler.prefill_cost()}
+        self.snapshot = self.core.snapshot(prefilling)

@@ -1,4 +1,10 @@
-"""The engine's Prometheus series (names fixed by docs/contracts.md) and the pod's group label."""
+"""The engine's Prometheus series (names fixed by docs/contracts.md) and the pod's group label.
+
+`EngineSeries` defines the `laps_engine_*` series every kind of LAPS engine exports: the builtin
+and the emulated engine (`EngineMetrics` below adds what only they measure) and the SGLang plugin
+(sglang_plugin/metrics.py). One definition, so names, help, labels and buckets cannot drift
+apart and one dashboard reads every kind of pod alike. Torch-free: the plugin imports it in
+SGLang's scheduler process."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from laps_agent.engine.core.config import PrefillRecord
 from laps_agent.engine.core.load_report import in_time_tokens
-from laps_agent.engine.pd.prefix_warm import WARM_OUTCOMES
+from laps_agent.engine.core.warm_queue import WARM_OUTCOMES
+from laps_agent.policy.classes import CLASSES, SHORT
 from laps_agent.serving.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
@@ -18,7 +25,6 @@ log = logging.getLogger(__name__)
 GROUP_LABEL = "laps.io/prefill-group"
 _LABEL_LINE = re.compile(r'^\s*([^=\s]+)\s*=\s*"(.*)"\s*$')
 _CACHED_TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-_CLASSES = ("short", "long")
 
 
 def read_labels(path: str | Path | None) -> dict[str, str]:
@@ -39,26 +45,39 @@ def read_labels(path: str | Path | None) -> dict[str, str]:
 
 def read_group(path: str | Path | None) -> str | None:
     group = read_labels(path).get(GROUP_LABEL)
-    return group if group in ("short", "long") else None
+    return group if group in CLASSES else None
 
 
-class EngineMetrics:
-    def __init__(self, role: str, model: str, labels_file: str | None,
-                 bootstrap_timeout_s: float | None = None) -> None:
-        self.role, self.model, self.labels_file = role, model, labels_file
-        self.bootstrap_timeout_s = bootstrap_timeout_s
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r)
-        self.queue_tokens = Gauge("laps_engine_queue_tokens", "Uncached prompt tokens waiting for prefill", ["queue"], registry=r)
+class EngineSeries:
+    """The `laps_engine_*` series of every LAPS engine (module docstring), in `registry`.
+    `gauge_mode`: the gauges' prometheus_client multiprocess mode, for an engine whose series
+    several processes write (the SGLang plugin's); None for the library's default."""
+
+    def __init__(self, registry: CollectorRegistry, gauge_mode: str | None = None) -> None:
+        r, g = registry, ({"multiprocess_mode": gauge_mode} if gauge_mode else {})
+        self.registry = registry
+        self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r, **g)
+        self.queue_tokens = Gauge("laps_engine_queue_tokens", "Uncached prompt tokens waiting for prefill", ["queue"], registry=r, **g)
         self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=LATENCY_BUCKETS, registry=r)
         self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=LATENCY_BUCKETS, registry=r)
         self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=BATCH_SIZE_BUCKETS, registry=r)
         self.bucket_hits = Counter("laps_engine_bucket_hits_total", "Short prefill batches run in a captured bucket", registry=r)
         self.bucket_misses = Counter("laps_engine_bucket_misses_total", "Short prefill batches no bucket covered (ran eager)", registry=r)
         self.padding = Counter("laps_engine_padding_tokens_total", "Padding tokens computed by bucketed prefill", registry=r)
-        self.kv_usage = Gauge("laps_engine_kv_usage_ratio", "Share of KV pages in use", registry=r)
-        self.running = Gauge("laps_engine_running_requests", "Requests decoding", registry=r)
+        self.kv_usage = Gauge("laps_engine_kv_usage_ratio", "Share of KV pages in use", registry=r, **g)
+        self.running = Gauge("laps_engine_running_requests", "Requests decoding", registry=r, **g)
+        self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r, **g)
+
+
+class EngineMetrics(EngineSeries):
+    """The builtin (and emulated) engine's series: EngineSeries' and what only it measures."""
+
+    def __init__(self, role: str, model: str, labels_file: str | None,
+                 bootstrap_timeout_s: float | None = None) -> None:
+        super().__init__(CollectorRegistry())
+        r = self.registry
+        self.role, self.model, self.labels_file = role, model, labels_file
+        self.bootstrap_timeout_s = bootstrap_timeout_s
         # Prefix cache: hit rate = hit tokens / lookup tokens (prompt tokens that reached prefill).
         self.prefix_lookup = Counter("laps_engine_prefix_cache_lookup_tokens_total", "Prompt tokens prefilled here, cached or not", registry=r)
         self.prefix_hit = Counter("laps_engine_prefix_cache_hit_tokens_total", "Prompt tokens whose KV came from the prefix cache", registry=r)
@@ -82,11 +101,10 @@ class EngineMetrics:
             "laps_engine_prefill_in_time_tokens", "Uncached prompt tokens this prefill engine expects to prefill "
             "within half its KV hand-off timeout at its measured speed; the gateway admits to it up to this",
             registry=r) if role == "prefill" else None
-        self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r)
-        for queue in ("short", "long"):
+        for queue in CLASSES:
             self.queue_requests.labels(queue)
             self.queue_tokens.labels(queue)
-            for gateway_class in (*_CLASSES, "none"):
+            for gateway_class in (*CLASSES, "none"):
                 self.classes.labels(gateway_class, queue)
 
     # engine-thread hooks (prometheus_client is thread-safe)
@@ -97,13 +115,13 @@ class EngineMetrics:
         if rec.path in ("bucket", "graph"):
             self.bucket_hits.inc()
             self.padding.inc(max(rec.padded_tokens - rec.real_tokens, 0))
-        elif batch_prefill_graphs and rec.cls == "short":
+        elif batch_prefill_graphs and rec.cls == SHORT:
             self.bucket_misses.inc()
         for req in rec.requests:
             self.prefix_lookup.inc(req.prompt_tokens)
             self.prefix_hit.inc(req.cached_tokens)
             self.cached_tokens.observe(req.cached_tokens)
-            gateway = req.gateway_cls if req.gateway_cls in _CLASSES else "none"
+            gateway = req.gateway_cls if req.gateway_cls in CLASSES else "none"
             self.classes.labels(gateway, req.cls).inc()
         if rec.evicted_pages:
             self.prefix_evicted.inc(rec.evicted_pages)
@@ -120,13 +138,13 @@ class EngineMetrics:
         # summing over pods mixes into the prefill engines' (one per request, halving quantiles).
         if self.role == "decode":
             return
-        self.ttft.labels(cls or "short").observe(seconds)
+        self.ttft.labels(cls or SHORT).observe(seconds)
 
     def render(self, snapshot: dict) -> bytes:
         queues = snapshot.get("queues") or {}
-        for queue in ("short", "long"):
+        for queue in CLASSES:
             reqs, toks = queues.get(queue, (0, 0))
-            if queue == "short" and "fifo" in queues:
+            if queue == SHORT and "fifo" in queues:
                 reqs, toks = reqs + queues["fifo"][0], toks + queues["fifo"][1]
             self.queue_requests.labels(queue).set(reqs)
             self.queue_tokens.labels(queue).set(toks)

@@ -7,11 +7,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from laps_agent.gateway.config import GatewayConfig, ProxyConfig
+from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
 from laps_agent.gateway.discovery.membership import Discovery, StaticDiscovery, StaticSpec, split_urls
+from laps_agent.gateway.estimate import TokenEstimator
+from laps_agent.gateway.http.auth import read_keys
+from laps_agent.modelio.tokenizer import load_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.routing import AffinityBound
 from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.serving.flag_types import at_least, non_negative, positive
+from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
 # The types of flags laps local shares: a count of tokens (0 means something for each: every
 # prompt long, no slack, no bound), a positive time. A wrong value was taken and failed later, or
@@ -166,8 +171,6 @@ def discovery_from_args(args: argparse.Namespace, parser: argparse.ArgumentParse
         if missing:
             parser.error("kubernetes discovery needs " + ", ".join(
                 "--" + m.replace("_", "-") for m in missing))
-        from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
-
         return KubernetesDiscovery(
             ServiceNames(args.prefill_short_service, args.prefill_long_service, args.decode_service),
             namespace=args.namespace)
@@ -192,8 +195,6 @@ def auth_args_problem(args: argparse.Namespace) -> str | None:
     if args.rate_limit_per_key > 0 and not args.api_keys_file:
         return "--rate-limit-per-key counts requests per API key: it needs --api-keys-file"
     if args.api_keys_file:
-        from laps_agent.gateway.http.auth import read_keys
-
         try:
             read_keys(Path(args.api_keys_file))
         except OSError as exc:
@@ -211,12 +212,8 @@ def check_auth_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def build_estimator(tokenizer_path: str | None, mode: str = "auto"):
-    from laps_agent.gateway.estimate import TokenEstimator
-
     if not tokenizer_path or mode != "auto":
         return TokenEstimator(None, mode)
-    from laps_agent.modelio.tokenizer import load_tokenizer
-
     return TokenEstimator(load_tokenizer(tokenizer_path))
 
 
@@ -226,9 +223,8 @@ def main(argv: list[str]) -> int:
     check_auth_args(args, parser)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # lazy: fastapi (the serve extra) only once the gateway serves, not for importers of its flags
     from laps_agent.gateway.http.app import create_app
-    from laps_agent.modelio.tokenizer import tokenizer_problem
-    from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
     def cannot_start(reason: str) -> NoReturn:   # the parser leaves it as the exit reason too
         parser.exit(1, f"laps gateway: error: {reason}\n")

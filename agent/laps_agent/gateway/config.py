@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from laps_agent.gateway.prefix import DEFAULT_RECORD_BLOCKS_PER_POD
-from laps_agent.gateway.proxy.outlier import DEFAULT_MAX_EJECTION_PERCENT
 from laps_agent.policy.admission import DEFAULT_MAX_DECODE_SHARE, DEFAULT_MAX_PENDING_TOKENS_PER_POD
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.outlier import DEFAULT_MAX_EJECTION_PERCENT
 from laps_agent.policy.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.request_body import BODY_IDLE_TIMEOUT_S
@@ -27,7 +27,7 @@ class ProxyConfig:
     eject_after_failures: int = 3
     eject_seconds: float = 10.0
     # ...unless that would take more than this share of its pool (prefill group or decode
-    # pool) out, or its last healthy pod (gateway/outlier.py); 0: never eject.
+    # pool) out, or its last healthy pod (policy/outlier.py); 0: never eject.
     max_ejection_percent: int = DEFAULT_MAX_EJECTION_PERCENT
     max_idle_connections_per_pod: int = 256
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from laps_agent.policy.classes import CLASSES
 from laps_agent.serving.metric_buckets import LATENCY_BUCKETS
 
-GROUPS = ("short", "long")
-CLASSES = ("short", "long")
-POOLS = ("short", "long", "decode")   # what outlier ejection is capped per
+POOLS = (*CLASSES, "decode")   # what outlier ejection is capped per: the prefill groups, the decode pool
 
 
 class GatewayMetrics:
@@ -82,9 +81,9 @@ class GatewayMetrics:
             self.auth_failures.labels(reason)
         # Children made once: labels() costs a lock and a dict lookup on every request. Making
         # them also exports zeros from the start, so dashboards see every series.
-        self.pending_requests_of = {g: self.pending_requests.labels(g) for g in GROUPS}
-        self.pending_tokens_of = {g: self.pending_tokens.labels(g) for g in GROUPS}
-        self.requests_of = {(c, g): self.requests.labels(c, g) for c in CLASSES for g in GROUPS}
+        self.pending_requests_of = {g: self.pending_requests.labels(g) for g in CLASSES}
+        self.pending_tokens_of = {g: self.pending_tokens.labels(g) for g in CLASSES}
+        self.requests_of = {(c, g): self.requests.labels(c, g) for c in CLASSES for g in CLASSES}
         self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
         self.rejected_of = {c: self.rejected.labels(c) for c in CLASSES}
         for pool in POOLS:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 
+from laps_agent.engine.flags import build_parser  # torch-free: the engine's flags alone
+
 _PR_SET_PDEATHSIG = 1
 PROGRESS_EVERY_S = 5.0   # how often the loading of the engines is said
 
@@ -34,10 +36,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 @dataclass
@@ -145,8 +143,6 @@ def stop_all(children: list[EngineChild], say: Callable[[str], None], grace_s: f
 def engine_flag(engine_args: list[str], dest: str):
     """The value every engine takes for one of its flags (its default when not given), from the
     flags `laps local` passes on (already checked by unknown_engine_args)."""
-    from laps_agent.engine.cli import build_parser  # torch-free
-
     return getattr(build_parser().parse_known_args(engine_args)[0], dest)
 
 
@@ -172,7 +168,7 @@ def unknown_engine_args(engine_args: list[str], command: str = "laps local") -> 
     flag either (a typo, a flag of another command), or a bad value of one, as one line; None
     when every engine will take them. Checked before any engine starts or model is built: each
     would otherwise refuse them later, behind the engine's whole usage text."""
-    from laps_agent.engine.cli import build_parser  # torch-free
+    # lazy: the engine's server module (fastapi), wanted only when engine flags are checked
     from laps_agent.engine.http.serve import check_server_flags
 
     parser = build_parser()

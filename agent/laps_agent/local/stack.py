@@ -20,8 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from laps_agent.gateway.allocator import StaticAllocator
 from laps_agent.gateway.cli import TOKENS, auth_args_problem, decode_share
-from laps_agent.lab.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
+from laps_agent.gateway.config import GatewayConfig
+from laps_agent.gateway.discovery.membership import StaticSpec
+from laps_agent.gateway.estimate import TokenEstimator
+from laps_agent.local.discovery import LocalDiscovery
 from laps_agent.local.engines import (
     EngineChild,
     engine_flag,
@@ -35,9 +39,13 @@ from laps_agent.local.engines import (
     write_labels,
 )
 from laps_agent.local.signals_deferred import SignalsDeferred
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.modelio.model_files import default_model_path
+from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
+from laps_agent.policy.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_agent.serving.flag_types import non_negative
+from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +113,6 @@ def _say(message: str) -> None:
 def _model_path(args: argparse.Namespace) -> str:
     if args.model:
         return args.model
-    from laps_agent.modelio.model_files import default_model_path
-
     return str(default_model_path())
 
 
@@ -114,22 +120,18 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     """(name, role, prefill group) for every engine: the operator's split of a new cluster
     (`initial_short_count`), or one pool (all "short") without length classes."""
     n_short = args.prefill if args.single_pool else initial_short_count(args.prefill)
-    plan = [(f"prefill-{i}", "prefill", "short" if i < n_short else "long") for i in range(args.prefill)]
+    plan = [(f"prefill-{i}", "prefill", SHORT if i < n_short else LONG) for i in range(args.prefill)]
     return plan + [(f"decode-{i}", "decode", None) for i in range(args.decode)]
 
 
 def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_args: list[str]) -> int:
-    from laps_agent.gateway.config import GatewayConfig
-    from laps_agent.gateway.discovery.membership import StaticSpec
-    from laps_agent.gateway.estimate import TokenEstimator
+    # lazy: fastapi (the serve extra) only once the stack serves, not for `bench compare`'s flag checks
     from laps_agent.gateway.http.app import create_app
-    from laps_agent.local.discovery import LocalDiscovery
-    from laps_agent.serving.listen import run_forever, url_host
 
     def urls(role: str, group: str | None = None) -> tuple[str, ...]:
         return tuple(c.url for c in children if c.role == role and c.group == group)
 
-    spec = StaticSpec(urls("prefill", "short"), urls("prefill", "long"), urls("decode"))
+    spec = StaticSpec(urls("prefill", SHORT), urls("prefill", LONG), urls("decode"))
     threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
     # The engines' --drain-grace-s is the gateway's too: one Ctrl-C waits that long at most.
     overrides = {"drain_grace_s": engine_flag(engine_args, "drain_grace_s")}
@@ -174,8 +176,6 @@ def _allocator(args, children: list[EngineChild]):
     """The gateway's allocation loop over these engines, or None (see --allocation)."""
     if not moves_pods(args.allocation, args.single_pool, args.prefill):
         return None
-    from laps_agent.gateway.allocator import StaticAllocator
-
     config = policy_config(args)
     labels = {c.url: c.labels_path for c in children if c.role == "prefill"}
 
@@ -212,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     args, engine_args = parser.parse_known_args(argv)
     if problem := args_problem(args, engine_args):
         parser.error(problem)
-    from laps_agent.serving.listen import ListenError, bind_listening_socket
-
     try:  # the gateway's port too: a port in use is said at once, not after the loading
         sock = bind_listening_socket(args.host, args.port)
     except ListenError as err:
@@ -228,8 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     children: list[EngineChild] = []
     code = 1
     try:
-        from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
-
         try:
             model = _model_path(args)
             tokenizer = load_tokenizer(model)

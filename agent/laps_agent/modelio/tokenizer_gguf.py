@@ -12,7 +12,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as HFTokenizer
 
 from laps_agent.modelio.gguf_metadata import GGUFFormatError, read_gguf_metadata
-from laps_agent.modelio.tokenizer import Tokenizer, TokenizerError
+from laps_agent.modelio.tokenizer_base import Tokenizer, TokenizerError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,9 @@
 """Allocation policy: which prefill pod, if any, moves between the short and long groups.
 
-Pure (no I/O, no clock of its own): the operator's timer, `laps local` and `laps sim` call
-`decide` once per interval with the groups' pressure and get at most one move back.
+Pure (no I/O, no clock of its own): the operator's timer calls `decide` once per interval with
+the groups' pressure and gets at most one move back; `laps local`'s gateway and `laps sim` drive
+it through one `AllocationDriver` (samples averaged per interval, the policy's memory between
+decisions), each on its own clock.
 
 The reference rule moves one instance from one group to the other when one side's pending work
 exceeds the other side's by `ratio`. It compares group totals, so a group of 6 pods looks more
@@ -31,17 +33,19 @@ p_g = P_g / n_g:
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-GROUPS = ("short", "long")
-_OTHER = {"short": "long", "long": "short"}
+from laps_agent.policy.classes import CLASSES, LONG, OTHER, SHORT
+
 # A pending request's fixed prefill cost in token-equivalents (per-batch overhead / per-token
 # cost: ~170 for Qwen2.5-32B on an H200, ~74 for SmolLM2 on this CPU, see the profiles). Without
 # it a group of many short prompts looks idle next to a few long ones, though short prefills
 # cost mostly that overhead: measured in `laps sim` on shift-85-15-85, counting it gives pods
 # back to the short group when the mix returns to short (at 0 the loop never did).
 REQUEST_COST_TOKENS = 128
+# The rules that move pods: this policy (`decide`) or the reference router's (`reference_decide`).
+MODES = ("laps", "reference")
 
 
 def group_pressure(pending_requests: float, pending_tokens: float,
@@ -115,15 +119,15 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
            config: AllocationConfig) -> Decision:
     """members: group -> pod names; pressure: group -> P_g (None: unknown); in_flight: pod ->
     work of its current class it still holds (missing: 0)."""
-    state = state.forget_pods({p for g in GROUPS for p in members.get(g, ())})
-    if pressure is None or any(g not in pressure for g in GROUPS):
+    state = state.forget_pods({p for g in CLASSES for p in members.get(g, ())})
+    if pressure is None or any(g not in pressure for g in CLASSES):
         return Decision(None, "pressure unknown", replace(state, wanted=None, streak=0))
-    n = {g: len(members.get(g, ())) for g in GROUPS}
+    n = {g: len(members.get(g, ())) for g in CLASSES}
     if min(n.values()) == 0:
         return Decision(None, "a group has no pod that serves", replace(state, wanted=None, streak=0))
-    per_pod = {g: max(float(pressure[g]), 0.0) / n[g] for g in GROUPS}
-    worse = max(GROUPS, key=lambda g: (per_pod[g], g == "long"))
-    source = _OTHER[worse]
+    per_pod = {g: max(float(pressure[g]), 0.0) / n[g] for g in CLASSES}
+    worse = max(CLASSES, key=lambda g: (per_pod[g], g == LONG))
+    source = OTHER[worse]
     direction = f"{source}_to_{worse}"
     idle = replace(state, wanted=None, streak=0)
     if per_pod[worse] < config.min_pressure:
@@ -166,11 +170,11 @@ def reference_decide(members: Mapping[str, Sequence[str]], pending_requests: Map
     moves (its last in the list)."""
     if pending_requests is None:
         return None
-    short, long_ = pending_requests.get("short", 0), pending_requests.get("long", 0)
-    if short > long_ * ratio and len(members.get("long", ())) > 1:
-        return Move(members["long"][-1], "long", "short")
-    if long_ > short * ratio and len(members.get("short", ())) > 1:
-        return Move(members["short"][-1], "short", "long")
+    short, long_ = pending_requests.get(SHORT, 0), pending_requests.get(LONG, 0)
+    if short > long_ * ratio and len(members.get(LONG, ())) > 1:
+        return Move(members[LONG][-1], LONG, SHORT)
+    if long_ > short * ratio and len(members.get(SHORT, ())) > 1:
+        return Move(members[SHORT][-1], SHORT, LONG)
     return None
 
 
@@ -183,7 +187,7 @@ class PressureWindow:
         self._count = 0
 
     def add(self, sample: Mapping[str, float]) -> None:
-        for group in GROUPS:
+        for group in CLASSES:
             self._sums[group] = self._sums.get(group, 0.0) + float(sample.get(group, 0.0))
         self._count += 1
 
@@ -194,3 +198,44 @@ class PressureWindow:
         mean = {g: s / self._count for g, s in self._sums.items()}
         self._sums, self._count = {}, 0
         return mean
+
+
+class AllocationDriver:
+    """One allocation loop, clock-agnostic: `sample` the groups' pending work (every second),
+    `step` once per interval for at most one move. The caller keeps the clock and applies the
+    move: `laps local`'s gateway on the wall clock (gateway/allocator.py), `laps sim` on its
+    virtual one (lab/sim/allocation.py), so both run exactly this loop.
+
+    Mode "laps" decides on `group_pressure` (`decide`); mode "reference" applies the reference
+    router's rule to the groups' pending request counts (`reference_decide`)."""
+
+    def __init__(self, mode: str = "laps", config: AllocationConfig | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"allocation mode must be one of {MODES}, got {mode!r}")
+        self.mode, self.config = mode, config or AllocationConfig()
+        self.state = PolicyState()
+        self.window = PressureWindow()
+        self.last: dict = {"reason": "not decided yet"}   # the latest decision: reason, pressure, per pod
+
+    def sample(self, pending: Callable[[str], tuple[float, float]]) -> None:
+        """One sample into the window the next step averages; `pending(group)` is the group's
+        (pending requests, pending tokens), as the gateway counts them."""
+        if self.mode == "reference":  # the reference counts pending requests
+            self.window.add({g: float(pending(g)[0]) for g in CLASSES})
+        else:
+            self.window.add({g: group_pressure(*pending(g)) for g in CLASSES})
+
+    def step(self, now: float, members: Mapping[str, Sequence[str]],
+             in_flight: Callable[[], Mapping[str, float]]) -> Move | None:
+        """The move of this interval, if any, on the mean of the samples since the last step.
+        `members`: group -> pod names; `in_flight()`: pod -> work of its class it still holds
+        (asked only by mode "laps"); `now`: the caller's clock (the pods' cooldowns)."""
+        pressure = self.window.take()
+        if self.mode == "reference":
+            move = reference_decide(members, pressure, self.config.ratio)
+            self.last = {"reason": "reference rule" if move else "reference rule: no move", "pressure": pressure}
+            return move
+        decision = decide(members, pressure, in_flight(), self.state, now, self.config)
+        self.state = decision.state
+        self.last = {"reason": decision.reason, "pressure": pressure, "per_pod": decision.per_pod}
+        return decision.move

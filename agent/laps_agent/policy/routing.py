@@ -33,13 +33,10 @@ The same function is the simulator's router (laps_agent.lab.sim): one policy, se
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import AbstractSet, Callable, Mapping, Sequence
 
-from laps_agent.policy.classes import LONG, SHORT, length_class
-
-_OTHER = {SHORT: LONG, LONG: SHORT}
+from laps_agent.policy.classes import LONG, OTHER, SHORT, length_class
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,9 +195,9 @@ def choose_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endp
         group, fallback = cls, False
         prefill = _least_loaded(groups.get(cls, ()), load, exclude, tiebreak)
         if prefill is None:
-            group, fallback = _OTHER[cls], True
+            group, fallback = OTHER[cls], True
             prefill = _least_loaded(groups.get(group, ()), load, exclude, tiebreak)
-        described = (cls, _OTHER[cls])
+        described = (cls, OTHER[cls])
     if prefill is None:
         raise NoEndpointError(
             f"no usable prefill pod for a {cls} request ({tokens} tokens): "
@@ -210,28 +207,3 @@ def choose_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endp
         raise NoEndpointError(f"no usable decode pod: {_describe('decode', decode, load, exclude)}")
     return RouteDecision(cls, group, prefill, decode_ep, fallback, cached)
 
-
-def bench_routing(n: int = 200_000) -> float:
-    """Routing decisions per second, in-process, for 3 short + 3 long prefill pods and 2 decode
-    pods with changing loads (what the gateway does once per request)."""
-    def ep(name: str) -> Endpoint:
-        return Endpoint(name, f"http://{name}:30000", name, 8998)
-
-    groups = {SHORT: [ep(f"ps{i}") for i in range(3)], LONG: [ep(f"pl{i}") for i in range(3)]}
-    decode = [ep(f"d{i}") for i in range(2)]
-    names = [e.name for g in groups.values() for e in g] + [e.name for e in decode]
-    load = {name: EndpointLoad() for name in names}
-    states = list(load.values())
-    exclude: frozenset[str] = frozenset()
-    start = time.perf_counter()
-    for i in range(n):
-        state = states[i % len(states)]
-        state.pending_tokens = (i * 7919) % 4096   # loads move between decisions
-        state.pending_requests = i % 5
-        choose_route((i * 37) % 600, 256, groups, decode, load, exclude, i)
-    elapsed = time.perf_counter() - start
-    return n / elapsed if elapsed > 0 else float("inf")
-
-
-if __name__ == "__main__":
-    print(f"{bench_routing():,.0f} routing decisions/s")

@@ -127,7 +127,7 @@ class DrainGuard:
             await _send_503(sent.send, self._stopped)
         elif sent.sse and not sent.done:
             # The status line is gone: end the stream with an error event (and no [DONE]), as
-            # the gateway's other mid-stream errors do (docs/contracts.md).
+            # the gateway's other mid-stream errors do (docs/http-api.md, "Streaming").
             await sent.send({"type": "http.response.body", "body": b"data: " + self._stopped + b"\n\n"})
         # A plain answer half sent: nothing clean is left to say; uvicorn closes the connection.
 

@@ -12,23 +12,17 @@ metrics.py (the laps_engine_* series).
 from __future__ import annotations
 
 import logging
+import sys
+
+from laps_agent.sglang_plugin.compat import HOOK_BATCH_RESULT, HOOK_NEW_BATCH, HOOK_SEND_STAMPS, problems
+from laps_agent.sglang_plugin.settings import load_settings
 
 log = logging.getLogger("laps.sglang_plugin")
-_TARGET_BATCH = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
-# The tokenizer (HTTP) side stamps each request's arrival but 0.5.23 does not send the stamps
-# to the scheduler; the plugin adds them (its waiting times count from arrival, see hooks.py).
-_TARGET_STAMPS = "sglang.srt.observability.req_time_stats.APIServerReqTimeStats.__getstate__"
-_TARGET_RESULT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
-                  ".process_batch_result_disagg_prefill")
 
 
 def register() -> None:
     """Entry point: register the hooks when the scheduler is enabled; otherwise do nothing, so
     the server is vanilla SGLang."""
-    import sys
-
-    from laps_agent.sglang_plugin.settings import load_settings
-
     try:
         settings = load_settings()
     except (OSError, ValueError) as exc:
@@ -40,24 +34,25 @@ def register() -> None:
     if not settings.enabled:
         log.info("LAPS plugin installed but off (set LAPS_SCHEDULER=1 or LAPS_CONFIG_FILE)")
         return
+    # lazy: SGLang, the hooks and the scheduling policy they drive load only where the plugin is on
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from laps_agent.sglang_plugin.hooks import make_hooks, send_arrival_stamps
 
+    # The tokenizer (HTTP) side stamps each request's arrival but 0.5.23 does not send the stamps
+    # to the scheduler; the plugin adds them (its waiting times count from arrival, see hooks.py).
     # Any process may serialise a request for the scheduler (the launcher loads plugins before
     # it imports its tokenizer); the target module is light. If it changed, SGLang logs that the
     # hook failed and the scheduler falls back to its own receive time (hooks.py).
-    HookRegistry.register(_TARGET_STAMPS, send_arrival_stamps, HookType.AFTER)
+    HookRegistry.register(HOOK_SEND_STAMPS, send_arrival_stamps, HookType.AFTER)
     # The scheduler hooks only where the scheduler runs: its process has imported the module
     # by the time it loads plugins; others skip the check rather than import it for nothing.
     if "sglang.srt.managers.scheduler" not in sys.modules:
         return
-    from laps_agent.sglang_plugin.compat import problems
-
     found = problems()
     if found:
         log.error("LAPS plugin disabled: the installed SGLang does not match it: %s", "; ".join(found))
         return
     around, after = make_hooks(settings)
-    HookRegistry.register(_TARGET_BATCH, around, HookType.AROUND)
-    HookRegistry.register(_TARGET_RESULT, after, HookType.AFTER)
+    HookRegistry.register(HOOK_NEW_BATCH, around, HookType.AROUND)
+    HookRegistry.register(HOOK_BATCH_RESULT, after, HookType.AFTER)

@@ -4,7 +4,8 @@ The plugin patches private methods of SGLang's scheduler, which SGLang may renam
 any release. `check()` resolves each name and compares signatures before any hook is applied:
 on a mismatch the plugin stays off (the server runs vanilla, with an error in its log naming
 what changed) rather than corrupting scheduling; tests/sglang/test_compat.py fails on it.
-Keep this list in step with hooks.py: every attribute hooks.py reads or calls is here.
+Keep this list in step with hooks.py: every attribute hooks.py reads or calls is here. The
+methods the plugin hooks are named here once (HOOK_*): __init__.py registers the hooks on them.
 """
 from __future__ import annotations
 
@@ -13,6 +14,19 @@ import pkgutil
 from dataclasses import dataclass
 
 PINNED = "0.5.23"  # pyproject.toml's `sglang` extra; tests/sglang/test_pin.py keeps them equal
+
+# The methods hooked (hooks.py says what each hook does there):
+# AROUND: LAPS picks the subset of waiting_queue SGLang builds a prefill batch from.
+HOOK_NEW_BATCH = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
+# AFTER: a prefill batch's result (TTFT, batch latency, cost model).
+HOOK_BATCH_RESULT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
+                     ".process_batch_result_disagg_prefill")
+# AFTER, in the tokenizer process: the arrival stamps travel with the request (SGLang 0.5.23
+# stamps each request's arrival on the HTTP side but does not send the stamps to the scheduler).
+HOOK_SEND_STAMPS = "sglang.srt.observability.req_time_stats.APIServerReqTimeStats.__getstate__"
+# A request's arrival, best first: SchedulerReqTimeStats fields (perf_counter seconds); the first
+# two are the tokenizer side's (APIServerReqTimeStats), which HOOK_SEND_STAMPS sends along.
+ARRIVAL_FIELDS = ("api_server_dispatch_time", "created_time", "prefill_bootstrap_queue_entry_time")
 
 
 @dataclass(frozen=True)
@@ -28,17 +42,12 @@ class Attr:
 
 
 CALLABLES = (
-    # The AROUND hook: LAPS picks the subset of waiting_queue this builds a batch from.
-    Callable_("sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
-              ("self", "prefill_delayer_single_pass", "running_batch")),
-    # The AFTER hook: a prefill batch's result (TTFT, batch latency, cost model).
-    Callable_("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
-              ".process_batch_result_disagg_prefill", ("self", "batch", "result")),
+    Callable_(HOOK_NEW_BATCH, ("self", "prefill_delayer_single_pass", "running_batch")),
+    Callable_(HOOK_BATCH_RESULT, ("self", "batch", "result")),
     # The uncached-token count: SGLang's own radix-cache prefix match (as its LPM policy).
     Callable_("sglang.srt.mem_cache.common.match_kv_cache", ("req", "tree_cache", "token_ids")),
     Callable_("sglang.srt.constrained.grammar_manager.GrammarManager.has_waiting_grammars", ("self",)),
-    # AFTER hook in the tokenizer process: the arrival stamps travel with the request.
-    Callable_("sglang.srt.observability.req_time_stats.APIServerReqTimeStats.__getstate__", ("self",)),
+    Callable_(HOOK_SEND_STAMPS, ("self",)),
     Callable_("sglang.srt.observability.req_time_stats.SchedulerReqTimeStats.new_from_obj", ("obj",)),
     Callable_("sglang.srt.utils.common.broadcast_pyobj", ("data", "rank", "dist_group", "src")),
 )
@@ -60,10 +69,8 @@ ATTRS = (
     Attr("sglang.srt.managers.schedule_batch.Req", "prefix_len"),
     Attr("sglang.srt.managers.schedule_batch.Req", "inflight_middle_chunks"),
     Attr("sglang.srt.managers.schedule_batch.Req", "time_stats"),
-    *(Attr("sglang.srt.observability.req_time_stats.SchedulerReqTimeStats", name)
-      for name in ("api_server_dispatch_time", "created_time", "prefill_bootstrap_queue_entry_time")),
-    *(Attr("sglang.srt.observability.req_time_stats.APIServerReqTimeStats", name)
-      for name in ("api_server_dispatch_time", "created_time")),
+    *(Attr("sglang.srt.observability.req_time_stats.SchedulerReqTimeStats", name) for name in ARRIVAL_FIELDS),
+    *(Attr("sglang.srt.observability.req_time_stats.APIServerReqTimeStats", name) for name in ARRIVAL_FIELDS[:2]),
     Attr("sglang.srt.managers.schedule_batch.ScheduleBatch", "reqs"),
     Attr("sglang.srt.server_args.ServerArgs", "pp_size"),
     Attr("sglang.srt.server_args.ServerArgs", "served_model_name"),

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from laps_agent.policy.classes import SHORT
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.policy.scheduling.queues import Decision, PrefillItem, PrefillScheduler
 
@@ -77,7 +78,7 @@ class QueueDriver:
     def union(self) -> list[Any]:
         """The waiting requests in LAPS order (short queue, then long): what `waiting_queue`
         holds between two decisions."""
-        order = sorted(self.tracked.values(), key=lambda t: (t.cls != "short", t.arrival))
+        order = sorted(self.tracked.values(), key=lambda t: (t.cls != SHORT, t.arrival))
         return [t.req for t in order]
 
     # -- decisions -------------------------------------------------------------------------

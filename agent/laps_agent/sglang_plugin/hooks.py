@@ -1,13 +1,14 @@
-"""The SGLang half of the plugin: two hooks on SGLang's scheduler (targets in compat.py).
+"""The SGLang half of the plugin: two hooks on SGLang's scheduler and one on its tokenizer side
+(the methods are named in compat.py, HOOK_*; __init__.py registers these functions on them).
 
-* AROUND `Scheduler._get_new_batch_prefill_raw` — the reference fork's queue-swap point. SGLang
+* AROUND `Scheduler._get_new_batch_prefill_raw` (HOOK_NEW_BATCH) — the reference fork's queue-swap point. SGLang
   builds a prefill batch from `self.waiting_queue` (PrefillAdder: memory, token budget, chunked
   prefill). The hook shows it only the requests LAPS chose (`QueueDriver.choose`), lets SGLang
   build the batch from them exactly as it would, then puts back the union of both LAPS queues
   (plus anything SGLang itself queued meanwhile) and requeues what SGLang could not admit. When
   the waiting window holds short requests it returns "no batch", as SGLang does with an empty
   queue; a chunked prefill in progress still advances then (SGLang carries it outside the queue).
-* AFTER `process_batch_result_disagg_prefill` — a batch's prefill ended: time to first token by
+* AFTER `process_batch_result_disagg_prefill` (HOOK_BATCH_RESULT) — a batch's prefill ended: time to first token by
   class, batch latency and size (metrics), and the cost model the window rules use.
 
 The gauges (queues, running requests, KV usage, the pod's group) are set on every scheduler
@@ -26,14 +27,14 @@ import logging
 import os
 import time
 
+from laps_agent.policy.classes import SHORT
+from laps_agent.sglang_plugin.compat import ARRIVAL_FIELDS
 from laps_agent.sglang_plugin.driver import QueueDriver
 from laps_agent.sglang_plugin.settings import PluginSettings
 
 log = logging.getLogger("laps.sglang_plugin")
 _STATE_ATTR = "_laps_plugin_state"
 _OFF = object()  # this scheduler runs vanilla
-# Request arrival, best first (SchedulerReqTimeStats fields, perf_counter seconds).
-_ARRIVAL_FIELDS = ("api_server_dispatch_time", "created_time", "prefill_bootstrap_queue_entry_time")
 
 
 class _State:
@@ -54,7 +55,7 @@ class _State:
             (propagated with the request) is the HTTP-side arrival, as the builtin engine counts
             it. Implausible values (unset, another clock) fall back to the next candidate."""
             now = time.perf_counter()
-            for name in _ARRIVAL_FIELDS:
+            for name in ARRIVAL_FIELDS:
                 value = float(getattr(req.time_stats, name, 0.0) or 0.0)
                 if now - 3600.0 < value <= now:
                     return value
@@ -64,6 +65,8 @@ class _State:
         self.driver = QueueDriver(settings.scheduler, token_counts, arrival)
         self.tp = scheduler.tp_size > 1
         model = getattr(scheduler.server_args, "served_model_name", None) or ""
+        # Every SGLang process imports this module (for send_arrival_stamps); the series are a scheduler's.
+        # lazy: prometheus_client and the engine's series load only in a scheduler the plugin runs
         from laps_agent.sglang_plugin.metrics import PluginMetrics
 
         self.metrics = PluginMetrics(model, settings.labels_file)
@@ -109,7 +112,7 @@ def send_arrival_stamps(state, stats, *args, **kwargs):
     stamps (perf_counter; SGLang's __setstate__ rebases fields ending in `time` across
     processes, and the scheduler's stats copy fields of the same name)."""
     state = dict(state)
-    for name in _ARRIVAL_FIELDS[:2]:
+    for name in ARRIVAL_FIELDS[:2]:
         value = getattr(stats, name, 0.0)
         if value:
             state[name] = value
@@ -164,7 +167,7 @@ def make_hooks(settings: PluginSettings):
             self.waiting_queue = driver.union() + extra
         batch = result[0]
         if batch is not None and chosen:
-            cls = decision.queue if decision is not None else "short"
+            cls = decision.queue if decision is not None else SHORT
             rids = [r.rid for r in batch.reqs]
             state.launched[id(batch)] = (time.perf_counter(), rids, cls)
             state.log_batch({"t": now, "queue": decision.queue if decision else None,

@@ -9,10 +9,10 @@ engine's own port and path, which the operator's PodMonitor already scrapes (por
 `--enable-metrics` there is no such directory; then `LAPS_METRICS_PORT` (if set) serves them on
 a port of their own, else they are not exported (logged once).
 
-Names, labels and buckets are those of laps_agent/engine/metrics.py (docs/contracts.md): the
-bucket bounds come from laps_agent/serving/metric_buckets.py, as there, and the labels-file reader from
-that module (which needs only prometheus_client and torch-free laps_agent modules). SGLang runs
-no bucketed batch prefill, so the bucket and padding counters exist but stay 0.
+The series are defined once, by laps_agent/engine/metrics.py's `EngineSeries` (docs/contracts.md),
+which the builtin engine's metrics extend too, and the labels-file reader is that module's (it
+needs only prometheus_client and torch-free laps_agent modules). SGLang runs no bucketed batch
+prefill, so the bucket and padding counters exist but stay 0.
 """
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ import logging
 import os
 import time
 
-from laps_agent.engine.metrics import read_group
-from laps_agent.serving.metric_buckets import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS
+from prometheus_client import CollectorRegistry, start_http_server
+
+from laps_agent.engine.metrics import EngineSeries, read_group
+from laps_agent.policy.classes import CLASSES
 
 log = logging.getLogger("laps.sglang_plugin")
 # How often the scheduler loop re-reads the pod's labels file (the builtin engine re-reads it per
@@ -29,38 +31,22 @@ log = logging.getLogger("laps.sglang_plugin")
 _GROUP_REREAD_S = 1.0
 
 
-class PluginMetrics:
+class PluginMetrics(EngineSeries):
     def __init__(self, model: str, labels_file: str | None) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-        r = CollectorRegistry()
         # Gauges of one live process: the most recent value of a live pid wins in aggregation.
-        g = {"multiprocess_mode": "livemostrecent"}
-        self.queue_requests = Gauge("laps_engine_queue_requests", "Requests waiting for prefill", ["queue"], registry=r, **g)
-        self.queue_tokens = Gauge("laps_engine_queue_tokens", "Uncached prompt tokens waiting for prefill", ["queue"], registry=r, **g)
-        self.ttft = Histogram("laps_engine_ttft_seconds", "Arrival to first token", ["class"], buckets=LATENCY_BUCKETS, registry=r)
-        self.prefill_latency = Histogram("laps_engine_prefill_latency_seconds", "Duration of one prefill batch", ["class"], buckets=LATENCY_BUCKETS, registry=r)
-        self.prefill_batch_size = Histogram("laps_engine_prefill_batch_size", "Requests per prefill batch", buckets=BATCH_SIZE_BUCKETS, registry=r)
-        self.bucket_hits = Counter("laps_engine_bucket_hits_total", "Short prefill batches run in a captured bucket", registry=r)
-        self.bucket_misses = Counter("laps_engine_bucket_misses_total", "Short prefill batches no bucket covered (ran eager)", registry=r)
-        self.padding = Counter("laps_engine_padding_tokens_total", "Padding tokens computed by bucketed prefill", registry=r)
-        self.kv_usage = Gauge("laps_engine_kv_usage_ratio", "Share of KV pages in use", registry=r, **g)
-        self.running = Gauge("laps_engine_running_requests", "Requests decoding", registry=r, **g)
-        self.info = Gauge("laps_engine_info", "Engine identity; value 1", ["role", "group", "model"], registry=r, **g)
-        for queue in ("short", "long"):
+        super().__init__(CollectorRegistry(), gauge_mode="livemostrecent")
+        r = self.registry
+        for queue in CLASSES:
             self.queue_requests.labels(queue).set(0)
             self.queue_tokens.labels(queue).set(0)
         self.model, self.labels_file = model, labels_file
         self.group: str | None = None  # the group `info` shows now
         self._group_read_at = float("-inf")
         self.follow_group(time.perf_counter())
-        self.registry = r
         port = os.environ.get("LAPS_METRICS_PORT")
         if not self.multiprocess:
             if port:
-                from prometheus_client import start_http_server
-
                 start_http_server(int(port), registry=r)
                 log.info("LAPS metrics on :%s/metrics (SGLang runs without --enable-metrics)", port)
             else:
@@ -68,7 +54,7 @@ class PluginMetrics:
                             "(or set LAPS_METRICS_PORT)")
 
     def set_queues(self, pending: dict[str, tuple[int, int]]) -> None:
-        for queue in ("short", "long"):
+        for queue in CLASSES:
             reqs, toks = pending.get(queue, (0, 0))
             self.queue_requests.labels(queue).set(reqs)
             self.queue_tokens.labels(queue).set(toks)

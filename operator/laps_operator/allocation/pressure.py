@@ -28,10 +28,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from laps_agent.policy.allocation import GROUPS, REQUEST_COST_TOKENS, group_pressure
+from laps_agent.policy.allocation import REQUEST_COST_TOKENS, group_pressure
+from laps_agent.policy.classes import CLASSES
 from laps_operator.naming import ClusterRef, role_selector
 from laps_operator.reconcile.kube import Kube, Ref
-from laps_operator.reconcile.observed import pod_ready
+from laps_operator.status.pod_problems import pod_ready
 
 TOKENS, REQUESTS = "laps_gateway_pending_tokens", "laps_gateway_pending_requests"
 # What Kubernetes writes a ReplicaSet's pod-template-hash and a generateName suffix in
@@ -59,13 +60,9 @@ def unknown(reason: str, message: str, source: str = "prometheus") -> Reading:
 
 def window_seconds(interval_s: float) -> float:
     """The averaging window: the interval, but at least two scrapes of the PodMonitor the
-    operator renders (it scrapes every interval/2, at least every second)."""
+    operator renders (it scrapes every interval/2, at least every second: render.builders'
+    scrape_interval_seconds)."""
     return max(float(interval_s), MIN_WINDOW_S)
-
-
-def scrape_interval_seconds(interval_s: float) -> float:
-    """How often the rendered PodMonitor scrapes: twice per interval, between 1 s and 15 s."""
-    return min(15.0, max(1.0, float(interval_s) / 2))
 
 
 def gateway_pod_regex(cluster: ClusterRef) -> str:
@@ -117,7 +114,7 @@ def parse_prometheus(status_code: int, body: Any, now: float, max_age_s: float) 
     totals: dict[str, float] = {}
     for sample in result:
         group = (sample.get("metric") or {}).get("group")
-        if group not in GROUPS:
+        if group not in CLASSES:
             continue
         try:
             stamp, value = float(sample["value"][0]), float(sample["value"][1])
@@ -131,7 +128,7 @@ def parse_prometheus(status_code: int, body: Any, now: float, max_age_s: float) 
     if not totals:
         return unknown("NoSeries", "the pressure query returned no series with a group label "
                                    "(is Prometheus scraping the gateway, at least twice per interval?)")
-    missing = [g for g in GROUPS if g not in totals]
+    missing = [g for g in CLASSES if g not in totals]
     if missing:
         return unknown("GroupMissing", f"no pressure series for group {', '.join(missing)}")
     return Reading(totals)
@@ -160,13 +157,13 @@ def parse_gateway_metrics(text: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples if family.name in found else ():
             group = sample.labels.get("group")
-            if sample.name == family.name and group in GROUPS:
+            if sample.name == family.name and group in CLASSES:
                 found[family.name][group] = found[family.name].get(group, 0.0) + float(sample.value)
     for series, values in found.items():
-        missing = [g for g in GROUPS if g not in values]
+        missing = [g for g in CLASSES if g not in values]
         if missing:
             raise ValueError(f"no {series} for group {', '.join(missing)}")
-    return {g: group_pressure(found[REQUESTS][g], found[TOKENS][g]) for g in GROUPS}
+    return {g: group_pressure(found[REQUESTS][g], found[TOKENS][g]) for g in CLASSES}
 
 
 def _gateway_port(pod: dict[str, Any], default: int) -> int:
@@ -187,7 +184,7 @@ def scrape_gateways(kube: Kube, cluster: ClusterRef, port: int, *, timeout_s: fl
             and not p["metadata"].get("deletionTimestamp")]
     if not pods:
         return unknown("NoGateway", "no Ready gateway pod to read pressure from", "gateways")
-    totals = dict.fromkeys(GROUPS, 0.0)
+    totals = dict.fromkeys(CLASSES, 0.0)
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         for pod in pods:
             url = f"http://{pod['status']['podIP']}:{_gateway_port(pod, port)}/metrics"
@@ -208,7 +205,7 @@ class GatewayWindow:
     failed (a gateway missing from one sample would bias the mean low)."""
 
     def __init__(self) -> None:
-        self._sums = dict.fromkeys(GROUPS, 0.0)
+        self._sums = dict.fromkeys(CLASSES, 0.0)
         self._count = 0
         self._failure: Reading | None = None
 
@@ -216,7 +213,7 @@ class GatewayWindow:
         if not reading.known:
             self._failure = self._failure or reading
             return
-        for group in GROUPS:
+        for group in CLASSES:
             self._sums[group] += float(reading.totals[group])
         self._count += 1
 

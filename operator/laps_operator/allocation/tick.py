@@ -1,8 +1,10 @@
 """The allocation loop's step, free of kopf: pressure in, at most one move out.
 
-Each interval `AllocationLoop.tick` reads the pressure (outside the cluster's lock: a slow
-Prometheus must not hold up the other writers), then `step` holds the lock, re-reads the live
-LAPSCluster and its prefill pods, asks the pure policy (`allocation.decide`) and writes:
+Each tick reads the LAPSCluster and parses its spec once (`AllocationLoop.tick`: is the loop
+on, is a decision due, where does the pressure come from). A due tick reads the pressure
+(outside the cluster's lock: a slow Prometheus must not hold up the other writers), then `step`
+holds the lock, lists the prefill pods once (for the group sync and for the pods that serve),
+asks the pure policy (`allocation.decide`) and writes, on the cluster as the tick read it:
 
 1. status, conditionally on the resourceVersion it read: the pressure, the policy's memory
    (status.allocation.policy, so a restarted operator keeps the cooldowns and the direction of
@@ -12,6 +14,11 @@ LAPSCluster and its prefill pods, asks the pure policy (`allocation.decide`) and
 2. then the moved pod's `laps.io/prefill-group` label. Status first, as in the group sync: if
    the operator dies in between, the next group sync finds the move recorded and labels the pod.
 
+The cluster read before the pressure may be older than the lock: every write is conditional on
+its resourceVersion (labels follow such a write, or a check that the version is unchanged:
+cycle.record_groups), so a change meanwhile (another writer, the cluster deleted or created
+again) fails it with a conflict and the step decides again on a fresh read.
+
 The moved pod finishes what it holds (its engine keeps scheduling it); the gateway stops sending
 it work of its old class once the EndpointSlices follow the label.
 """
@@ -20,23 +27,25 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from laps_agent.policy.allocation import GROUPS, AllocationConfig, Decision, Move, PolicyState, decide
+from laps_agent.policy.allocation import AllocationConfig, Decision, Move, PolicyState, decide
+from laps_agent.policy.classes import CLASSES
 from laps_operator import metrics
 from laps_operator.allocation import pressure
 from laps_operator.naming import GATEWAY_PORT, ClusterRef
 from laps_operator.reconcile.apply import contains
-from laps_operator.reconcile.cycle import cluster_ref, is_gone, label_pod, spec_in_force, sync_groups
+from laps_operator.reconcile.cycle import cluster_ref, is_gone, label_pod, record_groups, spec_in_force
 from laps_operator.reconcile.kube import Kube, KubeError
 from laps_operator.reconcile.observed import prefill_pods
 from laps_operator.reconcile.writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
 from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.spec.status import HISTORY  # the CRD's status.allocation.history maxItems
 from laps_operator.status.conditions import condition, groups_status, set_condition
 
 PRESSURE_UNAVAILABLE = "PressureUnavailable"
-HISTORY = 10
 OFF_RECHECK_S = 10.0     # how often a loop that is off looks again (a spec change wakes it sooner)
 SAMPLE_S = 1.0           # fallback mode: one gateway sample per second, averaged per interval
 OFF_DECISION = "allocation is off"
@@ -82,7 +91,7 @@ def allocation_status(old: Mapping[str, Any] | None, groups: Mapping[str, list[s
                                   else f"pressure unknown: {reading.message}"}
     status: dict[str, Any] = {"allocation": allocation}
     if reading.known:
-        status["pressure"] = {**{g: _round(reading.totals[g]) for g in GROUPS}, "source": reading.source,
+        status["pressure"] = {**{g: _round(reading.totals[g]) for g in CLASSES}, "source": reading.source,
                               "perPod": {g: _round(v) for g, v in (decision.per_pod or {}).items()} or None}
         was = condition(old.get("conditions"), PRESSURE_UNAVAILABLE)
         # Written when absent, True, or left by a loop that was off (AllocationOff: it would
@@ -98,9 +107,9 @@ def allocation_status(old: Mapping[str, Any] | None, groups: Mapping[str, list[s
                                              reading.message, generation=None, now=stamp)
     move = decision.move
     if move is not None:
-        moved = {g: [p for p in groups.get(g, ()) if p != move.pod] for g in GROUPS}
+        moved = {g: [p for p in groups.get(g, ()) if p != move.pod] for g in CLASSES}
         moved[move.target].append(move.pod)
-        status.update(groups_status({g: sorted(moved[g], key=_ordinal_key) for g in GROUPS}))
+        status.update(groups_status({g: sorted(moved[g], key=_ordinal_key) for g in CLASSES}))
         status["lastRebalanceTime"] = stamp
         history = list((old.get("allocation") or {}).get("history") or [])
         history.append({"time": stamp, "pod": move.pod, "from": move.source, "to": move.target,
@@ -131,44 +140,70 @@ class StepOutcome:
     recovered: bool = False
 
 
+Read = tuple[dict[str, Any], ClusterSpec | None]   # the live LAPSCluster and spec_in_force of it
+
+
 def step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float,
-         uid: str | None = None, consecutive: bool = True) -> StepOutcome:
+         uid: str | None = None, consecutive: bool = True, read: Read | None = None) -> StepOutcome:
     """One decision on `reading` for the live cluster (only incarnation `uid`, when given: a
     reading taken for a cluster since deleted and created again is not the new one's), under
     its lock; see the module docstring. `consecutive`: whether this process made the decision
     of the interval before (the one whose streak status holds). When not (a new operator process, or decisions
     missed while the API server or this process stalled), the move it wanted loses its
     confirmations: confirmIntervals counts intervals in a row, and a stale streak would let a
-    move through on one fresh reading."""
+    move through on one fresh reading. `read`: the cluster and its spec as the caller just read
+    them (the tick, for this decision); the first attempt decides on them instead of reading
+    the cluster again, and an attempt after a conflict reads it afresh."""
+    reads = iter([read])
+
+    def attempt() -> StepOutcome:
+        given = next(reads, None)
+        with _afresh_if_gone(given):
+            return _step(kube, namespace, name, reading, now, uid, consecutive, given)
+
     with cluster_lock(namespace, name):
-        return retry_on_conflict(lambda: _step(kube, namespace, name, reading, now, uid, consecutive))
+        return retry_on_conflict(attempt)
+
+
+@contextmanager
+def _afresh_if_gone(given: object):
+    """A 404 on an attempt that worked on what the caller read (`given`): the cluster was deleted
+    (or a pod went) since, so a conflict, which retry_on_conflict answers with a fresh read that
+    finds it gone, as a read under the lock would have."""
+    try:
+        yield
+    except KubeError as exc:
+        if given is None or exc.status != 404:
+            raise
+        raise KubeError(409, f"gone since it was read: {exc.message}") from exc
 
 
 def _step(kube: Kube, namespace: str, name: str, reading: pressure.Reading, now: float,
-          uid: str | None, consecutive: bool) -> StepOutcome:
-    live = kube.get(cr_ref(namespace, name))
-    if is_gone(live, uid):
-        return StepOutcome()
-    spec = spec_in_force(live)   # None also for a spec the API server refused: not the children's
+          uid: str | None, consecutive: bool, read: Read | None) -> StepOutcome:
+    if read is None:
+        live = kube.get(cr_ref(namespace, name))
+        if is_gone(live, uid):
+            return StepOutcome()
+        spec = spec_in_force(live)   # None also for a spec the API server refused: not the children's
+    else:
+        live, spec = read
     if spec is None:
         return StepOutcome(live, reason="invalid spec")
     if not active(spec):
         return StepOutcome(live, reason=OFF_DECISION)
     ref = cluster_ref(live)
-    plan = sync_groups(kube, ref, spec)   # membership and labels consistent before deciding
-    if plan is None:
-        return StepOutcome()
-    live = kube.get(cr_ref(namespace, name))   # what the sync may just have written
-    if is_gone(live, ref.uid):
-        return StepOutcome()
+    # The prefill pods, listed once: the group sync plans from them, and they say which serve.
+    pods = prefill_pods(kube, ref)
+    # Membership and labels consistent before deciding; `live` is then what the sync wrote.
+    plan, live = record_groups(kube, ref, spec, live, pods, read_before_pods=True)
     old = live.get("status") or {}
     # The pods that serve: Ready (the gateways route to those alone, through the EndpointSlices)
     # and not terminating. They are a group's capacity, so its per-pod pressure and its
     # minPerGroup count them alone, and only one of them may move: a pod crash-looping, still
     # loading its model or being rolled would relieve nothing, and counted, a group's only
     # Ready pod could be moved away while the others were down, leaving its class unserved.
-    serving = {p.name for p in prefill_pods(kube, ref) if p.ready and not p.terminating}
-    members = {g: [p for p in plan.groups[g] if p in serving] for g in GROUPS}
+    serving = {p.name for p in pods if p.ready and not p.terminating}
+    members = {g: [p for p in plan.groups[g] if p in serving] for g in CLASSES}
     # In-flight work per pod is not read per pod: all equal, so ties (the highest ordinal)
     # choose among the pods out of cooldown.
     state = state_from_status(old)
@@ -219,16 +254,22 @@ def stood_down(status: Mapping[str, Any] | None, now: float) -> bool:
     return wanted is None or contains(status or {}, _without_times(wanted))
 
 
-def stand_down(kube: Kube, namespace: str, name: str, now: float, uid: str | None = None) -> None:
-    """The loop was turned off: nothing it last read or wanted holds any more (off_status)."""
+def stand_down(kube: Kube, namespace: str, name: str, now: float, uid: str | None = None,
+               live: dict[str, Any] | None = None) -> None:
+    """The loop was turned off: nothing it last read or wanted holds any more (off_status).
+    `live`: the cluster as the caller just read it, written on conditionally on its version (a
+    conflict reads it afresh)."""
+    reads = iter([live])
     with cluster_lock(namespace, name):
         def write() -> None:
-            live = kube.get(cr_ref(namespace, name))
+            given = next(reads, None)
+            live = given or kube.get(cr_ref(namespace, name))
             if is_gone(live, uid):
                 return
             if not stood_down(live.get("status"), now):
-                patch_status(kube, namespace, name, off_status(live.get("status"), now),
-                             live["metadata"].get("resourceVersion"))
+                with _afresh_if_gone(given):
+                    patch_status(kube, namespace, name, off_status(live.get("status"), now),
+                                 live["metadata"].get("resourceVersion"))
         retry_on_conflict(write)
 
 
@@ -256,7 +297,8 @@ class AllocationLoop:
         self.decided: float | None = None   # clock() when this process last finished a decision
 
     def tick(self) -> tuple[float | None, StepOutcome | None]:
-        """(seconds to the next tick or None when the cluster is gone, the step's outcome if one ran)."""
+        """(seconds to the next tick or None when the cluster is gone, the step's outcome if one
+        ran). The tick's one read of the cluster and its one parse of the spec serve the step."""
         live = self.kube.get(cr_ref(self.namespace, self.name))
         if is_gone(live, self.uid):
             return None, None
@@ -267,7 +309,7 @@ class AllocationLoop:
             self.window, self.last_decision, self.decided = pressure.GatewayWindow(), None, None
             metrics.record_pressure(self.namespace, self.name, self.uid, None)
             if not stood_down(live.get("status"), self.wall()):
-                stand_down(self.kube, self.namespace, self.name, self.wall(), self.uid)
+                stand_down(self.kube, self.namespace, self.name, self.wall(), self.uid, live)
             return OFF_RECHECK_S, None
         interval = spec.laps.allocation.interval_seconds
         url = spec.monitoring.prometheus_url
@@ -289,7 +331,8 @@ class AllocationLoop:
         # next one by as much) never counts as a missed interval; a second interval of slack
         # covers the rest.
         consecutive = self.decided is not None and now - self.decided <= 2 * interval
-        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid, consecutive)
+        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid, consecutive,
+                       (live, spec))
         self.decided = self.clock()
         self.last_decision = max(due, now - interval)   # no burst of catch-up decisions after a stall
         until_due = max(0.0, self.last_decision + interval - self.clock())

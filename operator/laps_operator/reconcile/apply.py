@@ -140,11 +140,6 @@ def three_way_patch(last_applied: dict[str, Any] | None, desired: dict[str, Any]
     return _merge(_removals(last, want, current), _changes(current, want))
 
 
-def merge_patch_for(live: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """The two-way patch (nothing known about earlier applies): sets, never removes."""
-    return three_way_patch(None, desired, live)
-
-
 def _patchable(obj: dict[str, Any]) -> dict[str, Any]:
     """`obj` minus identity, status and server-owned metadata."""
     out = {k: v for k, v in obj.items() if k not in (*_IDENTITY, "status")}

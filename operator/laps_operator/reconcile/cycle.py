@@ -8,19 +8,21 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from laps_agent.policy.groups import GroupPlan, plan_groups
+from laps_agent.policy.classes import CLASSES
+from laps_agent.policy.groups import GroupPlan, PodView, plan_groups
 from laps_operator import metrics
-from laps_operator.naming import GROUP_LABEL, GROUPS, ClusterRef, cluster_name_problem
+from laps_operator.naming import GROUP_LABEL, ClusterRef, cluster_name_problem
 from laps_operator.reconcile.apply import contains
 from laps_operator.reconcile.apply_writes import Applied, ChildRefused, apply_all, delete_if_owned
-from laps_operator.reconcile.kube import Kube, Ref
+from laps_operator.reconcile.kube import Kube, KubeError, Ref
 from laps_operator.reconcile.observed import pods_by_role, prefill_pods, workload_events
 from laps_operator.reconcile.writers import cluster_lock, cr_ref, retry_on_conflict
 from laps_operator.reconcile.writers import forget as forget_writers
 from laps_operator.reconcile.writers import patch_status as _patch_status
 from laps_operator.render.builders import build_children, optional_children
 from laps_operator.render.network_policy import network_policy_refs
-from laps_operator.spec.cluster import ClusterSpec, InvalidSpecError, parse_spec
+from laps_operator.render.overrides import parse_checked_spec
+from laps_operator.spec.cluster import ClusterSpec, InvalidSpecError
 from laps_operator.status.conditions import (
     CHILD_REFUSED,
     INVALID_SPEC,
@@ -59,7 +61,7 @@ def parse_cluster(body: dict[str, Any]) -> ClusterSpec:
     problem = cluster_name_problem(body["metadata"]["name"])
     if problem:
         raise InvalidSpecError(problem)
-    return parse_spec(body.get("spec"))
+    return parse_checked_spec(body.get("spec"))
 
 
 def own_namespace() -> str | None:
@@ -67,8 +69,9 @@ def own_namespace() -> str | None:
     return os.environ.get("POD_NAMESPACE") or None
 
 
-def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any], resource_version: str | None = None) -> None:
-    _patch_status(kube, ref.namespace, ref.name, status, resource_version)
+def patch_status(kube: Kube, ref: ClusterRef, status: dict[str, Any],
+                 resource_version: str | None = None) -> dict[str, Any] | None:
+    return _patch_status(kube, ref.namespace, ref.name, status, resource_version)
 
 
 def is_gone(live: dict[str, Any] | None, uid: str | None = None) -> bool:
@@ -199,6 +202,22 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
     live = kube.get(cr_ref(ref.namespace, ref.name))
     if is_gone(live, ref.uid):
         return None
+    return record_groups(kube, ref, spec, live, pods)[0]
+
+
+def record_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec, live: dict[str, Any], pods: list[PodView],
+                  *, read_before_pods: bool = False) -> tuple[GroupPlan, dict[str, Any]]:
+    """The group sync on what the caller read (under the cluster's lock): plan membership from
+    `pods` and the recording in `live`, record it in status, then label the pods that differ.
+    Returns the plan and the live object after it: the status write's answer, or `live` itself
+    when nothing needed writing.
+
+    `read_before_pods`: `live` was read before `pods` were listed (the allocation step reads the
+    cluster with its spec before the pressure, the pods after it), so a label another process
+    wrote in between may be newer than the recording read. Every writer records a group before
+    it labels a pod, so such a label changed the cluster's version: labels are then written only
+    after a write conditional on `live`'s version (the status write) or, without one, a read
+    that finds the version unchanged; otherwise a conflict (409) has the caller read afresh."""
     recorded = ((live.get("status") or {}).get("groups")) or {}
     alloc = spec.laps.allocation
     # minPerGroup is the allocation loop's floor; without the loop each group keeps one pod.
@@ -207,11 +226,21 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
     wanted = groups_status(plan.groups)
     if not contains(live.get("status") or {}, wanted):
         # Conditional: a membership computed from an older recording must not replace a newer one.
-        patch_status(kube, ref, wanted, live["metadata"].get("resourceVersion"))
+        live = patch_status(kube, ref, wanted, live["metadata"].get("resourceVersion")) or live
+    elif read_before_pods and plan.label_changes:
+        _still_at(kube, ref, live)
     for pod, group in sorted(plan.label_changes.items()):
         label_pod(kube, ref.namespace, pod, group)
     metrics.record_groups(ref.namespace, ref.name, ref.uid, plan.sizes)
-    return plan
+    return plan, live
+
+
+def _still_at(kube: Kube, ref: ClusterRef, live: dict[str, Any]) -> None:
+    """KubeError 409 unless the cluster is still the version `live` is (nothing wrote it since)."""
+    now = kube.get(cr_ref(ref.namespace, ref.name))
+    version = (live.get("metadata") or {}).get("resourceVersion")
+    if now is None or (now.get("metadata") or {}).get("resourceVersion") != version:
+        raise KubeError(409, f"LAPSCluster {ref.namespace}/{ref.name} changed since it was read")
 
 
 def refresh_status(kube: Kube, ref: ClusterRef, spec: ClusterSpec, *, generation: int | None) -> str:
@@ -288,7 +317,7 @@ def _restore_recorded_groups(kube: Kube, ref: ClusterRef, recorded: dict[str, An
     pod recreated meanwhile (an eviction, a node drain) gets back the group recorded for it.
     Without its label it would sit in neither group's Service, serving nothing until the spec is
     fixed. Nothing is planned anew: the membership is the last valid spec's."""
-    group_of = {pod: group for group in GROUPS for pod in recorded.get(group) or ()}
+    group_of = {pod: group for group in CLASSES for pod in recorded.get(group) or ()}
     for pod in prefill_pods(kube, ref):
         group = group_of.get(pod.name)
         if group and not pod.terminating and pod.group_label != group:

@@ -10,15 +10,9 @@ from typing import Any
 from laps_agent.policy.groups import PodView
 from laps_operator.naming import CLUSTER_LABEL, GROUP_LABEL, ROLE_LABEL, ClusterRef, role_selector
 from laps_operator.reconcile.kube import Kube, KubeError, Ref
+from laps_operator.status.pod_problems import pod_ready
 
 log = logging.getLogger(__name__)
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    """The pod's Ready condition is True: the EndpointSlice controller lists it as ready, so
-    Services (and the gateways' discovery) route to it."""
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def prefill_pods(kube: Kube, ref: ClusterRef) -> list[PodView]:

@@ -5,7 +5,9 @@ workload event handlers (kopf worker threads), the resync loop and the allocatio
 of `workers`). Each holds its cluster's lock across read-decide-write and re-reads the live
 LAPSCluster under it, never trusting a body that may be older than the last write: that is what
 keeps a resync that started with an old spec from reverting a spec change, and a group sync from
-reverting a move. Writes of status that others may also write carry the resourceVersion they
+reverting a move. The allocation step alone decides on the read its tick made just before it
+(the one read per tick), but only writes conditionally on that read's version, and reads afresh
+after a conflict (allocation/tick.py). Writes of status that others may also write carry the resourceVersion they
 were computed from, so a writer outside this process (a second operator, `kubectl edit`) makes
 them fail with 409 and be recomputed instead of being silently overwritten.
 """
@@ -53,12 +55,13 @@ def cr_ref(namespace: str, name: str) -> Ref:
 
 
 def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],
-                 resource_version: str | None = None) -> None:
-    """Merge-patch status; with `resource_version`, only if the object is still that version."""
+                 resource_version: str | None = None) -> dict[str, Any] | None:
+    """Merge-patch status; with `resource_version`, only if the object is still that version.
+    Returns the object as written (the API server's answer)."""
     body: dict[str, Any] = {"status": status}
     if resource_version:
         body["metadata"] = {"resourceVersion": resource_version}
-    kube.patch(cr_ref(namespace, name), body, subresource="status")
+    return kube.patch(cr_ref(namespace, name), body, subresource="status")
 
 
 def retry_on_conflict(fn: Callable[[], T], attempts: int = CONFLICT_ATTEMPTS) -> T:

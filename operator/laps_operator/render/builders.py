@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from laps_operator.allocation.pressure import scrape_interval_seconds
+from laps_agent.policy.classes import CLASSES
 from laps_operator.naming import (
     BOOTSTRAP_PORT,
     CLUSTER_LABEL,
     ENGINE_PORT,
     GROUP_LABEL,
-    GROUPS,
     ROLE_LABEL,
     ClusterRef,
     role_selector,
@@ -51,7 +50,7 @@ def build_services(cluster: ClusterRef, spec: ClusterSpec) -> list[dict[str, Any
         _service(cluster, cluster.prefill, "prefill", prefill, _engine_ports(True),
                  clusterIP="None", publishNotReadyAddresses=True),
     ]
-    for group in GROUPS:
+    for group in CLASSES:
         services.append(_service(cluster, cluster.prefill_group_service(group), "prefill",
                                  {**prefill, GROUP_LABEL: group}, _engine_ports(True)))
     services.append(_service(cluster, cluster.decode, "decode", role_selector(cluster.name, "decode"),
@@ -120,12 +119,18 @@ def build_pod_monitor(cluster: ClusterRef, spec: ClusterSpec) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": {CLUSTER_LABEL: cluster.name}},
             # The allocation loop averages the gateways' pending work over its interval: scrape
-            # at least twice per interval (pressure.scrape_interval_seconds).
+            # at least twice per interval (scrape_interval_seconds).
             "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": _scrape_interval(spec)}],
             # Pods carry their role and group; keep them on the series for per-group dashboards.
             "podTargetLabels": [ROLE_LABEL, GROUP_LABEL],
         },
     }
+
+
+def scrape_interval_seconds(interval_s: float) -> float:
+    """How often the rendered PodMonitor scrapes: twice per allocation interval, between 1 s and
+    15 s (the allocation loop's window, allocation.pressure.window_seconds, spans two scrapes)."""
+    return min(15.0, max(1.0, float(interval_s) / 2))
 
 
 def _scrape_interval(spec: ClusterSpec) -> str:

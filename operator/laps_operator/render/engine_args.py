@@ -10,12 +10,9 @@ from: the command line is rendered from them, and engine.extraArgs may not repea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from laps_operator.naming import BOOTSTRAP_PORT, ENGINE_PORT, GATEWAY_PORT, LABELS_FILE, ClusterRef
-
-if TYPE_CHECKING:  # spec.py checks extraArgs against these flags: no import cycle at run time
-    from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.spec.cluster import ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -136,7 +133,7 @@ def sglang_engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], list
 
 
 def sglang_prefill_graph_config(batch_sizes: tuple[int, ...], seq_lengths: tuple[int, ...]) -> str:
-    """SGLang's own multi-request prefill graphs for the CR's bucket grid (README, "Batch-prefill
+    """SGLang's own multi-request prefill graphs for the CR's bucket grid (docs/sglang.md, "Batch-prefill
     CUDA graphs and SGLang"): its `full` prefill backend captures the whole transformer body
     per *total-token* bucket with a fixed number of request slots, so the (batch, length) grid
     becomes the set of products b*s and max(batch sizes) slots. No hook needed."""

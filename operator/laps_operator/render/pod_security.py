@@ -7,7 +7,7 @@ hand the container its /dev/nvidia* nodes readable and writable by any user, and
 capability. Where a node's driver setup restricts those nodes to a group (e.g. `video`), the
 exception is a supplementalGroups entry, which the restricted profile allows; an image that must
 run as root (UID 0) cannot meet the profile and needs a namespace at `baseline`. Neither is
-made the default here (README, "Pod security").
+made the default here (docs/kubernetes.md, "Pod security").
 """
 from __future__ import annotations
 

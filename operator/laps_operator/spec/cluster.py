@@ -1,17 +1,22 @@
-"""Typed, defaulted view of a LAPSCluster's `spec`.
+"""Typed, defaulted view of a LAPSCluster's `spec`, and the source of the CRD's schema.
 
-The CRD's schema already defaults and validates on a real API server; this model repeats the
-same defaults and rules so the operator behaves the same where nothing validated the object
-(an emulator, a server that lost the CEL rules, an old CRD). A failure here becomes the
-InvalidSpec condition's message, so messages name the field the user has to fix. The sections
-about what the pods run and where (model, engine, pools) are in spec_pods.py, the network
-policies' peers in spec_network.py.
+The CRD's schema (charts/laps/crds/lapscluster.yaml) is generated from these models (crd.py):
+each default, bound, pattern and cross-field rule is written here once, and both the API server
+and this module enforce it. The operator checks again because it must behave the same where
+nothing validated the object (an emulator, a server that lost the CEL rules, an old CRD). A
+failure here becomes the InvalidSpec condition's message, so messages name the field the user
+has to fix. The sections about what the pods run and where (model, engine, pools) are in
+pods.py, their placement in placement.py, the network policies' peers in network.py; what the
+spec may not take back from the operator is checked against the builders, in
+render/overrides.py.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     StrictBool,
     ValidationError,
@@ -20,38 +25,144 @@ from pydantic import (
     model_validator,
 )
 
-from laps_operator.spec.formats import url_problem
+from laps_agent.policy.allocation import AllocationConfig
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, url_problem
 from laps_operator.spec.gpus import gpu_count_problem
 from laps_operator.spec.network import NetworkPolicySpec
 from laps_operator.spec.placement import AnnotationMap
 from laps_operator.spec.placement import SpecModel as _Model
-from laps_operator.spec.pods import EngineSpec, LocalObjectReference, ModelSpec, PlacementSpec, PoolSpec, ResourcesSpec
+from laps_operator.spec.pods import (
+    DEFAULT_IMAGE,
+    EngineSpec,
+    LocalObjectReference,
+    ModelSpec,
+    PlacementSpec,
+    PoolSpec,
+    PrefillSpec,
+    ResourcesSpec,
+)
 
 GROUP = "laps.io"
 VERSION = "v1alpha1"
 KIND = "LAPSCluster"
 PLURAL = "lapsclusters"
 
+# The data plane's own defaults (laps_agent.policy): a knob left out of the CR runs the engines,
+# the plugin and the allocation policy as `laps engine`, `laps local` and `laps sim` do.
+_SCHEDULER = SchedulerConfig()
+_ALLOCATION = AllocationConfig()
+
+
+# What a drained process keeps of its pod's grace period to exit (the engine loop's last
+# iteration, interpreter and device teardown) before the kubelet's SIGKILL.
+EXIT_MARGIN_SECONDS = 3
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule across fields: `cel` for the API server (x-kubernetes-validations on spec), and the
+    message both it and ClusterSpec._cross_field_rules give. `field` is where it points."""
+    cel: str
+    message: str
+    field: str
+
+
+ALLOCATION_NEEDS_TWO = Rule(
+    "!self.laps.allocation.enabled || self.prefill.replicas >= 2",
+    "laps.allocation.enabled needs prefill.replicas >= 2 (one pod per group at least)",
+    ".laps.allocation.enabled")
+ALLOCATION_MIN_PER_GROUP = Rule(
+    "!self.laps.allocation.enabled || self.prefill.replicas >= 2 * self.laps.allocation.minPerGroup",
+    "prefill.replicas must be at least 2 * laps.allocation.minPerGroup",
+    ".laps.allocation.minPerGroup")
+TENSOR_PARALLEL_NEEDS_SGLANG = Rule(
+    "self.engine.backend == 'sglang' || (self.prefill.tensorParallelSize == 1 && self.decode.tensorParallelSize == 1)",
+    "tensorParallelSize > 1 needs engine.backend sglang (the builtin engine runs one device per pod)",
+    ".engine.backend")
+GRACE_COVERS_PRE_STOP = Rule(
+    f"self.drain.gracePeriodSeconds >= self.drain.preStopSeconds + {EXIT_MARGIN_SECONDS + 1}",
+    f"drain.gracePeriodSeconds must be at least drain.preStopSeconds + {EXIT_MARGIN_SECONDS + 1} (1 s to finish "
+    f"requests, {EXIT_MARGIN_SECONDS} s to exit)",
+    ".drain.gracePeriodSeconds")
+PREFIX_AFFINITY_NEEDS_CACHE = Rule(
+    "!has(self.laps.prefixAffinity) || !self.laps.prefixAffinity || self.laps.prefixCache",
+    "laps.prefixAffinity routes a prompt to the prefill pod expected to hold its prefix: it needs "
+    "laps.prefixCache (leave laps.prefixAffinity unset or false)",
+    ".laps.prefixAffinity")
+PREFIX_WARM_NEEDS_BUILTIN = Rule(
+    "!has(self.laps.prefixWarm) || !self.laps.prefixWarm || self.engine.backend != 'sglang'",
+    "laps.prefixWarm (prefix warming) needs engine.backend builtin: SGLang has no warm endpoint "
+    "(leave laps.prefixWarm unset or false)",
+    ".laps.prefixWarm")
+PREFIX_WARM_NEEDS_AFFINITY = Rule(
+    "!has(self.laps.prefixWarm) || !self.laps.prefixWarm || "
+    "(has(self.laps.prefixAffinity) ? self.laps.prefixAffinity : self.laps.prefixCache)",
+    "laps.prefixWarm caches a turn's answer on the prefill pod that served it, for the chat's next "
+    "turn, which only cache affinity sends back there: it needs laps.prefixAffinity (unset: "
+    "laps.prefixCache) (leave laps.prefixWarm unset or false)",
+    ".laps.prefixWarm")
+# Rules for fields that would otherwise be accepted and ignored.
+RATE_NEEDS_KEYS = Rule(
+    "self.gateway.rateLimitPerKey <= 0.0 || has(self.gateway.apiKeysSecret)",
+    "gateway.rateLimitPerKey counts requests per API key: it needs gateway.apiKeysSecret",
+    ".gateway.rateLimitPerKey")
+QUEUE_NEEDS_BUILTIN = Rule(
+    "!has(self.engine.maxQueuedRequests) || self.engine.backend != 'sglang'",
+    "engine.maxQueuedRequests bounds the builtin engine's queue: it needs engine.backend builtin "
+    "(SGLang's own flags go in engine.extraArgs)",
+    ".engine.maxQueuedRequests")
+QUERY_NEEDS_PROMETHEUS = Rule(
+    "!has(self.monitoring.pressureQuery) || self.monitoring.prometheusURL != ''",
+    "monitoring.pressureQuery is a Prometheus query: it needs monitoring.prometheusURL (without it "
+    "the allocation loop reads the gateways' /metrics)",
+    ".monitoring.pressureQuery")
+RULES = (ALLOCATION_NEEDS_TWO, ALLOCATION_MIN_PER_GROUP, TENSOR_PARALLEL_NEEDS_SGLANG, GRACE_COVERS_PRE_STOP,
+         PREFIX_AFFINITY_NEEDS_CACHE, PREFIX_WARM_NEEDS_BUILTIN, PREFIX_WARM_NEEDS_AFFINITY, RATE_NEEDS_KEYS,
+         QUEUE_NEEDS_BUILTIN, QUERY_NEEDS_PROMETHEUS)
+
 
 class SchedulerSpec(_Model):
-    enabled: bool = True
-    wait_window_ms: float = Field(default=5.0, ge=0, le=10000)
-    wait_max_batch: int = Field(default=8, ge=1, le=1024)
-    adaptive_window: bool = False
-    max_long_wait_ms: float = Field(default=2000.0, ge=0)
+    enabled: bool = Field(default=_SCHEDULER.enabled,
+                          description="dual-queue short-first prefill scheduling (false: FIFO)")
+    wait_window_ms: float = Field(default=_SCHEDULER.wait_window_ms, ge=0, le=10000,
+                                  description="how long a short request may wait for others to batch with (0: off)")
+    wait_max_batch: int = Field(default=_SCHEDULER.wait_max_batch, ge=1, le=1024,
+                                description="dispatch at once when this many short requests wait")
+    adaptive_window: bool = Field(default=_SCHEDULER.adaptive_window,
+                                  description="tune window, target depth and short-batch size from observed "
+                                              "arrivals and batch costs")
+    max_long_wait_ms: float = Field(default=_SCHEDULER.max_long_wait_ms, ge=0,
+                                    description="starvation bound: a long request waiting this long runs next")
+
+
+# The largest bucket of the batch-prefill grid in each dimension (the CRD's item maximum).
+MAX_GRAPH_BATCH_SIZE = 4096
+MAX_GRAPH_SEQ_LENGTH = 1048576
+_BY_GRID_FIELD = {"batch_sizes": MAX_GRAPH_BATCH_SIZE, "seq_lengths": MAX_GRAPH_SEQ_LENGTH}
+# In the CRD: a set of items within bounds (_positive_unique says which rule a value breaks).
+_GRAPH_SET = {"x-kubernetes-list-type": "set"}
+_BatchSize = Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_GRAPH_BATCH_SIZE})]
+_SeqLength = Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MAX_GRAPH_SEQ_LENGTH})]
 
 
 class BatchPrefillGraphsSpec(_Model):
-    enabled: bool = True
-    batch_sizes: tuple[int, ...] = Field(default=(1, 2, 4, 8), min_length=1, max_length=32)
-    seq_lengths: tuple[int, ...] = Field(default=(16, 32, 64, 128, 256), min_length=1, max_length=64)
+    enabled: bool = Field(default=True, description="run short batches in fixed (batch, length) buckets (CUDA "
+                                                    "graphs on GPU)")
+    batch_sizes: tuple[_BatchSize, ...] = Field(default=(1, 2, 4, 8), min_length=1, max_length=32,
+                                                json_schema_extra=_GRAPH_SET,
+                                                description="the bucket grid's batch sizes")
+    seq_lengths: tuple[_SeqLength, ...] = Field(default=(16, 32, 64, 128, 256), min_length=1, max_length=64,
+                                                json_schema_extra=_GRAPH_SET,
+                                                description="the bucket grid's sequence lengths (tokens)")
 
     @field_validator("batch_sizes", "seq_lengths")
     @classmethod
     def _positive_unique(cls, values: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
         if any(v < 1 for v in values):
             raise ValueError("must be positive integers")
-        limit = 4096 if info.field_name == "batch_sizes" else 1048576  # the CRD's item maximum
+        limit = _BY_GRID_FIELD[info.field_name]
         if max(values) > limit:
             raise ValueError(f"values must be <= {limit}")
         if len(set(values)) != len(values):
@@ -63,45 +174,53 @@ class BatchPrefillGraphsSpec(_Model):
 class AllocationSpec(_Model):
     # Off unless asked for: moving pods changes how a cluster serves, and `enabled` needs
     # prefill.replicas >= 2 (a default of true would make every one-pod pool invalid).
-    enabled: bool = False
-    interval_seconds: float = Field(default=5.0, ge=1, le=3600)
-    ratio: float = Field(default=2.0, ge=1)
-    min_per_group: int = Field(default=1, ge=1)
-    cooldown_seconds: float = Field(default=60.0, ge=0)   # a moved pod stays this long
-    confirm_intervals: int = Field(default=2, ge=1)       # the same move wanted this many times
+    enabled: bool = Field(default=False, description="move prefill pods between the groups from their pressure")
+    interval_seconds: float = Field(default=5.0, ge=1, le=3600,
+                                    description="one decision per interval, on the pressure averaged over it")
+    ratio: float = Field(default=_ALLOCATION.ratio, ge=1,
+                         description="move when one group's per-pod pressure is ratio times the other's (ratio^2 "
+                                     "to undo the last move)")
+    min_per_group: int = Field(default=_ALLOCATION.min_per_group, ge=1, description="pods each group keeps")
+    cooldown_seconds: float = Field(default=_ALLOCATION.pod_cooldown_s, ge=0,
+                                    description="a pod that moved stays in its new group at least this long")
+    confirm_intervals: int = Field(default=_ALLOCATION.confirm, ge=1,
+                                   description="the same move must be wanted in this many consecutive intervals")
 
 
 class LapsSpec(_Model):
-    length_threshold: int = Field(default=256, ge=1)
-    # Engines keep the KV of earlier prompts (builtin --prefix-cache, SGLang's radix cache);
-    # the gateway routes a prompt to the prefill pod expected to hold its prefix (--prefix-affinity).
+    length_threshold: int = Field(default=DEFAULT_LENGTH_THRESHOLD, ge=1,
+                                  description="prompts with at most this many uncached tokens are short, longer "
+                                              "ones long")
     # Strict, as the CRD's `type: boolean`: 0 or "no" is a mistake, not false.
-    prefix_cache: StrictBool = True
+    prefix_cache: StrictBool = Field(
+        default=True,
+        description="engines keep the KV of earlier prompts and prefill only the uncached rest of a later prompt "
+                    "with the same beginning (builtin --prefix-cache; sglang: false renders --disable-radix-cache)")
     # None (unset): follows prefix_cache, so turning the cache off alone is enough.
-    prefix_affinity: StrictBool | None = None
-    # Prefix warming (--prefix-warm, engines and gateway): a decode engine sends a finished
-    # request's prompt + answer back to the prefill engine that served it, which computes their
-    # KV when idle, so a chat's next turn prefills only its new message there. None (unset):
-    # follows `affinity` on the builtin backend, off on sglang (ClusterSpec.warm).
-    prefix_warm: StrictBool | None = None
-    scheduler: SchedulerSpec = SchedulerSpec()
-    batch_prefill_graphs: BatchPrefillGraphsSpec = BatchPrefillGraphsSpec()
-    allocation: AllocationSpec = AllocationSpec()
+    prefix_affinity: StrictBool | None = Field(
+        default=None,
+        description="the gateway sends a prompt to the prefill pod expected to hold its prefix and classifies it "
+                    "by the tokens left to prefill there (--prefix-affinity); unset: the same as prefixCache; true "
+                    "needs prefixCache")
+    # None (unset): follows `affinity` on the builtin backend, off on sglang (ClusterSpec.warm).
+    prefix_warm: StrictBool | None = Field(
+        default=None,
+        description="a decode engine sends a finished request's prompt and answer back to the prefill engine that "
+                    "served it, which computes their KV when idle, so a chat's next turn prefills only its new "
+                    "message there (--prefix-warm, engines and gateway); unset: the same as prefixAffinity on the "
+                    "builtin backend, false on sglang; true needs prefixAffinity and the builtin backend")
+    scheduler: SchedulerSpec = Field(default=SchedulerSpec(), description="the prefill engines' LAPS scheduler")
+    batch_prefill_graphs: BatchPrefillGraphsSpec = Field(
+        default=BatchPrefillGraphsSpec(), description="the short batches' bucket grid (prefill engines)")
+    allocation: AllocationSpec = Field(
+        default=AllocationSpec(),
+        description="the closed loop moving prefill pods between the short and long groups from their pressure "
+                    "(needs prefill.replicas >= 2; off by default: moving pods changes how the cluster serves)")
 
     @property
     def affinity(self) -> bool:
         """Whether the gateway routes by cache affinity (prefixAffinity, else prefixCache)."""
         return self.prefix_cache if self.prefix_affinity is None else self.prefix_affinity
-
-
-# Rules for fields that would otherwise be accepted and ignored (the CRD has the same messages).
-RATE_NEEDS_KEYS = "gateway.rateLimitPerKey counts requests per API key: it needs gateway.apiKeysSecret"
-QUEUE_NEEDS_BUILTIN = (
-    "engine.maxQueuedRequests bounds the builtin engine's queue: it needs engine.backend builtin "
-    "(SGLang's own flags go in engine.extraArgs)")
-QUERY_NEEDS_PROMETHEUS = (
-    "monitoring.pressureQuery is a Prometheus query: it needs monitoring.prometheusURL (without it "
-    "the allocation loop reads the gateways' /metrics)")
 
 
 class ApiKeysSecretSpec(_Model):
@@ -111,41 +230,63 @@ class ApiKeysSecretSpec(_Model):
 
 
 class GatewaySpec(PlacementSpec):  # placed and labelled like the engine pools
-    replicas: int = Field(default=1, ge=0, le=64)
-    image: str = Field(default="ghcr.io/laps-project/laps:0.1.0", min_length=1)
-    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    replicas: int = Field(default=1, ge=0, le=64, description="gateway pods")
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1,
+                       description="image with the `laps` command (the engine image may be SGLang's)")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="the type of the gateway's Service")
     # The gateway Service's: what a cloud's load balancer is asked for (internal, ...).
-    service_annotations: AnnotationMap = Field(default_factory=dict)
-    port: int = Field(default=8000, ge=1, le=65535)
-    resources: ResourcesSpec = ResourcesSpec()
-    request_deadline_seconds: float = Field(default=600.0, ge=0)  # 0: none (--request-deadline-s)
+    service_annotations: AnnotationMap = Field(
+        default_factory=dict,
+        description="annotations on the gateway Service, e.g. for an internal load balancer "
+                    "(service.beta.kubernetes.io/aws-load-balancer-scheme: internal); no laps.io/ key. A change "
+                    "restarts no pod")
+    port: int = Field(default=8000, ge=1, le=65535, description="the gateway Service's port")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="the gateway containers' resources")
+    request_deadline_seconds: float = Field(  # --request-deadline-s
+        default=600.0, ge=0,
+        description="total time a request may take through the gateway, arrival to last byte; beyond, 504 (a "
+                    "stream already begun ends with an SSE error event); 0 = none")
     # API keys (laps_agent/gateway/http/auth.py); None: no authentication.
-    api_keys_secret: ApiKeysSecretSpec | None = None
-    rate_limit_per_key: float = Field(default=0.0, ge=0)  # requests/s per key; 0: none
+    api_keys_secret: ApiKeysSecretSpec | None = Field(
+        default=None,
+        description="API keys: a Secret in this namespace whose key holds them, one a line; it is mounted "
+                    "read-only in the gateway, which then answers 401 to a request without `Authorization: Bearer "
+                    "<one of them>` (/health, /live, /metrics stay open). Absent = no authentication")
     # Admission control (laps_agent/policy/admission.py); None: the gateway's own default,
     # which lives there only.
-    max_pending_tokens_per_pod: int | None = Field(default=None, ge=0)
-    max_decode_share: float | None = Field(default=None, ge=0, le=1)
+    max_pending_tokens_per_pod: int | None = Field(
+        default=None, ge=0,
+        description="admission control: a prefill group takes new requests while its pending prompt tokens are "
+                    "below this many per pod; beyond, its class gets 429 + Retry-After while the other class is "
+                    "served (a pod that reports what it prefills in time also takes a request only if it fits with "
+                    "its queue); 0 means no bound, neither of them. Unset: laps gateway's default")
+    max_decode_share: float | None = Field(
+        default=None, ge=0, le=1,
+        description="admission control: the share of the decode pool's slots (its engines' max running requests) "
+                    "one class may hold; beyond, that class gets 429 + Retry-After, so a flood of one class never "
+                    "takes every decode slot from the other; 0 means no bound. Unset: laps gateway's default")
+    rate_limit_per_key: float = Field(
+        default=0.0, ge=0,
+        description="requests/s each API key may send (burst: one second's worth, at least 1); beyond, 429 + "
+                    "Retry-After; 0 = none. Needs apiKeysSecret")
 
     @model_validator(mode="after")
     def _rate_needs_keys(self) -> GatewaySpec:
         if self.rate_limit_per_key > 0 and self.api_keys_secret is None:
-            raise ValueError(RATE_NEEDS_KEYS)
+            raise ValueError(RATE_NEEDS_KEYS.message)
         return self
 
 
-# What a drained process keeps of its pod's grace period to exit (the engine loop's last
-# iteration, interpreter and device teardown) before the kubelet's SIGKILL.
-EXIT_MARGIN_SECONDS = 3
-
-
 class DrainSpec(_Model):
-    # The pods' terminationGracePeriodSeconds: from deletion to SIGKILL, the pre-stop delay
-    # included.
-    grace_period_seconds: int = Field(default=60, ge=5, le=86400)
-    # Before SIGTERM the pod serves on while the endpoints controllers take it out of every
-    # Service and gateway (0: no preStop hook).
-    pre_stop_seconds: int = Field(default=5, ge=0, le=300)
+    grace_period_seconds: int = Field(
+        default=60, ge=5, le=86400,
+        description="the pods' terminationGracePeriodSeconds (deletion to SIGKILL); the processes drain for what "
+                    "is left after preStopSeconds and 3 s to exit (--drain-grace-s)")
+    pre_stop_seconds: int = Field(
+        default=5, ge=0, le=300,
+        description="seconds the pod serves on after deletion before SIGTERM, while the endpoints controllers "
+                    "take it out of every Service (0 = no preStop hook)")
 
     @property
     def process_grace_seconds(self) -> int:
@@ -154,9 +295,19 @@ class DrainSpec(_Model):
 
 
 class MonitoringSpec(_Model):
-    prometheus_url: str = Field(default="", alias="prometheusURL")
-    pod_monitor: bool = False
-    pressure_query: str | None = Field(default=None, min_length=1)  # unset: the built-in query ("" is a mistake)
+    # The pattern is the CRD's; url_problem checks it (and more), saying what is wrong.
+    prometheus_url: str = Field(
+        default="", alias="prometheusURL", json_schema_extra={"pattern": PROMETHEUS_URL_PATTERN},
+        description='Prometheus base URL the allocation loop queries for pressure ("" = read the gateway pods\' '
+                    '/metrics directly)')
+    pod_monitor: bool = Field(default=False, description="create a monitoring.coreos.com/v1 PodMonitor for "
+                                                         "engines and gateway")
+    pressure_query: str | None = Field(  # unset: the built-in query ("" is a mistake)
+        default=None, min_length=1,
+        description='PromQL (instant query) overriding the built-in pressure query (needs prometheusURL; unset = '
+                    'the built-in one); it must return an instant vector with one series per group labelled '
+                    'group="short" and group="long" (the group\'s total pending prefill work summed over gateway '
+                    'replicas, in the unit of the built-in query: pending tokens + 128 per pending request)')
 
     @field_validator("prometheus_url")
     @classmethod
@@ -166,76 +317,65 @@ class MonitoringSpec(_Model):
         return url
 
 
-PREFIX_AFFINITY_NEEDS_CACHE = (
-    "laps.prefixAffinity routes a prompt to the prefill pod expected to hold its prefix: it needs "
-    "laps.prefixCache (leave laps.prefixAffinity unset or false)")
-PREFIX_WARM_NEEDS_AFFINITY = (
-    "laps.prefixWarm caches a turn's answer on the prefill pod that served it, for the chat's next "
-    "turn, which only cache affinity sends back there: it needs laps.prefixAffinity (unset: "
-    "laps.prefixCache) (leave laps.prefixWarm unset or false)")
-PREFIX_WARM_NEEDS_BUILTIN = (
-    "laps.prefixWarm (prefix warming) needs engine.backend builtin: SGLang has no warm endpoint "
-    "(leave laps.prefixWarm unset or false)")
-
-
 class ClusterSpec(_Model):
-    model: ModelSpec
-    engine: EngineSpec = EngineSpec()
-    prefill: PoolSpec = PoolSpec(replicas=2)
-    decode: PoolSpec = PoolSpec(replicas=1)
-    laps: LapsSpec = LapsSpec()
-    gateway: GatewaySpec = GatewaySpec()
-    drain: DrainSpec = DrainSpec()
-    monitoring: MonitoringSpec = MonitoringSpec()
-    network_policy: NetworkPolicySpec = NetworkPolicySpec()
-    # Every pod's imagePullSecrets (engines and gateway): images from private registries.
-    image_pull_secrets: tuple[LocalObjectReference, ...] = ()
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": r.cel, "message": r.message, "fieldPath": r.field} for r in RULES]})
+
+    model: ModelSpec = Field(description="the model the engines serve")
+    engine: EngineSpec = Field(default=EngineSpec(), description="what the engine pods run")
+    prefill: PrefillSpec = Field(default=PrefillSpec(), description="the prefill pool, split into the short and "
+                                                                    "long groups")
+    decode: PoolSpec = Field(default=PoolSpec(), description="the decode pool")
+    laps: LapsSpec = Field(default=LapsSpec(), description="Length-Aware Prefill Scheduling: the classes, the "
+                                                           "scheduler, the allocation loop")
+    gateway: GatewaySpec = Field(default=GatewaySpec(), description="the gateway pods and their Service")
+    drain: DrainSpec = Field(
+        default=DrainSpec(),
+        description="graceful shutdown of engine and gateway pods: a preStop delay while the pod is taken out of "
+                    "its Services, then on SIGTERM unready at once, new requests refused (503 draining, retried on "
+                    "other pods by the gateway), the held ones finished")
+    monitoring: MonitoringSpec = Field(default=MonitoringSpec(), description="where pressure is read, and "
+                                                                             "Prometheus scraping")
+    network_policy: NetworkPolicySpec = Field(
+        default=NetworkPolicySpec(),
+        description="NetworkPolicies (ingress) around the cluster's pods: engines' http and bootstrap ports only "
+                    "from the cluster's own gateway and engine pods, the gateway's port from gatewayIngress; the "
+                    "HTTP ports (/metrics) also from metricsFrom")
+    # Every pod's imagePullSecrets (engines and gateway): images from private registries. A
+    # pod's imagePullSecrets is a list keyed by name, as is the CRD's.
+    image_pull_secrets: tuple[LocalObjectReference, ...] = Field(
+        default_factory=tuple,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="Secrets (in this namespace) holding credentials for the registries of the engine and gateway "
+                    "images: every pod's imagePullSecrets")
 
     @field_validator("image_pull_secrets")
     @classmethod
     def _unique_secrets(cls, refs: tuple[LocalObjectReference, ...]) -> tuple[LocalObjectReference, ...]:
-        # A pod's imagePullSecrets is a list keyed by name, as is the CRD's.
         names = [ref.name for ref in refs]
         if len(set(names)) != len(names):
             raise ValueError("must not name a Secret twice")
         return refs
 
-    @field_validator("prefill", mode="before")
-    @classmethod
-    def _prefill_defaults_to_two(cls, value: Any) -> Any:
-        # PoolSpec's own default is 1 (decode); the prefill pool defaults to one pod per group.
-        if isinstance(value, dict) and "replicas" not in value:
-            return {**value, "replicas": 2}
-        return value
-
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ClusterSpec:
-        # The same rules as the CRD's x-kubernetes-validations.
+        # RULES, as the API server evaluates their CEL.
         alloc = self.laps.allocation
-        if alloc.enabled and self.prefill.replicas < 2:
-            raise ValueError("laps.allocation.enabled needs prefill.replicas >= 2 (one pod per group at least)")
-        if alloc.enabled and self.prefill.replicas < 2 * alloc.min_per_group:
-            raise ValueError("prefill.replicas must be at least 2 * laps.allocation.minPerGroup")
-        if self.drain.process_grace_seconds < 1:
-            # The same message as the CRD's rule, which cannot read EXIT_MARGIN_SECONDS.
-            raise ValueError(f"drain.gracePeriodSeconds must be at least drain.preStopSeconds + "
-                             f"{EXIT_MARGIN_SECONDS + 1} (1 s to finish requests, {EXIT_MARGIN_SECONDS} s to exit)")
-        if self.laps.prefix_affinity is True and not self.laps.prefix_cache:
-            raise ValueError(PREFIX_AFFINITY_NEEDS_CACHE)
-        if self.laps.prefix_warm is True and self.engine.backend == "sglang":
-            raise ValueError(PREFIX_WARM_NEEDS_BUILTIN)
-        if self.laps.prefix_warm is True and not self.laps.affinity:
-            raise ValueError(PREFIX_WARM_NEEDS_AFFINITY)
-        if self.engine.backend != "sglang" and (
-            self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1
-        ):
-            raise ValueError(
-                "tensorParallelSize > 1 needs engine.backend sglang (the builtin engine runs one device per pod)"
-            )
-        if self.engine.max_queued_requests is not None and self.engine.backend == "sglang":
-            raise ValueError(QUEUE_NEEDS_BUILTIN)
-        if self.monitoring.pressure_query is not None and not self.monitoring.prometheus_url:
-            raise ValueError(QUERY_NEEDS_PROMETHEUS)
+        broken = [
+            (ALLOCATION_NEEDS_TWO, alloc.enabled and self.prefill.replicas < 2),
+            (ALLOCATION_MIN_PER_GROUP, alloc.enabled and self.prefill.replicas < 2 * alloc.min_per_group),
+            (GRACE_COVERS_PRE_STOP, self.drain.process_grace_seconds < 1),
+            (PREFIX_AFFINITY_NEEDS_CACHE, self.laps.prefix_affinity is True and not self.laps.prefix_cache),
+            (PREFIX_WARM_NEEDS_BUILTIN, self.laps.prefix_warm is True and self.engine.backend == "sglang"),
+            (PREFIX_WARM_NEEDS_AFFINITY, self.laps.prefix_warm is True and not self.laps.affinity),
+            (TENSOR_PARALLEL_NEEDS_SGLANG, self.engine.backend != "sglang" and (
+                self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1)),
+            (QUEUE_NEEDS_BUILTIN, self.engine.max_queued_requests is not None and self.engine.backend == "sglang"),
+            (QUERY_NEEDS_PROMETHEUS, self.monitoring.pressure_query is not None and not self.monitoring.prometheus_url),
+        ]  # and RATE_NEEDS_KEYS, in GatewaySpec
+        for rule, is_broken in broken:
+            if is_broken:
+                raise ValueError(rule.message)
         for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
             if problem := gpu_count_problem(role, self.engine, pool):
                 raise ValueError(problem)
@@ -255,20 +395,15 @@ class InvalidSpecError(ValueError):
 
 
 def parse_spec(raw: dict[str, Any] | None) -> ClusterSpec:
-    """Validate and default a CR's `spec`; raise InvalidSpecError with a readable message."""
+    """Validate and default a CR's `spec` as the CRD does (its fields and RULES); raise
+    InvalidSpecError with a readable message. What the spec may not take back from the operator
+    is read off the builders: render.overrides.parse_checked_spec adds that."""
     if not isinstance(raw, dict):
         raise InvalidSpecError("spec: must be an object")
     try:
-        spec = ClusterSpec.model_validate(raw)
+        return ClusterSpec.model_validate(raw)
     except ValidationError as exc:
         raise InvalidSpecError(format_errors(exc)) from None
-    # What extraArgs, env and mountPath may not take back from the operator is read off the
-    # builders, which import this module: hence the import here.
-    from laps_operator.spec.overrides import override_problem
-
-    if problem := override_problem(spec):
-        raise InvalidSpecError(f"spec.{problem}")
-    return spec
 
 
 def format_errors(exc: ValidationError) -> str:

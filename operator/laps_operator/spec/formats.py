@@ -3,7 +3,7 @@
 A quantity the API server refuses ("2 GB", "two", "-1") would get the workloads refused one
 write at a time, a Prometheus URL that does not parse would fail every allocation interval;
 checked when the spec is parsed, either gets the InvalidSpec condition naming the field. The
-CRD carries the same patterns (tests/unit/operator/test_crd.py compares them).
+CRD carries the same patterns: the models put them in its schema (crd.py).
 
 The patterns are matched whole here (re.fullmatch): Python's `$` also matches before a final
 newline, so re.match would let `team\n` through, which the API server (Go's `$`: the end of the

@@ -6,9 +6,9 @@ engines' one bypasses the gateway's API keys).
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from laps_operator.spec.placement import LabelSelector, SpecModel
 
@@ -23,9 +23,13 @@ def _cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         raise ValueError(f"{value!r} is not a CIDR (address/prefix length, e.g. 10.0.0.0/8)") from None
 
 
+# The CRD's format; _cidr says what is wrong with one.
+Cidr = Annotated[str, Field(json_schema_extra={"format": "cidr"})]
+
+
 class IPBlock(SpecModel):
-    cidr: str
-    except_: tuple[str, ...] | None = Field(default=None, alias="except")
+    cidr: Cidr
+    except_: tuple[Cidr, ...] | None = Field(default=None, alias="except")
 
     @model_validator(mode="after")
     def _networks(self) -> IPBlock:
@@ -39,9 +43,13 @@ class IPBlock(SpecModel):
 
 
 class NetworkPolicyPeer(SpecModel):
-    pod_selector: LabelSelector | None = None
-    namespace_selector: LabelSelector | None = None
-    ip_block: IPBlock | None = None
+    model_config = ConfigDict(json_schema_extra={"description": "a NetworkPolicyPeer (networking.k8s.io/v1)",
+                                                 "minProperties": 1})
+    pod_selector: LabelSelector | None = Field(
+        default=None, description="a LabelSelector (matchLabels, matchExpressions); {} = every pod")
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description="a LabelSelector (matchLabels, matchExpressions); {} = every namespace")
+    ip_block: IPBlock | None = Field(default=None, description="alone in its peer; except = parts of cidr left out")
 
     @model_validator(mode="before")
     @classmethod
@@ -71,9 +79,15 @@ PROMETHEUS_PEER = NetworkPolicyPeer.model_validate({
 
 
 class NetworkPolicySpec(SpecModel):
-    enabled: bool = True
-    # Peers allowed to the gateway's port; empty: from anywhere (the gateway is the cluster's
-    # front door, and a LoadBalancer/NodePort's clients have no in-cluster labels).
-    gateway_ingress: tuple[NetworkPolicyPeer, ...] = ()
-    # Peers allowed to the engines' and gateways' HTTP ports, for /metrics.
-    metrics_from: tuple[NetworkPolicyPeer, ...] = (PROMETHEUS_PEER,)
+    enabled: bool = Field(default=True, description="create the NetworkPolicies (false deletes them)")
+    # Empty: from anywhere (the gateway is the cluster's front door, and a LoadBalancer/NodePort's
+    # clients have no in-cluster labels).
+    gateway_ingress: tuple[NetworkPolicyPeer, ...] = Field(
+        default=(),
+        description="peers allowed to the gateway's port; empty = from anywhere (the front door: a LoadBalancer's "
+                    "or NodePort's clients carry no in-cluster labels). When set, metricsFrom and, without "
+                    "monitoring.prometheusURL, the operator's pods are added to it")
+    metrics_from: tuple[NetworkPolicyPeer, ...] = Field(
+        default=(PROMETHEUS_PEER,),
+        description="peers allowed to the engines' and gateway's HTTP ports for /metrics; default: Prometheus "
+                    "Operator's Prometheus pods (app.kubernetes.io/name=prometheus) in any namespace; [] = none")

@@ -2,6 +2,12 @@
 topology spread, label selectors), with the API server's own rules, so that a value it would
 refuse is an InvalidSpec naming the field rather than every write of a workload refused; and
 the base model of every spec section (camelCase aliases, unknown keys refused).
+
+What the CRD says of each field comes from here too (crd.py reads these models): pydantic's own
+constraints (ge, max_length, pattern, ...) are checked by both; `json_schema_extra` holds what
+only the API server checks by the schema, because the operator checks it in code with a message
+naming the rule (a label value's pattern) or because it is the schema's business only (the
+x-kubernetes-* markers).
 """
 from __future__ import annotations
 
@@ -23,18 +29,28 @@ from laps_operator.spec.formats import (
 
 
 class SpecModel(BaseModel):
-    # camelCase in the CR, snake_case in Python; unknown keys are typos worth reporting.
+    """A section of the spec. camelCase in the CR, snake_case in Python; unknown keys are typos
+    worth reporting. In the CRD (crd.py) a field's `default` is the API server's default too;
+    a `default_factory` is the operator's alone (the server stores nothing for a field left out)."""
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+# Kubernetes' integer formats, as its own schemas give them.
+Int32 = Annotated[int, Field(le=2**31 - 1, json_schema_extra={"format": "int32"})]
+Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
 
 
 class Toleration(SpecModel):
     """Kubernetes' Toleration, its fields only (a typo such as `kee` is refused, not passed on for
     the API server to refuse every write of the workload) and its rules."""
+    # {} is no toleration Kubernetes accepts; a server that pruned a lone misspelt key (no strict
+    # field validation) would leave just that.
+    model_config = ConfigDict(json_schema_extra={"minProperties": 1})
     key: str | None = Field(default=None, max_length=TOLERATION_KEY_MAX_LENGTH, pattern=TOLERATION_KEY_PATTERN)
     operator: Literal["Exists", "Equal"] | None = None  # unset: Equal
     value: str | None = Field(default=None, max_length=LABEL_VALUE_MAX_LENGTH, pattern=LABEL_VALUE_PATTERN)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None  # unset: every effect
-    toleration_seconds: int | None = None
+    toleration_seconds: Int64 | None = None
 
     @field_validator("key")
     @classmethod
@@ -69,6 +85,12 @@ def _labels(labels: dict[str, str]) -> dict[str, str]:
 
 # Label keys and values (pod labels, a nodeSelector, a selector's matchLabels).
 LabelMap = Annotated[dict[str, str], AfterValidator(_labels)]
+# A pod's labels: in the CRD their values carry the API server's pattern as well (_labels says
+# what is wrong with one, naming it).
+PodLabelMap = Annotated[
+    dict[str, Annotated[str, Field(json_schema_extra={"maxLength": LABEL_VALUE_MAX_LENGTH,
+                                                      "pattern": LABEL_VALUE_PATTERN})]],
+    AfterValidator(_labels)]
 
 
 class LabelSelectorRequirement(SpecModel):
@@ -94,13 +116,16 @@ class LabelSelectorRequirement(SpecModel):
 class LabelSelector(SpecModel):
     """Kubernetes' LabelSelector, these keys only: the API server drops a misspelt one
     (`matchLable`), which leaves {}, a selector of everything."""
+    # In the CRD unknown keys are kept, not pruned: a misspelt one reaches the operator
+    # (InvalidSpec) instead of leaving {}, which would select everything.
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
     match_labels: LabelMap | None = None
     match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
 
 
 class PodAffinityTerm(SpecModel):
     # Its selectors are checked (see LabelSelector); topologyKey, namespaces and the rest pass
-    # through as written.
+    # through as written. Unknown keys allowed: the CRD keeps the whole term as written.
     model_config = ConfigDict(extra="allow")
     label_selector: LabelSelector | None = None
     namespace_selector: LabelSelector | None = None
@@ -134,11 +159,12 @@ class Affinity(SpecModel):
 class TopologySpreadConstraint(SpecModel):
     """Kubernetes' TopologySpreadConstraint, its fields only and the API server's rules. Left out,
     labelSelector is the role's own pods (in_pod)."""
-    max_skew: int = Field(ge=1, le=2**31 - 1)
+    max_skew: Int32 = Field(ge=1)
     topology_key: str = Field(min_length=1)
     when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
-    label_selector: LabelSelector | None = None
-    min_domains: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    label_selector: LabelSelector | None = Field(default=None,
+                                                 description="a LabelSelector (matchLabels, matchExpressions)")
+    min_domains: Int32 | None = Field(default=None, ge=1)
     node_affinity_policy: Literal["Honor", "Ignore"] | None = None
     node_taints_policy: Literal["Honor", "Ignore"] | None = None
     match_label_keys: tuple[str, ...] | None = None

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from laps_agent.policy.classes import CLASSES
 from laps_operator.spec.cluster import ClusterSpec
 from laps_operator.status.pod_problems import role_problems
 
@@ -114,8 +115,8 @@ def reconciled_status(old: Mapping[str, Any] | None, *, generation: int | None, 
 
 def groups_status(groups: Mapping[str, Sequence[str]]) -> dict[str, Any]:
     return {
-        "groups": {g: list(groups.get(g, ())) for g in ("short", "long")},
-        "groupSizes": {g: len(groups.get(g, ())) for g in ("short", "long")},
+        "groups": {g: list(groups.get(g, ())) for g in CLASSES},
+        "groupSizes": {g: len(groups.get(g, ())) for g in CLASSES},
     }
 
 

@@ -15,8 +15,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from laps_operator.reconcile.observed import pod_ready
-
 # A condition message is read by people: each fact is cut to this many characters (an image
 # pull error or a scheduler message can run to a kilobyte) and a role names at most this many.
 DETAIL_CHARS = 160
@@ -29,6 +27,13 @@ CREATING = "creating containers (if it stays here, see the pod's events, e.g. Fa
 ROUTINE = frozenset({STARTING, TERMINATING, UNSCHEDULED, CREATING})
 # Waiting reasons of a container that is on its way up, not stuck.
 ON_ITS_WAY = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The pod's Ready condition is True: the EndpointSlice controller lists it as ready, so
+    Services (and the gateways' discovery) route to it."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _short(text: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import openai
 
+from laps_agent.policy.classes import CLASSES
+
 
 def test_laps_local_serves_and_stops_cleanly(laps_local, tiny_engine_model):
     stack = laps_local("--model", str(tiny_engine_model), "--prefill", "2", "--decode", "1",
@@ -20,8 +22,8 @@ def test_laps_local_serves_and_stops_cleanly(laps_local, tiny_engine_model):
     assert reply.choices[0].message.content
     client.close()
     status = httpx.get(stack.base + "/laps_status").json()
-    assert [len(status["groups"][g]["pods"]) for g in ("short", "long")] == [1, 1]
-    for group in ("short", "long"):  # each engine reports the group it was put in
+    assert [len(status["groups"][g]["pods"]) for g in CLASSES] == [1, 1]
+    for group in CLASSES:  # each engine reports the group it was put in
         pod_url = status["groups"][group]["pods"][0]["url"]
         assert httpx.get(pod_url + "/get_server_info").json()["prefill_group"] == group
     stack.stop()  # Ctrl-C: exit code 0 and every engine process gone (asserted by stop)

@@ -148,7 +148,7 @@ def test_a_long_flood_split_over_two_gateways_gets_the_decode_share_of_both_toge
              "--engine-load-interval", "0.05", "--max-pending-tokens-per-pod", "0")
     first, second = gateways(*flags), gateways(*flags)
     for gateway in (first, second):
-        poll(lambda: _decode_status(gateway)["slots"] == SLOTS, message="the decode slots known")
+        poll(lambda gateway=gateway: _decode_status(gateway)["slots"] == SLOTS, message="the decode slots known")
 
     with ThreadPoolExecutor(2 * WAVE) as pool:
         wave = [pool.submit(_long, first, i) for i in range(WAVE)]
@@ -173,5 +173,5 @@ def test_a_long_flood_split_over_two_gateways_gets_the_decode_share_of_both_toge
         longs = [f.result() for f in wave]
     assert sorted(longs) == ["429"] * (WAVE - SHARE) + ["ok"] * SHARE, longs
     for gateway in (first, second):   # the answers ended: the class holds nothing any more
-        poll(lambda: _decode_status(gateway)["held"] == {"short": 0, "long": 0},
+        poll(lambda gateway=gateway: _decode_status(gateway)["held"] == {"short": 0, "long": 0},
              message="the long class to hold nothing")

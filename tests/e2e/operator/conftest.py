@@ -14,11 +14,11 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from laps_agent.local.engines import free_port, free_ports  # noqa: F401  (free_port re-exported)
+from laps_agent.local.engines import free_ports
 from tests.support.waiting import stop_process
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-CRD = REPO / "crds" / "lapscluster.yaml"
+CRD = REPO / "charts" / "laps" / "crds" / "lapscluster.yaml"
 T = TypeVar("T")
 
 

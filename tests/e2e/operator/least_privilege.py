@@ -24,6 +24,7 @@ import httpx
 import kubernetes
 import yaml
 
+from laps_agent.policy.classes import CLASSES
 from tests.e2e.operator.conftest import REPO, wait_for
 from tests.support.kube_emulator_access import SHORTCUT
 from tests.support.kube_emulator_rbac import Attributes, expand_rules
@@ -225,7 +226,7 @@ class Story:
 
         def discovered() -> bool:
             groups = httpx.get(url + "/laps_status", timeout=5).json()["groups"]
-            return {g: sorted(p["name"] for p in groups[g]["pods"]) for g in ("short", "long")} == {
+            return {g: sorted(p["name"] for p in groups[g]["pods"]) for g in CLASSES} == {
                 "short": [f"{NAME}-prefill-0", f"{NAME}-prefill-1"], "long": [f"{NAME}-prefill-2", f"{NAME}-prefill-3"]}
         self.wait(discovered, "the gateway to discover the groups through EndpointSlices")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import httpx
 import kubernetes
 
+from laps_agent.policy.classes import CLASSES
 from tests.e2e.operator.conftest import wait_for
 from tests.e2e.operator.serving_stack import (
     NS,
@@ -50,7 +51,7 @@ def lapscluster(prometheus_url: str) -> dict:
 
 def gateway_groups(url: str) -> dict[str, list[str]]:
     status = httpx.get(url + "/laps_status", timeout=5).json()
-    return {g: sorted(p["name"] for p in status["groups"][g]["pods"]) for g in ("short", "long")}
+    return {g: sorted(p["name"] for p in status["groups"][g]["pods"]) for g in CLASSES}
 
 
 def test_pressure_moves_a_prefill_pod_and_the_gateway_follows(kube_api, start_operator, gateway_process,

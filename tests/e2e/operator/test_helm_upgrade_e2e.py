@@ -1,5 +1,5 @@
 """Day 2 with Helm against the emulated API server: `helm upgrade` from an older chart whose CRD
-lacked fields, the procedure the README gives (`kubectl apply --server-side` of the chart's CRD,
+lacked fields, the procedure docs/kubernetes.md gives (`kubectl apply --server-side` of the chart's CRD,
 then the upgrade), and `helm uninstall`, which leaves the CRD and the LAPSClusters in place.
 
 Helm creates a chart's crds/ only when the CRD is absent: without the chart's check, the upgrade
@@ -42,7 +42,7 @@ def _older_chart(root: pathlib.Path) -> pathlib.Path:
 
 
 def _apply_crd_server_side(kube_api, ext: kubernetes.client.ApiextensionsV1Api) -> None:
-    """`kubectl apply --server-side --force-conflicts -f` of the chart's CRD, as the README says;
+    """`kubectl apply --server-side --force-conflicts -f` of the chart's CRD, as docs/kubernetes.md says;
     where kubectl is missing, the same server-side apply through the client."""
     if shutil.which("kubectl"):
         subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE)],
@@ -77,7 +77,7 @@ def test_upgrade_over_an_older_crd_stops_until_the_charts_crd_is_applied(kube_ap
         assert "kubectl apply --server-side --force-conflicts -f charts/laps/crds/lapscluster.yaml" in str(err.value)
         assert apps.read_namespaced_deployment("laps", NS).spec.template.spec.containers[0].args == before
 
-        # The README's procedure: the chart's CRD first, then upgrade.
+        # docs/kubernetes.md's procedure: the chart's CRD first, then upgrade.
         _apply_crd_server_side(kube_api, ext)
         assert NEW_FIELD in _spec_fields(ext)
         assert helm.upgrade(str(CHART), "laps", {"logLevel": "debug"}, namespace=NS)["status"] == "deployed"

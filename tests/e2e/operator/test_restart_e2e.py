@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import kmock
 import pytest
 
+from laps_agent.policy.classes import CLASSES
 from tests.e2e.operator.conftest import wait_for
 from tests.e2e.operator.serving_stack import NS, GatewayStandIn, pod_for, run_pod
 from tests.e2e.operator.test_operator_e2e import GROUP_LABEL, Cluster
@@ -85,7 +86,7 @@ def test_an_operator_killed_between_recording_a_move_and_relabelling_is_finished
                                     result="held") or 0) >= 2, "two decisions of the new operator")
     status = cluster.status()
     assert status["groups"] == recorded["groups"] and status["allocation"]["history"] == [move]
-    assert cluster.pod_groups() == {p: g for g in ("short", "long") for p in recorded["groups"][g]}
+    assert cluster.pod_groups() == {p: g for g in CLASSES for p in recorded["groups"][g]}
     # No pod went back to a default split on the way: the moved one changed once, the others never.
     for pod in cluster.pod_groups():
         expected = ["short", "long"] if pod == move["pod"] else [cluster.pod_groups()[pod]]

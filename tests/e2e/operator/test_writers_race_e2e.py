@@ -14,12 +14,12 @@ import json
 
 import kubernetes
 
+from laps_agent.policy.classes import CLASSES
 from tests.e2e.operator.conftest import wait_for
 from tests.e2e.operator.serving_stack import NS, GatewayStandIn, pod_for, run_pod
 from tests.e2e.operator.test_operator_e2e import Cluster
 
 NAME = "race"
-GROUPS = ("short", "long")
 MOVES = 6
 UPDATES_PER_MOVE = 3
 
@@ -65,7 +65,7 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
         # while spec changes arrive one after another.
         stand_in.pressure = {"short": 0.0, "long": 8000.0}
         for done in range(1, MOVES + 1):
-            wait_for(lambda: moves() >= done, f"move {done}", timeout=30)
+            wait_for(lambda done=done: moves() >= done, f"move {done}", timeout=30)
             last = cluster.status()["allocation"]["history"][-1]
             hot = "short" if last["to"] == "long" else "long"
             stand_in.pressure = {hot: 8000.0, ("long" if hot == "short" else "short"): 0.0}
@@ -98,12 +98,12 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
         # Every change of a pod's group and of the recorded membership is a move: a stale writer
         # putting a pod back would add a change that no move accounts for.
         status = cluster.status()
-        assert {p: g for g in GROUPS for p in status["groups"][g]} == cluster.pod_groups()
+        assert {p: g for g in CLASSES for p in status["groups"][g]} == cluster.pod_groups()
         pod_changes = 0
         for pod in cluster.pod_groups():
             labels = [(v["metadata"].get("labels") or {}).get("laps.io/prefill-group")
                       for v in kube_api.history("v1/pods", NS, pod)]
-            labels = [g for g in labels if g in GROUPS]
+            labels = [g for g in labels if g in CLASSES]
             pod_changes += sum(a != b for a, b in zip(labels, labels[1:]))
         recorded = [json.dumps(v.get("status", {}).get("groups"), sort_keys=True)
                     for v in kube_api.history("laps.io/v1alpha1/lapsclusters", NS, NAME)

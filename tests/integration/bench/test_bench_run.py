@@ -15,7 +15,7 @@ from PIL import Image
 
 from laps_agent.lab.results import load_result
 from laps_agent.lab.results.plots import DPI, FIGSIZE
-from laps_agent.local.engines import free_port
+from laps_agent.local.engines import free_ports
 from tests.support.fixtures_local import LocalStack
 
 TWO_PHASES = """\
@@ -115,7 +115,7 @@ async def test_chat_workload_in_process_and_a_stop_cuts_the_run(local_url, tiny_
 
 
 def test_an_unreachable_url_fails_at_once_with_exit_code_2(tmp_path):
-    port = free_port()  # nothing listens there
+    (port,) = free_ports(1)  # nothing listens there
     started = time.monotonic()
     done = bench(f"http://127.0.0.1:{port}", "--workload", "lmsys-steady", "--out", str(tmp_path / "r"),
                  timeout=60)

@@ -123,7 +123,8 @@ def test_a_body_that_stops_arriving_is_408_and_the_engine_serves_on(tiny_engine_
     """A body shorter than its Content-Length (a broken proxy or client) held its request and
     connection forever: nothing bounds a body read in uvicorn. Now: 408 naming what came, the
     connection closed, the other requests served meanwhile."""
-    from laps_agent.engine.cli import build, build_parser
+    from laps_agent.emulated.build import build_emulated as build
+    from laps_agent.engine.flags import build_parser
     from laps_agent.serving.listen import ServerThread
 
     server, engine = build(build_parser().parse_args(

@@ -32,7 +32,8 @@ class _FailingPolls:
 
 
 def _emulated(model_path, tmp_path, **profile):
-    from laps_agent.engine.cli import build, build_parser
+    from laps_agent.emulated.build import build_emulated as build
+    from laps_agent.engine.flags import build_parser
 
     path = tmp_path / "profile.yaml"
     path.write_text(yaml.safe_dump(synthetic_profile("slow-decode", served="test-model", **profile)))

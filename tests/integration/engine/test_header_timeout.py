@@ -29,7 +29,8 @@ def _read_to_eof(sock: socket.socket) -> bytes:
 def test_the_api_and_bootstrap_ports_close_connections_whose_headers_do_not_come(tiny_engine_model):
     import uvloop
 
-    from laps_agent.engine.cli import build, build_parser
+    from laps_agent.emulated.build import build_emulated as build
+    from laps_agent.engine.flags import build_parser
     from laps_agent.engine.http.serve import uvicorn_servers
     from laps_agent.serving.listen import bind_listening_socket
 

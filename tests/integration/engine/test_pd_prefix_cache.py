@@ -67,7 +67,7 @@ def test_multi_turn_chat_gives_the_same_answers_with_and_without_the_cache(stack
     lookups = _counter(engines["cached"], "laps_engine_prefix_cache_lookup_tokens_total")
     assert lookups == _counter(engines["plain"], "laps_engine_prefix_cache_lookup_tokens_total") > hit
     for engine in engines.values():
-        wait_for(lambda: engine_idle(engine), message="every engine to hold nothing")
+        wait_for(lambda engine=engine: engine_idle(engine), message="every engine to hold nothing")
 
 
 def _metrics(engine) -> str:

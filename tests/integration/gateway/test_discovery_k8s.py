@@ -8,6 +8,7 @@ import httpx
 import kubernetes
 
 from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
+from laps_agent.policy.classes import CLASSES
 from tests.support.fixtures_gateway import poll
 
 NS = "default"
@@ -29,7 +30,7 @@ def _slice(name: str, service: str, pod: str, url: str, *, ready: bool = True,
 
 def _groups(gateway) -> dict[str, list[str]]:
     status = httpx.get(f"{gateway.url}/laps_status").json()
-    groups = {g: [p["name"] for p in status["groups"][g]["pods"]] for g in ("short", "long")}
+    groups = {g: [p["name"] for p in status["groups"][g]["pods"]] for g in CLASSES}
     groups["decode"] = [p["name"] for p in status["decode"]["pods"]]
     return groups
 
@@ -148,7 +149,7 @@ def test_the_gateway_forgets_the_pods_of_past_rollouts(kube_api, stub_engines, g
         for generation in range(1, 11):
             roll_out(generation, prefill.url)
             pods = {"short": [f"pf-{generation}"], "long": [], "decode": [f"dc-{generation}"]}
-            poll(lambda: _groups(gateway) == pods, message=f"rollout {generation} to reach the gateway")
+            poll(lambda pods=pods: _groups(gateway) == pods, message=f"rollout {generation} to reach the gateway")
             assert httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "hi"}).status_code == 200
         # pf-0 and dc-0 left long ago but still hold the first request; every other one is gone.
         assert set(tracker.loads()) == tracker.pods() == {"pf-0", "dc-0", "pf-10", "dc-10"}

@@ -15,6 +15,7 @@ import kmock
 import kubernetes
 
 from laps_agent.gateway.discovery.kubernetes import KubernetesDiscovery, ServiceNames
+from laps_agent.policy.classes import CLASSES
 from laps_operator.naming import GROUP_LABEL
 from tests.support.fixtures_gateway import poll
 from tests.support.fixtures_gateway_k8s import create_operator_services, start_pod, stub_pod, sync_endpoint_slices
@@ -40,7 +41,7 @@ def _slice(name: str, service: str, pod: str, url: str, bootstrap: int = 8998) -
 
 def _names(discovery: KubernetesDiscovery) -> dict[str, list[str]]:
     membership = discovery.membership()
-    names = {g: [e.name for e in membership.groups[g]] for g in ("short", "long")}
+    names = {g: [e.name for e in membership.groups[g]] for g in CLASSES}
     names["decode"] = [e.name for e in membership.decode]
     return names
 
@@ -152,7 +153,7 @@ def test_stalled_watch_is_abandoned_and_membership_catches_up(kube_api, stub_eng
 
 def _status_groups(client: httpx.Client, url: str) -> dict[str, list[str]]:
     status = client.get(f"{url}/laps_status").json()
-    groups = {g: sorted(p["name"] for p in status["groups"][g]["pods"]) for g in ("short", "long")}
+    groups = {g: sorted(p["name"] for p in status["groups"][g]["pods"]) for g in CLASSES}
     groups["decode"] = sorted(p["name"] for p in status["decode"]["pods"])
     return groups
 

@@ -38,7 +38,7 @@ def gateways(engine_launcher, tiny_engine_model):
                               "--log-level", "warning"])
         children.append(child)
         child.url = child.read_line_starting("laps gateway listening on").split()[-1]
-        poll(lambda: httpx.get(child.url + "/health").status_code == 200, timeout=30,
+        poll(lambda child=child: httpx.get(child.url + "/health").status_code == 200, timeout=30,
              message="the gateway to see its engines")
     yield children
     for child in children:

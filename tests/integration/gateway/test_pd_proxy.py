@@ -5,6 +5,7 @@ import json
 
 import httpx
 
+from laps_agent.policy.classes import CLASSES
 from tests.support.metrics_text import metric_value as _metric
 
 
@@ -52,7 +53,7 @@ def test_status_and_metrics_show_groups_and_drain_to_zero(pd_stack):
         assert httpx.post(f"{gateway.url}/v1/completions", json={"prompt": "x"}).status_code == 200
     status = httpx.get(f"{gateway.url}/laps_status").json()
     assert status["threshold"] == 64
-    assert [len(status["groups"][g]["pods"]) for g in ("short", "long")] == [1, 1]
+    assert [len(status["groups"][g]["pods"]) for g in CLASSES] == [1, 1]
     assert len(status["decode"]["pods"]) == 1
     assert status["groups"]["short"]["pending_requests"] == 0
     assert status["groups"]["short"]["pods"][0]["bootstrap_port"] == 9001

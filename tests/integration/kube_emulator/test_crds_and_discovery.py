@@ -11,7 +11,7 @@ from kubernetes.client import ApiException
 
 from tests.integration.kube_emulator.crd_samples import GROUP, KIND, PLURAL, VERSION, write_widget_crd
 
-REPO_CRDS = sorted((pathlib.Path(__file__).parents[3] / "crds").glob("*.yaml"))
+REPO_CRDS = sorted((pathlib.Path(__file__).parents[3] / "charts" / "laps" / "crds").glob("*.yaml"))
 
 
 def test_applied_crd_serves_its_kind_with_a_status_subresource(kube_api, tmp_path):
@@ -72,7 +72,7 @@ def test_an_incomplete_crd_is_422(kube_api):
     assert response.status_code == 422 and "names" in response.json()["message"]
 
 
-@pytest.mark.skipif(not REPO_CRDS, reason="no crds/*.yaml in the repository yet")
+@pytest.mark.skipif(not REPO_CRDS, reason="no charts/laps/crds/*.yaml in the repository yet")
 @pytest.mark.parametrize("path", REPO_CRDS, ids=lambda p: p.name)
 def test_repository_crds_apply_and_serve_their_kinds(kube_api, path):
     names = kube_api.apply_crd(path)

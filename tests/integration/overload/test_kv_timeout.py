@@ -8,6 +8,7 @@ import httpx
 import pytest
 import yaml
 
+from laps_agent.policy.classes import CLASSES
 from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
@@ -83,6 +84,6 @@ def test_openai_clients_do_not_resend_a_request_its_prefill_group_could_not_serv
     assert caught.value.body["message"].startswith("the long prefill group is overloaded")
     metrics = httpx.get(f"{gateway.url}/metrics").text
     routed = sum(_metric(metrics, "laps_gateway_requests_total", **{"class": c, "group": g})
-                 for c in ("short", "long") for g in ("short", "long"))
+                 for c in CLASSES for g in CLASSES)
     assert routed == 1   # sent once (a resend is classed by what the gateway sent where)
     assert caught.value.response.headers["x-should-retry"] == "false"

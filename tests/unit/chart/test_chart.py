@@ -119,13 +119,6 @@ def test_bad_values_are_rejected_with_the_offending_path(values, fragment):
     assert fragment in str(err.value)
 
 
-def test_chart_ships_the_same_crd_as_crds_dir():
-    chart_crds = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
-    assert chart_crds == sorted(p.name for p in (ROOT / "crds").glob("*.yaml")) != []
-    for name in chart_crds:
-        assert (CHART / "crds" / name).read_text() == (ROOT / "crds" / name).read_text()
-
-
 def test_operator_pods_carry_the_labels_the_gateway_network_policy_admits():
     from laps_operator.naming import OPERATOR_POD_LABELS
 

@@ -1,10 +1,11 @@
-"""Prefix warming's queue (engine/prefix_warm.py): bounded, oldest dropped first, chunks of whole
+"""Prefix warming's queue (engine/core/warm_queue.py): bounded, oldest dropped first, chunks of whole
 pages no bigger than the length threshold, and a warm always ends."""
 from __future__ import annotations
 
 import pytest
 
-from laps_agent.engine.pd.prefix_warm import MAX_QUEUED_WARMS, Warm, WarmQueue, parse_warm_body
+from laps_agent.engine.core.warm_queue import MAX_QUEUED_WARMS, Warm, WarmQueue
+from laps_agent.engine.pd.prefix_warm import parse_warm_body
 
 
 def test_a_flood_of_warms_keeps_the_newest_and_reports_the_dropped():
@@ -45,7 +46,8 @@ def test_a_warm_to_an_engine_that_is_gone_is_lost_quietly():
     import asyncio
 
     from laps_agent.engine.pd.prefix_warm import send_warm
-    from laps_agent.local.engines import free_port
+    from laps_agent.local.engines import free_ports
 
     # Nothing listens there: no exception reaches the decode engine, the status says "no answer".
-    assert asyncio.run(send_warm("127.0.0.1", free_port(), [1, 2, 3], timeout_s=2.0)) == 0
+    (port,) = free_ports(1)
+    assert asyncio.run(send_warm("127.0.0.1", port, [1, 2, 3], timeout_s=2.0)) == 0

@@ -64,9 +64,9 @@ def main() -> None:
         prompts = [[rng.randrange(100, vocab) for _ in range(n)] for n in lengths]
         items = [ForwardItem(ids, 0, _pages(8 * i, len(ids))) for i, ids in enumerate(prompts)]
         bucket = grid.choose(lengths)
-        one = _median_ms(lambda: [runner.forward([it]) for it in items], args.repeats)
-        packed = _median_ms(lambda: runner.forward(items), args.repeats)
-        padded = _median_ms(lambda: runner.forward(items, bucketed=True), args.repeats)
+        one = _median_ms(lambda items=items: [runner.forward([it]) for it in items], args.repeats)
+        packed = _median_ms(lambda items=items: runner.forward(items), args.repeats)
+        padded = _median_ms(lambda items=items: runner.forward(items, bucketed=True), args.repeats)
         print(f"8 prompts lengths={lengths} ({sum(lengths)} tokens, bucket {bucket.batch_size}x{bucket.seq_len}):"
               f" one-by-one {one:.1f} ms, packed eager batch {packed:.1f} ms, bucket batch {padded:.1f} ms"
               f" (bucket speed-up vs one-by-one x{one / padded:.2f})")

@@ -26,7 +26,10 @@ def chat(*contents: str) -> dict:
     return {"messages": [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]}
 
 
-def route(record: PrefixRecord, body: dict, tokens: int, load=None, bound=AffinityBound()):
+DEFAULT_BOUND = AffinityBound()
+
+
+def route(record: PrefixRecord, body: dict, tokens: int, load=None, bound=DEFAULT_BOUND):
     chain = prefix_chain(body, "chat", tokens)
     return choose_route(tokens, 256, GROUPS, DECODE, load or {}, tiebreak=0,
                         held=lambda e: record.held(e.name, chain), bound=bound), chain

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
-from laps_agent.gateway.proxy.outlier import ejection_cap, may_eject
+from laps_agent.policy.outlier import ejection_cap, may_eject
 
 
 def test_a_pool_of_one_never_loses_its_pod():

@@ -4,8 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laps_agent.lab.bench.gateway import bench_routing
 from laps_agent.policy.classes import length_class as classify
-from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, bench_routing, choose_route
+from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, choose_route
 
 
 def ep(name: str) -> Endpoint:

@@ -11,7 +11,7 @@ import jsonschema
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-CRD_PATH = REPO / "crds" / "lapscluster.yaml"
+CRD_PATH = REPO / "charts" / "laps" / "crds" / "lapscluster.yaml"  # generated: laps_operator.spec.crd
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 

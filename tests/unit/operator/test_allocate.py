@@ -17,7 +17,10 @@ from laps_operator.allocation.tick import (
     state_to_status,
     step,
 )
-from laps_operator.reconcile.kube import KubeError
+from laps_operator.naming import GROUP_LABEL
+from laps_operator.reconcile import cycle
+from laps_operator.reconcile.kube import KubeError, Ref
+from laps_operator.reconcile.writers import cr_ref
 from laps_operator.spec.cluster import parse_spec
 from laps_operator.status.conditions import condition
 from tests.unit.operator.fake_kube import FakeKube, cluster, prefill_pod
@@ -298,3 +301,99 @@ def test_a_pod_event_on_a_refused_spec_gives_a_recreated_pod_its_recorded_group_
     assert sync_groups_of(kube, "ns", "c") is None
     assert labels(kube) == {"c-prefill-0": "short", "c-prefill-1": "short", "c-prefill-2": "long", "c-prefill-3": "long"}
     assert live_status(kube)["groups"] == GROUPS
+
+
+def counting(kube: FakeKube) -> dict[str, int]:
+    """Counts of the cluster's GETs and the pod LISTs `kube` serves from now on."""
+    counts = {"get": 0, "list": 0}
+    get, list_ = kube.get, kube.list
+
+    def counted_get(ref):
+        counts["get"] += ref.kind == "LAPSCluster"
+        return get(ref)
+
+    def counted_list(ref, *args, **kwargs):
+        counts["list"] += ref.kind == "Pod"
+        return list_(ref, *args, **kwargs)
+
+    kube.get, kube.list = counted_get, counted_list
+    return counts
+
+
+def prometheus_loop(kube: FakeKube, monkeypatch, meanwhile=lambda: None) -> tuple[AllocationLoop, list[float]]:
+    """A loop on a Prometheus answering LONG_HEAVY (after `meanwhile()`), its first tick done."""
+    kube.objects[("LAPSCluster", "ns", "c")]["spec"]["monitoring"] = {"prometheusURL": "http://prometheus:9090"}
+
+    def prometheus(url, query, now, max_age_s):
+        meanwhile()
+        return LONG_HEAVY
+
+    monkeypatch.setattr("laps_operator.allocation.tick.pressure.query_prometheus", prometheus)
+    clock = [1000.0]
+    loop = AllocationLoop(kube, "ns", "c", "uid-1", clock=lambda: clock[0], wall=lambda: NOW)
+    assert loop.tick() == (1.0, None)   # the first decision one interval after the start
+    clock[0] += 1.0
+    return loop, clock
+
+
+def test_a_due_tick_reads_the_cluster_parses_its_spec_and_lists_its_pods_once(monkeypatch):
+    kube = make_kube()
+    loop, _ = prometheus_loop(kube, monkeypatch)
+    counts = counting(kube)
+    parses = []
+    parse = cycle.parse_cluster
+    monkeypatch.setattr(cycle, "parse_cluster", lambda body: parses.append(1) or parse(body))
+    delay, outcome = loop.tick()
+    assert outcome.move == Move("c-prefill-1", "short", "long")
+    assert (counts, len(parses)) == ({"get": 1, "list": 1}, 1)
+    assert [w[0] for w in kube.writes] == ["patch/status", "patch"]
+
+
+def test_a_move_the_other_operator_made_during_the_pressure_read_is_never_undone(monkeypatch):
+    """The tick reads the cluster before the pressure, the pods after it: a move another operator
+    process recorded and labelled in between shows in the pods but not in the recording read.
+    Planned from that recording, the group sync would have labelled the pod back; the step finds
+    the cluster changed since its read and decides again on a fresh one."""
+    kube = make_kube()
+    moved = {"short": ["c-prefill-0"], "long": ["c-prefill-1", "c-prefill-2", "c-prefill-3"]}
+
+    def other_operator_moves_a_pod():
+        if labels(kube)["c-prefill-1"] == "short":
+            kube.patch(cr_ref("ns", "c"), {"status": {"groups": moved, "groupSizes": {"short": 1, "long": 3}}},
+                       subresource="status")
+            kube.patch(Ref("v1", "Pod", "ns", "c-prefill-1"), {"metadata": {"labels": {GROUP_LABEL: "long"}}})
+
+    loop, _ = prometheus_loop(kube, monkeypatch, other_operator_moves_a_pod)
+    writes = len(kube.writes)
+    delay, outcome = loop.tick()
+    assert outcome.move is None and "short is at its minimum of 1 pods" in outcome.reason
+    pod_writes = [w for w in kube.writes[writes:] if w[1].kind == "Pod"]
+    assert pod_writes == [("patch", Ref("v1", "Pod", "ns", "c-prefill-1"),
+                           {"metadata": {"labels": {GROUP_LABEL: "long"}}})]   # the other's, alone
+    assert labels(kube)["c-prefill-1"] == "long" and live_status(kube)["groups"] == moved
+
+
+def test_a_cluster_changed_during_the_pressure_read_is_decided_on_afresh(monkeypatch):
+    kube = make_kube()
+
+    def someone_annotates_it():
+        kube.patch(cr_ref("ns", "c"), {"metadata": {"annotations": {"note": "edited"}}})
+
+    loop, _ = prometheus_loop(kube, monkeypatch, someone_annotates_it)
+    delay, outcome = loop.tick()
+    assert outcome.move == Move("c-prefill-1", "short", "long")
+    live = kube.objects[("LAPSCluster", "ns", "c")]
+    assert live["metadata"]["annotations"] == {"note": "edited"} and len(live["status"]["allocation"]["history"]) == 1
+
+
+def test_a_cluster_deleted_during_the_pressure_read_gets_no_write_and_no_error(monkeypatch):
+    kube = make_kube()
+
+    def someone_deletes_it():
+        kube.objects.pop(("LAPSCluster", "ns", "c"), None)
+
+    loop, _ = prometheus_loop(kube, monkeypatch, someone_deletes_it)
+    writes = len(kube.writes)
+    delay, outcome = loop.tick()
+    assert outcome is not None and outcome.cluster is None and outcome.move is None
+    assert kube.writes[writes:] == []

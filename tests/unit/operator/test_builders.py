@@ -18,7 +18,7 @@ from laps_operator.render.builders import (
     build_services,
     optional_children,
 )
-from laps_operator.spec.cluster import parse_spec
+from laps_operator.render.overrides import parse_checked_spec as parse_spec
 
 CLUSTER = ClusterRef("demo", "serving", "0b7c-uid")
 BASE = {"model": {"name": "SmolLM2", "path": "/models/smol.gguf", "servedName": "smol"}}

@@ -1,4 +1,4 @@
-"""Which pods an edit rolls (README, "After an edit"): the pods whose template it changes, and
+"""Which pods an edit rolls (docs/kubernetes.md, "After an edit"): the pods whose template it changes, and
 no others; the operator's own knobs restart nothing."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _templates(spec) -> dict[str, dict]:
 
 
 ROLLS = [
-    # Knobs of the operator alone: a change must restart no pod (the README says so).
+    # Knobs of the operator alone: a change must restart no pod (docs/kubernetes.md says so).
     ({"laps": {"allocation": {"enabled": True, "intervalSeconds": 9, "ratio": 3, "minPerGroup": 2,
                               "cooldownSeconds": 1, "confirmIntervals": 5}}}, set()),
     ({"monitoring": {"prometheusURL": "http://prom:9090", "podMonitor": True, "pressureQuery": "q"}}, set()),

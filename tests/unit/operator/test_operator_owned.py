@@ -9,8 +9,9 @@ import pytest
 
 from laps_operator.render.builders import build_children, build_services
 from laps_operator.render.engine_args import owned_engine_flags
+from laps_operator.render.overrides import parse_checked_spec as parse_spec
 from laps_operator.render.pod_security import RUN_AS_ID
-from laps_operator.spec.cluster import InvalidSpecError, parse_spec
+from laps_operator.spec.cluster import InvalidSpecError
 from tests.unit.operator.test_builders import CLUSTER, container, flag, spec_of
 
 SGLANG = {"backend": "sglang", "image": "sglang:laps"}

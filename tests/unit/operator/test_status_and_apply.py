@@ -1,7 +1,7 @@
 """Status conditions and the create-or-patch decisions, without a server."""
 from __future__ import annotations
 
-from laps_operator.reconcile.apply import contains, merge_patch_for
+from laps_operator.reconcile.apply import contains, three_way_patch
 from laps_operator.reconcile.cycle import cluster_ref, delete_children, reconcile, refresh_cluster
 from laps_operator.reconcile.writers import cr_ref
 from laps_operator.render.builders import build_children
@@ -116,7 +116,7 @@ def test_unchanged_live_object_needs_no_patch_despite_server_fields():
                      "clusterIP": "10.0.0.1"},
             "status": {}}
     assert contains(live, desired)
-    assert merge_patch_for(live, desired) == {}
+    assert three_way_patch(None, desired, live) == {}
 
 
 def test_changed_spec_is_patched_in_place_only_where_it_differs():
@@ -124,7 +124,7 @@ def test_changed_spec_is_patched_in_place_only_where_it_differs():
                "spec": {"replicas": 6, "template": {"spec": {"containers": [{"name": "e", "args": ["--x", "2"]}]}}}}
     live = {"metadata": {"name": "s", "labels": {"a": "1"}, "uid": "u"},
             "spec": {"replicas": 4, "template": {"spec": {"containers": [{"name": "e", "args": ["--x", "1"]}]}}}}
-    assert merge_patch_for(live, desired) == {"spec": desired["spec"]}
+    assert three_way_patch(None, desired, live) == {"spec": desired["spec"]}
 
 
 def test_quantities_stored_as_strings_count_as_equal():

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from laps_agent.policy.classes import CLASSES
 from laps_agent.policy.scheduling import BucketGrid, PrefillItem, PrefillScheduler, SchedulerConfig
 
 configs = st.builds(
@@ -77,13 +78,13 @@ def run(config: SchedulerConfig, operations, grid=None):
                     model.dispatched.remove(item.rid)
         assert len(sched) == len(model.queued)
         pending = sched.pending()
-        for cls in ("short", "long"):
+        for cls in CLASSES:
             assert pending[cls][0] == sum(1 for c, _ in model.queued.values() if c == cls)
     return sched, model
 
 
 def check_decision(config, sched, model, now):
-    oldest = {cls: next((r for r in model.order[cls] if r in model.queued), None) for cls in ("short", "long")}
+    oldest = {cls: next((r for r in model.order[cls] if r in model.queued), None) for cls in CLASSES}
     decision = sched.next_batch(now)
     batch = [item.rid for item in decision.batch]
     if not model.queued:

@@ -9,8 +9,8 @@ import numpy as np
 from laps_agent.emulated.profile import load_profile
 from laps_agent.lab.results.turns import summarize_turns, targets_markdown, turns_markdown
 from laps_agent.lab.sim import simulate
-from laps_agent.lab.systems import SYSTEMS
 from laps_agent.lab.workload import parse_workload, plan_requests
+from laps_agent.policy.systems import SYSTEMS
 
 PROFILE = load_profile("gpu-h200-qwen2.5-32b")
 SPEC = parse_workload({"name": "mt", "seed": 4, "api": "chat", "phases": [{

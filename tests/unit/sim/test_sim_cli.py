@@ -1,16 +1,13 @@
 """`laps sim`'s flags: values that cannot describe a run are refused with one line naming the
 flag (they used to be a traceback, or silently replaced by the default), a threshold of 0
-is a threshold of 0 (every prompt long), not the workload's, and Ctrl-C keeps what was done."""
+is a threshold of 0 (every prompt long), not the workload's (Ctrl-C, which needs a process of its
+own: tests/integration/sim)."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from laps_agent.lab.results import load_result
 from laps_agent.lab.sim import main
 
 RUN = ["--workload", "lmsys-steady", "--no-plots", "--max-requests", "20"]
@@ -63,26 +60,6 @@ def test_an_output_directory_that_cannot_be_made_is_refused_before_simulating(tm
     err = capsys.readouterr().err
     assert f"laps sim: error: {message.format(tmp=tmp_path)}" in err and "Traceback" not in err
     assert "## laps" not in capsys.readouterr().out
-
-
-def test_ctrl_c_keeps_the_systems_simulated_and_says_so(tmp_path):
-    """Ctrl-C after the first of two systems: exit 130, one line, the first system's results
-    saved and complete (it used to be a KeyboardInterrupt traceback)."""
-    proc = subprocess.Popen([sys.executable, "-m", "laps_agent.cli", "sim", "--workload", "lmsys-million",
-                             "--max-requests", "300000", "--no-plots", "--systems", "laps,vanilla-pd",
-                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:  # the first system's files are written: interrupt the second
-            if line.startswith("files:"):
-                proc.send_signal(signal.SIGINT)
-                break
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
-    assert err.strip() == f"laps sim: interrupted after 1 of 2 system(s); theirs are saved in {tmp_path}"
-    assert load_result(tmp_path / "laps").meta["system"] == "laps"
-    assert not (tmp_path / "vanilla-pd" / "results.json").exists()
 
 
 def test_threshold_zero_is_honoured(tmp_path, capsys):

@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from laps_agent.engine.model.runner import ForwardItem
+from laps_agent.engine.core.engine_core import EngineCore
+from laps_agent.engine.core.forward import ForwardItem
 from laps_agent.policy.scheduling.window import calibration_lengths
-
-if TYPE_CHECKING:
-    from laps_agent.engine.core.engine_core import EngineCore
 
 log = logging.getLogger("laps.engine")
 

@@ -1,21 +1,27 @@
-"""The engine's single-threaded state machine: admission, prefill batches, decode steps, PD
-hand-off, stop handling. Everything here runs on the engine thread only (see engine.py). The PD
-steps (KV import and export) and prefix warming are in engine_core_pd.py."""
+"""The engine's scheduling core: one engine's single-threaded state machine (admission, prefill
+batches, decode steps, stop handling), torch-free. It owns its `PrefillScheduler`, its KV
+allocator and a `PDHandoff` (pd_handoff.py: KV imports and exports, prefix warms) and drives a
+runner (forward.py's `Runner`, the torch ModelRunner in practice) and a sampler it is given.
+engine.py's `Engine` owns one of these and a runner and calls it from its own thread; everything
+here runs on that thread only.
+
+One iteration (`step`): admit decode requests whose KV arrived -> at most ONE prefill batch,
+chosen by the scheduler (only while fewer than max_running requests decode) -> ONE decode step
+for every running request; when none of that ran, one prefix-warm chunk."""
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from laps_agent.engine.core.config import EngineConfig, PrefillRecord, PrefillRequest, kv_reservation
-from laps_agent.engine.core.engine_core_pd import PDSteps
+from laps_agent.engine.core.forward import ForwardItem, Runner, Sampler
 from laps_agent.engine.core.kv_cache import KVCacheFull, PagedKVAllocator
+from laps_agent.engine.core.pd_handoff import PDHandoff
 from laps_agent.engine.core.requests import EngineOutput, GenerateWork, OutputSink
-from laps_agent.engine.model.runner import ForwardItem
-from laps_agent.engine.model.sampling import StopState, sample_each
-from laps_agent.engine.pd.prefix_warm import Warm, WarmQueue
+from laps_agent.engine.core.sampling_params import StopState
+from laps_agent.engine.core.warm_queue import WarmQueue
 from laps_agent.policy.classes import length_class
 from laps_agent.policy.scheduling.buckets import bucket_for_batch
 from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
@@ -32,14 +38,18 @@ class _Live:
     cached: int = 0   # prompt tokens whose KV came from the prefix cache (known after allocation)
 
 
-class EngineCore(PDSteps):
-    """One engine's loop state; the steps of work crossing engines (PD, warms) are PDSteps'."""
+class EngineCore:
+    """One engine's loop state. `sample(logits, params, steps)`: a token per row, or the row's
+    exception (model/sampling.sample_each). `on_prefill_start(requests, uncached tokens)`: a
+    prefill batch has left the queues and its forward pass starts."""
 
-    def __init__(self, runner: Any, tokenizer: Any, config: EngineConfig, *, grid: Any = None,
+    def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig, *, sample: Sampler,
+                 grid: Any = None,
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
                  on_first_token: Callable[[str, float], None] | None = None,
-                 on_warm: Callable[[str, int], None] | None = None) -> None:
-        self.runner, self.tokenizer, self.config = runner, tokenizer, config
+                 on_warm: Callable[[str, int], None] | None = None,
+                 on_prefill_start: Callable[[int, int], None] | None = None) -> None:
+        self.runner, self.tokenizer, self.config, self.sample = runner, tokenizer, config, sample
         self.grid = grid if config.batch_prefill_graphs else None
         self.scheduler = PrefillScheduler(config.scheduler, self.grid)
         # A decode engine keeps no prefix cache: it computes no prompt (its KV arrives whole from
@@ -50,11 +60,12 @@ class EngineCore(PDSteps):
         self._evicted_seen = 0  # kv.evicted_pages already reported in a PrefillRecord
         self.eos_ids = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.on_prefill, self.on_first_token = on_prefill, on_first_token
-        # Prefill role: warms, at the lowest priority (prefix_warm.py).
+        self.on_prefill_start = on_prefill_start
+        # Prefill role: warms, at the lowest priority (pd/prefix_warm.py).
         self.warms = WarmQueue(runner.page_size, config.scheduler.length_threshold, on_warm)
+        self.pd = PDHandoff(runner, self.kv, self.warms)
         self._live: dict[str, _Live] = {}
         self._running: list[str] = []          # decoding, in admission order
-        self._imports: deque[str] = deque()    # decode role: KV arrived, waiting for pages
         self.steps = 0
 
     def max_prompt_tokens(self) -> int:
@@ -62,12 +73,34 @@ class EngineCore(PDSteps):
         KV pool, and a request always gets at least one new token."""
         return min(self.config.context_len, self.kv.capacity_tokens) - 1
 
-    def _accept(self, work: GenerateWork, sink: OutputSink) -> None:
+    # ---- what the engine's thread calls ------------------------------------------------------
+    def step(self) -> tuple[bool, float | None]:
+        """One iteration (module docstring). Returns (whether anything ran, when the scheduler's
+        waiting window wants the next iteration at the latest: None for no such time)."""
+        worked = self._admit_imports()
+        wake_at = None
+        if len(self._running) < self.config.max_running_requests:
+            ran, wake_at = self._prefill_once()
+            worked |= ran
+        if self._running:
+            self._decode_once()
+            worked = True
+        if not worked:
+            worked = self.pd.warm_idle(busy=bool(len(self.scheduler) or self._running))
+        return worked, wake_at
+
+    def snapshot(self, prefilling: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+        """What this engine holds now (metrics, /get_load, /get_server_info); `prefilling`:
+        (requests, uncached tokens) of the prefill batch whose forward pass runs."""
+        return {"running": len(self._running), "queues": self.scheduler.pending(),
+                "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
+                "waiting_kv": len(self.pd.imports), "live": len(self._live),
+                "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms),
+                "prefill_cost": self.scheduler.prefill_cost()}
+
+    def accept(self, work: GenerateWork, sink: OutputSink) -> None:
         if work.kind == "warm":
-            if self.kv.cache is None:
-                self.warms.report("refused", 0)
-            else:
-                self.warms.add(Warm(list(work.input_ids), len(work.input_ids), work.rid))
+            self.pd.add_warm(work)
             return
         if work.rid in self._live:
             sink(EngineOutput(work.rid, finished=True, finish_reason="error", error_status=400,
@@ -77,7 +110,7 @@ class EngineCore(PDSteps):
         live = _Live(work, sink, stop, cls=self._classify(len(work.input_ids)), cached=work.cached_tokens)
         self._live[work.rid] = live
         if work.kind == "decode":
-            self._imports.append(work.rid)
+            self.pd.queue_import(work.rid)
         else:
             # Matched at admission, so the request is classified (and counted in the queues) by
             # what prefill will really compute here. Nothing is held until the batch starts:
@@ -94,21 +127,45 @@ class EngineCore(PDSteps):
     def _classify(self, tokens: int) -> str:
         return length_class(tokens, self.config.scheduler.length_threshold)
 
-    def _abort(self, rid: str) -> None:
+    def abort(self, rid: str) -> None:
         live = self._live.pop(rid, None)
         if live is None:
             return
         self.scheduler.abort(rid)
         if rid in self._running:
             self._running.remove(rid)
-        if rid in self._imports:
-            self._imports.remove(rid)
+        self.pd.forget(rid)
         self.kv.free(rid)
         self._emit(live, EngineOutput(rid, finished=True, finish_reason="abort"))
 
+    def fail_all(self, message: str) -> None:
+        for rid in list(self._live):
+            self._fail(rid, message)
+
+    # ---- the steps of an iteration -----------------------------------------------------------
     def _reserve_tokens(self, work: GenerateWork) -> int:
         return kv_reservation(work.kind, len(work.input_ids), work.params.max_new_tokens,
                               self.config.context_len, self.kv.capacity_tokens)
+
+    def _admit_imports(self) -> bool:
+        """Decode role: requests whose KV arrived take their pages, in arrival order, while
+        decode slots are free; each then sends its first token (the prefill engine's)."""
+        worked = False
+        while (rid := self.pd.next_import()) is not None and len(self._running) < self.config.max_running_requests:
+            live = self._live[rid]
+            try:
+                pages = self.pd.admit_import(rid, self._reserve_tokens(live.work))
+            except KVCacheFull:
+                return worked
+            worked = True
+            try:
+                self.pd.import_kv(pages, live.work)
+            except Exception as exc:  # noqa: BLE001 - a bad transfer must not kill the loop
+                log.exception("KV import failed for %s", rid)
+                self._fail(rid, f"KV import failed: {exc}")
+                continue
+            self._take_token(live, live.work.first_token, first=True)
+        return worked
 
     def _prefill_once(self) -> tuple[bool, float | None]:
         now = time.monotonic()
@@ -138,9 +195,13 @@ class EngineCore(PDSteps):
         lives = [self._live[item.rid] for item in batch]
         # Only the uncached suffix is computed; it attends to the cached prefix's pages.
         items = [ForwardItem(token_ids=list(l.work.input_ids[l.cached:]), start_pos=l.cached,
-                             pages=self._pages(l.work.rid, len(l.work.input_ids))) for l in lives]
+                             pages=self.kv.pages_covering(l.work.rid, len(l.work.input_ids))) for l in lives]
         lengths = [len(it.token_ids) for it in items]
         bucketed = self._use_bucket(queue, lengths)
+        if self.on_prefill_start is not None:
+            # Before the forward pass, which can take seconds: the batch has left the queues,
+            # and readers of the snapshot (/get_load) must still see its work as pending.
+            self.on_prefill_start(len(batch), sum(item.uncached for item in batch))
         started = time.monotonic()
         try:
             logits, stats = self.runner.forward(items, bucketed=bucketed)
@@ -151,7 +212,7 @@ class EngineCore(PDSteps):
             return
         for live in lives:  # the prompt's full pages now hold its KV: later prompts may share them
             self.kv.insert(live.work.rid, live.work.input_ids)
-        tokens = sample_each(logits, [l.work.params for l in lives], [0] * len(lives))
+        tokens = self.sample(logits, [l.work.params for l in lives], [0] * len(lives))
         seconds = time.monotonic() - started
         self.scheduler.observe_prefill(batch, seconds)
         evicted, self._evicted_seen = self.kv.evicted_pages - self._evicted_seen, self.kv.evicted_pages
@@ -183,7 +244,7 @@ class EngineCore(PDSteps):
         for live in lives:
             pos = len(live.work.input_ids) + len(live.stop.output_ids) - 1
             items.append(ForwardItem(token_ids=[live.stop.output_ids[-1]], start_pos=pos,
-                                     pages=self._pages(live.work.rid, pos + 1)))
+                                     pages=self.kv.pages_covering(live.work.rid, pos + 1)))
         try:
             logits, _ = self.runner.forward_decode(items)
         except Exception as exc:  # noqa: BLE001
@@ -191,7 +252,7 @@ class EngineCore(PDSteps):
             for rid in rids:
                 self._fail(rid, f"decode failed: {exc}")
             return
-        tokens = sample_each(logits, [l.work.params for l in lives], [len(l.stop.output_ids) for l in lives])
+        tokens = self.sample(logits, [l.work.params for l in lives], [len(l.stop.output_ids) for l in lives])
         self.steps += 1
         for live, token in zip(lives, tokens):
             if isinstance(token, Exception):
@@ -228,8 +289,24 @@ class EngineCore(PDSteps):
             self._running.append(rid)
         self._emit(live, out)
 
-    def _pages(self, rid: str, tokens: int) -> list[int]:
-        return self.kv.pages(rid)[: self.kv.pages_for(tokens)]
+    def _hand_off(self, live: _Live, token: int) -> None:
+        """Prefill role: the prompt's KV goes to the decode engine with the first token; this
+        engine is done with the request."""
+        rid = live.work.rid
+        try:
+            kv = self.pd.export(rid, len(live.work.input_ids))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("KV export failed for %s", rid)
+            self._fail(rid, f"KV export failed: {exc}")
+            return
+        self._live.pop(rid, None)
+        ttft = time.monotonic() - live.work.arrival
+        if self.on_first_token is not None:
+            self.on_first_token(live.cls, ttft)
+        self._emit(live, EngineOutput(
+            rid, token_ids=[token], text=self._decode_text([token]), finished=True,
+            finish_reason="prefilled", prompt_tokens=len(live.work.input_ids), completion_tokens=1,
+            cached_tokens=live.cached, kv=kv, ttft_s=ttft, cls=live.cls))
 
     def _release(self, rid: str) -> None:
         self.kv.free(rid)
@@ -240,16 +317,11 @@ class EngineCore(PDSteps):
     def _fail(self, rid: str, message: str, status: int = 500) -> None:
         live = self._live.get(rid)
         self.scheduler.abort(rid)
-        if rid in self._imports:
-            self._imports.remove(rid)
+        self.pd.forget(rid)
         self._release(rid)
         if live is not None:
             self._emit(live, EngineOutput(rid, finished=True, finish_reason="error", error=message,
                                           error_status=status))
-
-    def _fail_all(self, message: str) -> None:
-        for rid in list(self._live):
-            self._fail(rid, message)
 
     def _emit(self, live: _Live, out: EngineOutput) -> None:
         try:

@@ -92,6 +92,10 @@ class PagedKVAllocator:
     def pages(self, rid: str) -> list[int]:
         return list(self._holding(rid).pages)
 
+    def pages_covering(self, rid: str, tokens: int) -> list[int]:
+        """The pages of `rid` that hold its first `tokens` tokens (what a forward pass reads)."""
+        return self.pages(rid)[: self.pages_for(tokens)]
+
     def tokens(self, rid: str) -> int:
         return self._holding(rid).tokens
 

@@ -35,9 +35,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from laps_agent.engine.http.api_models import LAPS_CLASS_HEADER
 from laps_agent.serving.drain import WORK_PATHS
 
+# The class ("short" | "long") the gateway gave a request, by the uncached length it expected
+# at this pod. A header, not a body field: engines of other kinds (stock SGLang) refuse unknown
+# body fields but ignore unknown headers. The engine only counts it against its own class
+# (HeldByClass below, the class series of metrics.py; http/api_models.py checks its value).
+LAPS_CLASS_HEADER = "X-LAPS-Class"
 _HEADER = LAPS_CLASS_HEADER.lower().encode()
 # A queued request's prefill must end well before its decode engine stops waiting for the KV:
 # half the timeout leaves the other half for the cost estimate's error (a linear fit, while

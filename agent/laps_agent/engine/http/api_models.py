@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from laps_agent.engine.core.load_report import LAPS_CLASS_HEADER
 from laps_agent.engine.core.sampling_params import SamplingError, SamplingParams, is_whole_number
 from laps_agent.engine.http.api_error import ApiError
 from laps_agent.engine.http.chat_messages import clean_messages
@@ -16,7 +17,7 @@ from laps_agent.engine.http.unsupported_fields import (
     asks_nothing,
     refuse_unsupported,
 )
-from laps_agent.policy.classes import CLASSES
+from laps_agent.policy.classes import CLASSES, LONG, SHORT
 
 DEFAULT_OPENAI_COMPLETION_TOKENS = 16     # OpenAI's documented default for /v1/completions
 DEFAULT_CHAT_TOKENS = 256
@@ -72,16 +73,11 @@ def _bootstrap(body: dict) -> Bootstrap | None:
     return Bootstrap(host, port, room)
 
 
-# The class ("short" | "long") the gateway gave a request, by the uncached length it expected
-# at this pod. A header, not a body field: engines of other kinds (stock SGLang) refuse unknown
-# body fields but ignore unknown headers. The engine only counts it against its own class.
-LAPS_CLASS_HEADER = "X-LAPS-Class"
-
-
 def gateway_class(value: str | None) -> str | None:
-    """The X-LAPS-Class header's value, checked (None when the request has none)."""
+    """The X-LAPS-Class header's value (core/load_report.py), checked (None when the request has
+    none)."""
     if value is not None and value not in CLASSES:
-        raise ApiError(400, f'{LAPS_CLASS_HEADER} must be "short" or "long", got {value!r}')
+        raise ApiError(400, f'{LAPS_CLASS_HEADER} must be "{SHORT}" or "{LONG}", got {value!r}')
     return value
 
 

@@ -1,9 +1,12 @@
-"""The engine's HTTP routes over an EngineServer (server.py): work, health, info, load, metrics."""
+"""The engine's HTTP routes over an EngineServer (server.py): work, health, info, load, metrics.
+
+The server builds its app here (`build_app(self)`); this module knows the server only by what
+the routes use of it (`RoutedServer`), so the import goes one way, server -> routes."""
 from __future__ import annotations
 
 import json
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Any, AsyncIterator, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,11 +19,27 @@ from laps_agent.engine.http import api_models as api
 from laps_agent.engine.http.util import error, http_error
 from laps_agent.engine.metrics import read_group
 from laps_agent.policy.classes import CLASSES
-from laps_agent.serving.drain import DrainGuard, refusal_body
+from laps_agent.serving.drain import Drain, DrainGuard, refusal_body
 from laps_agent.serving.request_id import tagged
 
-if TYPE_CHECKING:
-    from laps_agent.engine.http.server import EngineServer
+
+class RoutedServer(Protocol):
+    """What the routes use of server.py's EngineServer."""
+
+    engine: Any          # server.ServedEngine
+    settings: Any        # server.ServerSettings
+    metrics: Any         # metrics.EngineMetrics
+    tokenizer: Any
+    drain: Drain
+    outbox: Any          # pd.wire.KVOutbox
+    fetching: int
+    queued: int
+
+    async def serve(self, request: Request, kind: str) -> Response: ...
+
+    def outputs(self, work: GenerateWork) -> AsyncIterator[Any]: ...
+
+    async def aclose(self) -> None: ...
 
 
 class _EngineApp(FastAPI):
@@ -34,7 +53,7 @@ class _EngineApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def build_app(server: EngineServer) -> FastAPI:
+def build_app(server: RoutedServer) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield

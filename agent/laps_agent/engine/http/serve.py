@@ -1,15 +1,26 @@
 """`laps engine`'s serving half, for both backends: the flags every engine checks before it
 loads anything, the HTTP server's settings, the listening sockets (bound before the load, so a
 port that cannot be had is said at once) and the uvicorn servers on them: the API and, for the
-prefill role, the bootstrap (KV hand-off) port."""
+prefill role, the bootstrap (KV hand-off) port; and `run_engine`, what `laps engine` does with
+them once its flags are parsed, for whichever backend builds the engine (engine/cli.py the
+builtin one, emulated/cli.py the emulated one)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
 import logging
+import sys
+from typing import Any, Callable, Coroutine
 
 from laps_agent.engine.core.config import check_mem_fraction
+from laps_agent.engine.http.server import EngineServer, ServedEngine, ServerSettings, queue_bound
+from laps_agent.engine.pd.wire import bootstrap_app
+from laps_agent.serving.drain import DrainingServer
+from laps_agent.serving.exit_reason import record_cannot_start
+from laps_agent.serving.header_timeout import http_protocol
+from laps_agent.serving.listen import bind_listening_socket, url_host
+from laps_agent.serving.request_body import HEADER_TIMEOUT_S
 
 log = logging.getLogger("laps.engine")
 
@@ -36,8 +47,6 @@ def check_server_flags(args: argparse.Namespace) -> None:
 
 def server_settings(args: argparse.Namespace, name: str, max_running: int, **extra):
     """The HTTP server's settings from the flags (both backends)."""
-    from laps_agent.engine.http.server import ServerSettings, queue_bound
-
     check_server_flags(args)
     return ServerSettings(role=args.role, served_model_name=name, length_threshold=args.length_threshold,
                           bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
@@ -49,8 +58,6 @@ def server_settings(args: argparse.Namespace, name: str, max_running: int, **ext
 def listen(args: argparse.Namespace):
     """The HTTP socket and, for the prefill role, the bootstrap socket, bound before the model
     loads: a port in use or out of range is said at once (ListenError), not after the load."""
-    from laps_agent.serving.listen import bind_listening_socket
-
     http = bind_listening_socket(args.host, args.port)
     try:
         boot = bind_listening_socket(args.host, args.bootstrap_port) if args.role == "prefill" else None
@@ -66,11 +73,6 @@ def uvicorn_servers(server, bootstrap: bool, header_timeout_s: float | None = No
     (default HEADER_TIMEOUT_S) to send a request's headers (laps_agent/serving/header_timeout.py)."""
     import uvicorn
 
-    from laps_agent.engine.pd.wire import bootstrap_app  # not .pd: an emulated engine needs no torch
-    from laps_agent.serving.drain import DrainingServer
-    from laps_agent.serving.header_timeout import http_protocol
-    from laps_agent.serving.request_body import HEADER_TIMEOUT_S
-
     protocol = http_protocol(HEADER_TIMEOUT_S if header_timeout_s is None else header_timeout_s)
     # SIGTERM drains (laps_agent/serving/drain.py); the bootstrap server stops only after the drain, so
     # the decode engines still collect the KV of every prefill this engine finished.
@@ -85,8 +87,6 @@ def uvicorn_servers(server, bootstrap: bool, header_timeout_s: float | None = No
 
 async def serve(server, http_sock, boot_sock=None) -> int:
     """Serve until stopped; returns the exit status (laps_agent/serving/drain.py: 0 once drained)."""
-    from laps_agent.serving.listen import url_host
-
     http, boot = uvicorn_servers(server, bootstrap=boot_sock is not None)
     tasks = [asyncio.create_task(http.serve(sockets=[http_sock]))]
     if boot is not None:
@@ -119,3 +119,40 @@ class _QuietServer:
                 yield
 
         return Server(config)
+
+
+def run_engine(args: argparse.Namespace,
+               build: Callable[[argparse.Namespace], tuple[EngineServer, ServedEngine]],
+               run: Callable[[Coroutine[Any, Any, int]], int] = asyncio.run) -> int:
+    """`laps engine` after its flags are parsed: check them, bind the ports, `build` the engine
+    and its server, serve on `run`'s event loop until stopped; the exit status. A flag the
+    engine cannot run with, a port that cannot be had or model files it cannot read: exit 2,
+    said on stderr and left as the container's exit reason."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per KV fetch otherwise
+    try:
+        check_server_flags(args)
+        sockets = listen(args)
+    except (ValueError, OSError) as exc:  # bad flags, a port that cannot be had
+        _cannot_start(exc)
+        return 2
+    try:
+        server, engine = build(args)
+    except (ValueError, OSError) as exc:  # bad flags, missing/unsupported model files
+        for sock in sockets:
+            if sock is not None:
+                sock.close()
+        _cannot_start(exc)
+        return 2
+    engine.start()
+    try:
+        return run(serve(server, *sockets))
+    finally:
+        engine.stop()
+        log.info("engine stopped")
+
+
+def _cannot_start(exc: Exception) -> None:
+    log.error("cannot start: %s", exc)
+    print(f"laps engine: error: {exc}", file=sys.stderr)
+    record_cannot_start(str(exc))

@@ -1,11 +1,11 @@
 """HTTP front of one engine: SGLang-native /generate, OpenAI /v1/*, health, info, metrics, and the
 PD hand-off (prefill role parks KV in its outbox; decode role fetches it before decoding). The
-routes are in server_routes.py, the JSON and SSE bodies sent back in server_responses.py.
+routes are in routes.py (which builds the app over a server, importing nothing of it), the JSON
+and SSE bodies sent back in responses.py.
 
-Torch-free: it serves the builtin engine (with `pd.TensorKVCodec`) and the emulated engine (with
-its own codec) alike. What it needs of an engine: `submit(work, sink)`, `abort(rid)`,
-`max_prompt_tokens()`, `alive`, `snapshot`, `tokenizer`, `config` (an EngineConfig), `grid`,
-`kv.num_pages` / `kv.page_size`.
+Torch-free: it serves the builtin engine (with `pd.kv_codec.TensorKVCodec`) and the emulated
+engine (with its own codec) alike; its builder gives it the codec. What it needs of an engine:
+`ServedEngine` below.
 
 Drain (laps_agent/serving/drain.py): after SIGTERM the engine answers new work 503 `draining` and /health
 503, and keeps serving what it holds, the KV hand-offs of its prefills included (the bootstrap
@@ -17,14 +17,17 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from laps_agent.engine.core.requests import EngineOutput, GenerateWork, new_rid
+from laps_agent.engine.core.config import EngineConfig
+from laps_agent.engine.core.load_report import LAPS_CLASS_HEADER
+from laps_agent.engine.core.requests import EngineOutput, GenerateWork, OutputSink, new_rid
 from laps_agent.engine.http import api_models as api
 from laps_agent.engine.http.responses import final_body, sse_events
+from laps_agent.engine.http.routes import build_app
 from laps_agent.engine.http.util import ClientGone, failed, read_json, until_disconnect, until_stream_end
 from laps_agent.engine.metrics import EngineMetrics
 from laps_agent.engine.pd.prefix_warm import parse_warm_body, send_warm
@@ -34,12 +37,34 @@ from laps_agent.serving.drain import DEFAULT_GRACE_S, Drain
 from laps_agent.serving.request_body import BODY_IDLE_TIMEOUT_S
 from laps_agent.serving.request_id import shown
 
-if TYPE_CHECKING:
-    from laps_agent.engine.engine import Engine
-
 log = logging.getLogger(__name__)
 MIN_QUEUE_BOUND = 256
 TOKENIZE_INLINE_MAX = 262144  # chars tokenized on the loop; longer: a thread (the hop cost 2 ms at 40 KiB)
+
+
+class ServedEngine(Protocol):
+    """What the server needs of an engine: the builtin one (engine.py's Engine) and the emulated
+    one (emulated/engine.py's EmulatedEngine) both are one. `submit` and `abort` are called from
+    the event loop; `kv` has `num_pages` and `page_size`."""
+
+    tokenizer: Any
+    config: EngineConfig
+    grid: Any
+    kv: Any
+    snapshot: dict[str, Any]
+
+    @property
+    def alive(self) -> bool: ...
+
+    def submit(self, work: GenerateWork, sink: OutputSink) -> None: ...
+
+    def abort(self, rid: str) -> None: ...
+
+    def max_prompt_tokens(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,14 +91,9 @@ def queue_bound(flag: int | None, max_running: int) -> int:
 
 
 class EngineServer:
-    def __init__(self, engine: Engine, settings: ServerSettings, metrics: EngineMetrics,
-                 codec: KVCodec | None = None) -> None:
+    def __init__(self, engine: ServedEngine, settings: ServerSettings, metrics: EngineMetrics,
+                 codec: KVCodec) -> None:
         self.engine, self.settings, self.metrics = engine, settings, metrics
-        if codec is None:
-            from laps_agent.engine.pd.kv_codec import TensorKVCodec
-
-            runner = getattr(engine, "runner", None)  # received KV goes to its device
-            codec = TensorKVCodec(getattr(runner, "device", None), getattr(runner, "dtype", None))
         self.codec = codec
         self.tokenizer = engine.tokenizer
         self.outbox = KVOutbox(settings.bootstrap_timeout_s)
@@ -81,8 +101,6 @@ class EngineServer:
         self.queued = 0    # submitted to the engine, no output yet (waiting for prefill or a slot)
         self.drain = Drain(settings.drain_grace_s)
         self._warm_tasks: set[asyncio.Task] = set()  # decode role: warms on their way (referenced)
-        from laps_agent.engine.http.routes import build_app
-
         self.app = build_app(self)
 
     async def aclose(self) -> None:
@@ -150,7 +168,7 @@ class EngineServer:
         self._warm_tasks.add(task)
         task.add_done_callback(self._warm_tasks.discard)
 
-    def warm_handler(self):
+    def warm_handler(self) -> Callable[[bytes], tuple[int, str]] | None:
         """Prefill role with --prefix-warm: what the bootstrap port calls with a warm's body,
         returning (status, message); None where this engine takes no warms."""
         if self.settings.role != "prefill" or not self.settings.prefix_warm:
@@ -181,7 +199,7 @@ class EngineServer:
         rid = parsed.rid or new_rid()
         role, boot = self.settings.role, parsed.bootstrap
         # Per request, whatever its kind: the class for metrics, the client's id for failure logs.
-        tags = {"gateway_cls": api.gateway_class(request.headers.get(api.LAPS_CLASS_HEADER)),
+        tags = {"gateway_cls": api.gateway_class(request.headers.get(LAPS_CLASS_HEADER)),
                 "request_id": shown(request.scope)}
         extra: dict[str, Any] = {}
         if role == "decode":

@@ -9,20 +9,31 @@ slot's last position, so the logits rows are static too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from laps_agent.engine.core.forward import ForwardItem
+from laps_agent.engine.model.bucket_inputs import BucketInputs, build_bucket_inputs
 from laps_agent.policy.scheduling.buckets import Bucket, PaddingPlan, plan_padding
 
-if TYPE_CHECKING:
-    from laps_agent.engine.model.runner import ForwardItem, ModelRunner
+
+class GraphedRunner(Protocol):
+    """What the graphs use of their runner (runner.py's ModelRunner): its KV layout, its device
+    and the forward pass of a padded batch (`bucket_hidden`, shared with the eager bucket path)."""
+
+    page_size: int
+    scratch_page: int
+    device: torch.device
+    model: Any
+
+    def bucket_hidden(self, inputs: BucketInputs, bucket: Bucket) -> torch.Tensor: ...
 
 
 @dataclass
 class _CapturedBucket:
     graph: torch.cuda.CUDAGraph | None   # None off CUDA: `compute` runs on the same buffers
-    inputs: object                       # BucketInputs of device buffers
+    inputs: BucketInputs                 # of device buffers
     logits: torch.Tensor                 # [B, vocab] output buffer
     compute: Callable[[], torch.Tensor]
 
@@ -37,7 +48,7 @@ class BucketGraphs:
     """Static-buffer bucket runs; CUDA graphs on a CUDA device. Off CUDA the same buffers and
     replay logic run eagerly, which lets CPU tests check everything but the capture itself."""
 
-    def __init__(self, runner: ModelRunner, *, max_pages: int, pool=None):
+    def __init__(self, runner: GraphedRunner, *, max_pages: int, pool=None):
         """`pool`: a graph memory pool (torch.cuda.graph_pool_handle()) shared with other
         BucketGraphs of the runner: every graph replays on the engine's one stream and its
         output is cloned at once, so one pool serves the prefill and the decode graphs."""
@@ -52,8 +63,6 @@ class BucketGraphs:
     @torch.inference_mode()
     def run(self, items: Sequence[ForwardItem], plan: PaddingPlan) -> torch.Tensor | None:
         """Logits [len(items), vocab], or None when the batch needs a wider page table."""
-        from laps_agent.engine.model.runner import build_bucket_inputs
-
         runner = self.runner
         needed = max(-(-(it.start_pos + len(it.token_ids)) // runner.page_size) for it in items)
         if needed > self.max_pages:
@@ -73,8 +82,6 @@ class BucketGraphs:
 
     @torch.inference_mode()
     def _capture(self, bucket: Bucket) -> _CapturedBucket:
-        from laps_agent.engine.model.runner import BucketInputs, ForwardItem, build_bucket_inputs
-
         runner = self.runner
         # Capture with an all-dummy batch: every write goes to the scratch page.
         dummy = plan_padding([1], bucket)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from laps_agent.engine.model.config import ModelConfig, UnsupportedModelError
+from laps_agent.engine.model.gguf_loader import read_gguf
 from laps_agent.engine.model.llama import CausalLM, rope_inverse_frequencies
 from laps_agent.modelio.gguf_metadata import GGUFFormatError
 from laps_agent.modelio.model_files import DEFAULT_GGUF_NAME, ModelLoadError, default_model_path  # noqa: F401 (re-exported)
@@ -32,8 +33,6 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu",
         raise ModelLoadError(f"{path}: no such file or directory")
     try:
         if path.is_file() and path.suffix == ".gguf":
-            from laps_agent.engine.model.gguf_loader import read_gguf
-
             config, state, metadata = read_gguf(path)
             tokenizer = tokenizer_from_gguf(metadata)
             name = path.stem

@@ -19,7 +19,10 @@ from typing import Callable, Sequence
 import torch
 from torch.nn.attention import sdpa_kernel
 
+from laps_agent.engine.core.forward import ForwardItem
 from laps_agent.engine.model.attention import EAGER_SDPA_BACKENDS, BlockAttention, PackedAttention
+from laps_agent.engine.model.bucket_inputs import BucketInputs, build_bucket_inputs, pages_needed
+from laps_agent.engine.model.cuda_graphs import BucketGraphs
 from laps_agent.engine.model.kv_export import KVExport, start_export
 from laps_agent.engine.model.loader import LoadedModel
 from laps_agent.policy.scheduling.buckets import Bucket, BucketGrid, PaddingPlan, plan_padding
@@ -30,13 +33,6 @@ class ForwardError(ValueError):
 
 
 @dataclass
-class ForwardItem:
-    token_ids: list[int]    # tokens computed now (uncached suffix; 1 token for decode)
-    start_pos: int          # tokens already in this sequence's KV = position of token_ids[0]
-    pages: list[int]        # KV page ids covering positions [0, start_pos + len(token_ids))
-
-
-@dataclass
 class ForwardStats:
     path: str               # "eager" | "bucket" | "graph"
     bucket: Bucket | None
@@ -44,52 +40,14 @@ class ForwardStats:
     padded_tokens: int
 
 
-@dataclass
-class BucketInputs:
-    """Host-side metadata of one padded batch; the graph path copies these into its buffers."""
-    input_ids: torch.Tensor   # [B*S] long
-    positions: torch.Tensor   # [B*S] long
-    slots: torch.Tensor       # [B*S] long, flat KV slot each token writes
-    page_table: torch.Tensor  # [B, W] int32
-    kv_lens: torch.Tensor     # [B] int32
-
-
-def build_bucket_inputs(items: Sequence[ForwardItem], plan: PaddingPlan, *, page_size: int,
-                        scratch_page: int, width: int) -> BucketInputs:
-    """Place items into the slots of `plan`; everything not real points at the scratch page."""
-    b, s = plan.bucket.batch_size, plan.bucket.seq_len
-    input_ids = torch.zeros(b * s, dtype=torch.long)
-    positions = torch.zeros(b * s, dtype=torch.long)
-    slots = torch.full((b * s,), scratch_page * page_size, dtype=torch.long)
-    page_table = torch.full((b, width), scratch_page, dtype=torch.int32)
-    kv_lens = torch.ones(b, dtype=torch.int32)  # a dummy slot's single token sees itself
-    for i, item in enumerate(items):
-        slot = plan.slots[i]
-        n = len(item.token_ids)
-        pos = torch.arange(item.start_pos, item.start_pos + n)
-        pages = torch.tensor(item.pages, dtype=torch.long)
-        input_ids[slot.start:slot.start + n] = torch.tensor(item.token_ids, dtype=torch.long)
-        positions[slot.start:slot.start + n] = pos
-        slots[slot.start:slot.start + n] = pages[pos // page_size] * page_size + pos % page_size
-        needed = _pages_needed(item.start_pos + n, page_size)
-        page_table[i, :needed] = pages[:needed].to(torch.int32)
-        kv_lens[i] = item.start_pos + n
-    return BucketInputs(input_ids, positions, slots, page_table, kv_lens)
-
-
 # Longest context a decode graph serves (its page-table width); see ModelRunner.__init__.
 DECODE_GRAPH_MAX_CONTEXT = 4096
-DEFAULT_DECODE_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def decode_bucket(buckets: Sequence[Bucket], n: int) -> Bucket | None:
     """The smallest decode bucket (b, 1) holding n requests; None when n exceeds them all.
     `buckets` are sorted by batch size."""
     return next((b for b in buckets if b.batch_size >= n), None)
-
-
-def _pages_needed(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size)
 
 
 class ModelRunner:
@@ -120,18 +78,14 @@ class ModelRunner:
         self.graphs = None
         pool = torch.cuda.graph_pool_handle() if use_graphs else None  # prefill and decode graphs'
         if use_graphs and grid is not None:
-            from laps_agent.engine.model.cuda_graphs import BucketGraphs
-
             max_context = graph_max_context or min(num_pages * page_size, grid.max_seq_len + 2048)
-            self.graphs = BucketGraphs(self, max_pages=_pages_needed(max_context, page_size), pool=pool)
+            self.graphs = BucketGraphs(self, max_pages=pages_needed(max_context, page_size), pool=pool)
         # Decode graphs read a page table as wide as the longest context they serve; longer
         # sequences decode eagerly (the fixed width is attention work for every slot).
         self.decode_buckets = [Bucket(b, 1) for b in sorted(set(decode_batch_sizes))]
         self.decode_graphs = None
         if use_graphs and self.decode_buckets:
-            from laps_agent.engine.model.cuda_graphs import BucketGraphs
-
-            width = _pages_needed(min(num_pages * page_size, decode_graph_max_context), page_size)
+            width = pages_needed(min(num_pages * page_size, decode_graph_max_context), page_size)
             self.decode_graphs = BucketGraphs(self, max_pages=width, pool=pool)
 
     # ------------------------------------------------------------------ public API
@@ -186,7 +140,7 @@ class ModelRunner:
 
         Public so tests can feed plans other than `plan_padding`'s (e.g. left-aligned ones)."""
         self._validate(items)
-        width = max(_pages_needed(it.start_pos + len(it.token_ids), self.page_size) for it in items)
+        width = max(pages_needed(it.start_pos + len(it.token_ids), self.page_size) for it in items)
         inputs = build_bucket_inputs(items, plan, page_size=self.page_size,
                                      scratch_page=self.scratch_page, width=width)
         inputs = BucketInputs(*(t.to(self.device) for t in vars(inputs).values()))
@@ -247,7 +201,7 @@ class ModelRunner:
             offsets.append(offsets[-1] + n)
             kv_len = item.start_pos + n
             kv_lens.append(kv_len)
-            tables.append(torch.tensor(item.pages[:_pages_needed(kv_len, self.page_size)], device=dev))
+            tables.append(torch.tensor(item.pages[:pages_needed(kv_len, self.page_size)], device=dev))
             if n == 1:
                 decode_rows.append(i)
         decode_table = decode_lens = None
@@ -273,7 +227,7 @@ class ModelRunner:
     def _check_pages(self, pages: Sequence[int], length: int) -> None:
         if length < 0:
             raise ForwardError(f"length must be >= 0, got {length}")
-        need = _pages_needed(length, self.page_size)
+        need = pages_needed(length, self.page_size)
         if len(pages) < need:
             raise ForwardError(f"{len(pages)} pages cannot hold {length} tokens "
                                f"(page_size {self.page_size} needs {need})")

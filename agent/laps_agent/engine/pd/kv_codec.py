@@ -13,15 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from laps_agent.engine.model.kv_export import KVExport, resolve, stage_import
-from laps_agent.engine.pd.wire import (  # noqa: F401
-    BootstrapError,
-    Frame,
-    KVOutbox,
-    bootstrap_app,
-    decode_frame,
-    encode_frame,
-    fetch_payload,
-)
+from laps_agent.engine.pd.wire import BootstrapError, Frame, decode_frame
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -103,13 +95,3 @@ class TensorKVCodec:
             return transfer
 
         return await asyncio.to_thread(run)
-
-
-async def fetch_kv(host: str, port: int, room: int, timeout_s: float, *,
-                   poll_s: float = 5.0) -> KVTransfer:
-    """Decode side: long-poll the prefill engine until the room's KV arrives or timeout_s passes."""
-    payload = await fetch_payload(host, port, room, timeout_s, poll_s=poll_s)
-    transfer = await asyncio.to_thread(KVTransfer.decode, payload)  # a copy only if unaligned
-    if transfer.room != room:
-        raise BootstrapError(f"asked for room {room}, got {transfer.room}")
-    return transfer

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from laps_agent.gateway.discovery.membership import Discovery, Membership
+from laps_agent.policy.classes import CLASSES, LONG, SHORT
 from laps_agent.policy.routing import Endpoint
 from laps_agent.serving.listen import url_host
 
@@ -73,8 +74,8 @@ def membership_from_slices(slices: Iterable[dict], services: ServiceNames) -> Me
             for endpoint in slice_endpoints(endpoint_slice):
                 by_service[service][endpoint.name] = endpoint
     ordered = {s: tuple(sorted(eps.values(), key=lambda e: e.name)) for s, eps in by_service.items()}
-    return Membership(groups={"short": ordered[services.prefill_short],
-                              "long": ordered[services.prefill_long]},
+    return Membership(groups={SHORT: ordered[services.prefill_short],
+                              LONG: ordered[services.prefill_long]},
                       decode=ordered[services.decode])
 
 
@@ -198,10 +199,10 @@ class KubernetesDiscovery(Discovery):
         if membership != self._membership:
             # No ready pod in a role is an outage (every request a 503 no_endpoint, logged per
             # request at debug only: proxy.py): a warning, once per change.
-            empty = [role for role, pods in (("prefill", [*membership.groups["short"], *membership.groups["long"]]),
+            empty = [role for role, pods in (("prefill", [e for g in CLASSES for e in membership.groups[g]]),
                                              ("decode", membership.decode)) if not pods]
             log.log(logging.WARNING if empty else logging.INFO, "membership: short=%s long=%s decode=%s%s",
-                    *([e.name for e in membership.groups[g]] for g in ("short", "long")),
+                    *([e.name for e in membership.groups[g]] for g in CLASSES),
                     [e.name for e in membership.decode],
                     f" (no ready {' or '.join(empty)} pod: requests get 503)" if empty else "")
         self._membership = membership

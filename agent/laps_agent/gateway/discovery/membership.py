@@ -17,16 +17,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from laps_agent.policy.classes import CLASSES, LONG, SHORT
 from laps_agent.policy.routing import Endpoint
 
 log = logging.getLogger(__name__)
-GROUP_NAMES = ("short", "long")
 
 
 @dataclass(frozen=True)
 class Membership:
     groups: Mapping[str, tuple[Endpoint, ...]] = field(
-        default_factory=lambda: {g: () for g in GROUP_NAMES})
+        default_factory=lambda: {g: () for g in CLASSES})
     decode: tuple[Endpoint, ...] = ()
 
     def endpoints(self) -> list[Endpoint]:
@@ -164,8 +164,8 @@ class StaticDiscovery(Discovery):
         if unresolved:
             await asyncio.gather(*(self._resolve(u) for u in unresolved))
         self._membership = Membership(
-            groups={"short": self._endpoints(spec.prefill_short),
-                    "long": self._endpoints(spec.prefill_long)},
+            groups={SHORT: self._endpoints(spec.prefill_short),
+                    LONG: self._endpoints(spec.prefill_long)},
             decode=self._endpoints(spec.decode))
 
     async def _resolve(self, url: str) -> None:

@@ -5,7 +5,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +20,7 @@ from laps_agent.gateway.http.context import engines_limit, refuse_over_context
 from laps_agent.gateway.http.deadline import RequestDeadline
 from laps_agent.gateway.http.errors import crash_response, error_response, install_error_handlers, validation_message
 from laps_agent.gateway.http.schemas import ChatCompletionRequest, CompletionRequest, ErrorBody, GenerateRequest
+from laps_agent.gateway.http.state import Gateway
 from laps_agent.gateway.http.status import laps_status, readiness
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.prefix import prefix_chain
@@ -35,18 +35,6 @@ from laps_agent.serving.request_id import SCOPE_KEY, shown, tagged
 
 log = logging.getLogger(__name__)
 _ERROR_STATUSES = (400, 401, 404, 408, 413, 415, 429, 502, 503, 504)
-
-
-@dataclass
-class Gateway:
-    config: GatewayConfig
-    discovery: Discovery
-    estimator: TokenEstimator
-    metrics: GatewayMetrics
-    tracker: LoadTracker
-    proxy: PDProxy
-    allocator: Any = None
-    drain: Drain = field(default_factory=Drain)   # SIGTERM: laps_agent/serving/drain.py
 
 
 def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator,

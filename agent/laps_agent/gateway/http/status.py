@@ -4,16 +4,13 @@ of them) and readiness (can this gateway route at all)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from laps_agent.gateway.discovery.membership import GROUP_NAMES, Membership
+from laps_agent.gateway.discovery.membership import Membership
 from laps_agent.gateway.http.context import engines_limit
+from laps_agent.gateway.http.state import Gateway
 from laps_agent.policy.admission import decode_held, decode_share_bound, decode_slots, group_bound
 from laps_agent.policy.classes import CLASSES
 from laps_agent.policy.routing import Endpoint, EndpointLoad
-
-if TYPE_CHECKING:
-    from laps_agent.gateway.http.app import Gateway
 
 
 def _pod(endpoint: Endpoint, load: EndpointLoad | None, engine_load: dict | None) -> dict:
@@ -38,7 +35,7 @@ def _shortage(name: str, endpoints: Sequence[Endpoint]) -> str:
 def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tuple[bool, str]:
     """(ready, reason): ready when at least one prefill pod (either group: a class whose group
     is empty falls back to the other) and one decode pod are discovered and not ejected."""
-    prefill = [e for group in GROUP_NAMES for e in membership.groups.get(group, ())]
+    prefill = [e for group in CLASSES for e in membership.groups.get(group, ())]
     missing = [_shortage(name, pods) for name, pods in (("prefill", prefill), ("decode", membership.decode))
                if not _usable(pods, loads)]
     return (not missing), "; ".join(missing)
@@ -63,7 +60,7 @@ def laps_status(gateway: Gateway) -> dict:
     loads = gateway.tracker.loads()
     reports = gateway.proxy.engine_loads.report
     groups = {}
-    for group in GROUP_NAMES:
+    for group in CLASSES:
         requests, tokens = gateway.tracker.group_pending(group)
         pods = membership.groups.get(group, ())
         groups[group] = {"pods": [_pod(e, loads.get(e.name), reports(e.name)) for e in pods],

@@ -10,7 +10,7 @@ ever sent there: what engine_load.py takes out of the pod's own per-class report
 
 Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
 unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
-prefill group, or the decode pool; gateway/outlier.py): a pod whose ejection would take out its
+prefill group, or the decode pool; policy/outlier.py): a pod whose ejection would take out its
 pool's last healthy pod, or more than `max_ejection_percent` of the pool, stays routable and
 its count starts over.
 
@@ -31,8 +31,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from laps_agent.gateway.config import ProxyConfig
-from laps_agent.gateway.metrics import GROUPS, GatewayMetrics
-from laps_agent.gateway.proxy.outlier import may_eject
+from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.policy.classes import CLASSES
+from laps_agent.policy.outlier import may_eject
 from laps_agent.policy.routing import EndpointLoad
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class LoadTracker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._metrics, self._config, self._clock = metrics, config, clock
         self._loads: dict[str, EndpointLoad] = {}
-        self._groups: dict[str, _GroupPending] = {group: _GroupPending() for group in GROUPS}
+        self._groups: dict[str, _GroupPending] = {group: _GroupPending() for group in CLASSES}
         # The gauges read the counts when scraped: setting them on every request cost ~4
         # metric updates per request for a figure read every few seconds.
         for group, pending in self._groups.items():

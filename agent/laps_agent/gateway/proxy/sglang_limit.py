@@ -27,14 +27,11 @@ import logging
 import math
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from laps_agent.gateway.proxy.upstream import UpstreamError, UpstreamPool, address
 from laps_agent.modelio.prompt_rules import PromptLimit
 from laps_agent.policy.routing import Endpoint
-
-if TYPE_CHECKING:
-    from laps_agent.gateway.proxy.engine_load import EngineLoads
 
 log = logging.getLogger(__name__)
 MODELS_PATH = "/v1/models"
@@ -94,11 +91,17 @@ async def fetch_limit(pool: UpstreamPool, url: str) -> PromptLimit | None:
     return server_limit(body, context)
 
 
+class LimitSink(Protocol):
+    """Where a learnt limit goes (engine_load.EngineLoads, which keeps each pod's limit)."""
+
+    def learnt_limit(self, name: str, limit: PromptLimit | None) -> None: ...
+
+
 class SGLangLimits:
     """Asks each SGLang pod its limit (in the background, on connections of its own: an answer
     may take longer than a load poll may wait) and gives it to `loads`."""
 
-    def __init__(self, loads: EngineLoads) -> None:
+    def __init__(self, loads: LimitSink) -> None:
         self._loads = loads
         self._pool = UpstreamPool(connect_timeout=TIMEOUT_S, read_timeout=TIMEOUT_S, max_idle_per_host=0)
         self._due: dict[str, float] = {}            # pod -> when to ask it (again); inf: known

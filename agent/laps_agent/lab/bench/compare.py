@@ -1,7 +1,7 @@
 """`laps bench compare`: the same workload and seed against several serving systems, one after
 another on this machine, each after a warm-up, with every figure as a ratio to the first.
 
-Each system (laps_agent.lab.systems: vanilla-pd, reference, laps) is started with `laps local`
+Each system (laps_agent.policy.systems: vanilla-pd, reference, laps) is started with `laps local`
 (emulated engines with `--engine emulated --profile P`, or real CPU engines) and measured with
 `laps bench run`'s load generator in-process. The warm-up replays the workload's first phase
 with another seed for --warmup-s seconds (connections, caches, and the allocation loop settle),
@@ -30,7 +30,6 @@ from laps_agent.lab.bench.run import RESULTS_DIR
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
 from laps_agent.lab.sim import mean_rate, measure_capacity
-from laps_agent.lab.systems import SYSTEMS, SystemConfig, moves_pods, system, unused_allocation_flags
 from laps_agent.lab.workload import Plan, WorkloadError, WorkloadSpec, load_workload, plan_requests
 from laps_agent.lab.workload.plan import require_requests, warmup_plan
 from laps_agent.local import stack as local
@@ -38,6 +37,7 @@ from laps_agent.local.process import LocalProcess
 from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer
+from laps_agent.policy.systems import SYSTEMS, SystemConfig, moves_pods, system, unused_allocation_flags
 from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 

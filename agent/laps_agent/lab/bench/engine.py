@@ -20,7 +20,7 @@ from laps_agent.engine.core.config import DTYPE_CHOICES
 from laps_agent.engine.core.requests import EngineOutput, GenerateWork
 from laps_agent.engine.model.sampling import SamplingParams
 from laps_agent.modelio.model_files import ModelLoadError
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.classes import CLASSES, DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.serving.flag_types import non_negative, positive
@@ -181,7 +181,7 @@ def ttft_report(args: argparse.Namespace, run) -> None:
         return [x for r in results[name] for x in getattr(r, attr)]
 
     print("\nTTFT (seconds)                 mean     p50     max")
-    for cls in ("short", "long"):
+    for cls in CLASSES:
         for name in variants:
             xs = agg(name, f"{cls}_ttft")
             print(f"  {cls:<6} {name:<18} {statistics.mean(xs):7.3f} {statistics.median(xs):7.3f} {max(xs):7.3f}")

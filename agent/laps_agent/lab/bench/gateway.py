@@ -43,6 +43,8 @@ import httpx
 from laps_agent.lab.bench._gateway_report import Cell, latency_row, scale_out_row, table
 from laps_agent.lab.bench._gateway_stack import Child, spawn_engine, spawn_gateway, spawn_stub_upstreams, word_tokenizer
 from laps_agent.lab.bench._http_load import LoadClient
+from laps_agent.policy.classes import LONG, SHORT
+from laps_agent.policy.routing import Endpoint, EndpointLoad, choose_route
 from laps_agent.serving.flag_types import positive, positive_ints
 
 _WORDS = ("the prefill pod computes the prompt's KV cache, then hands it to a decode pod; "
@@ -195,9 +197,29 @@ def _scale_out_over_stubs(args) -> dict:
             child.stop()
 
 
-def _routing_rate() -> dict:
-    from laps_agent.policy.routing import bench_routing
+def bench_routing(n: int = 200_000) -> float:
+    """Routing decisions per second, in-process, for 3 short + 3 long prefill pods and 2 decode
+    pods with changing loads (what the gateway does once per request: policy.routing.choose_route)."""
+    def ep(name: str) -> Endpoint:
+        return Endpoint(name, f"http://{name}:30000", name, 8998)
 
+    groups = {SHORT: [ep(f"ps{i}") for i in range(3)], LONG: [ep(f"pl{i}") for i in range(3)]}
+    decode = [ep(f"d{i}") for i in range(2)]
+    names = [e.name for g in groups.values() for e in g] + [e.name for e in decode]
+    load = {name: EndpointLoad() for name in names}
+    states = list(load.values())
+    exclude: frozenset[str] = frozenset()
+    start = time.perf_counter()
+    for i in range(n):
+        state = states[i % len(states)]
+        state.pending_tokens = (i * 7919) % 4096   # loads move between decisions
+        state.pending_requests = i % 5
+        choose_route((i * 37) % 600, 256, groups, decode, load, exclude, i)
+    elapsed = time.perf_counter() - start
+    return n / elapsed if elapsed > 0 else float("inf")
+
+
+def _routing_rate() -> dict:
     return {"mode": "routing decisions (in-process)", "decisions_per_s": float(bench_routing())}
 
 

@@ -13,9 +13,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
-
-CLASSES = ("short", "long")
+from laps_agent.policy.classes import CLASSES, DEFAULT_LENGTH_THRESHOLD
 
 
 @dataclass
@@ -138,7 +136,7 @@ class TimelineSample:
 
     @classmethod
     def from_status(cls, t: float, status: dict) -> TimelineSample:
-        """From a `/laps_status` document (docs/contracts.md)."""
+        """From a `/laps_status` document (docs/http-api.md)."""
         groups = status.get("groups") or {}
         sample = cls(t)
         for name in CLASSES:

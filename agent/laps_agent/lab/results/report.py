@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from laps_agent.lab.results.summary import ROWS, ClassStats, Summary
+from laps_agent.policy.classes import CLASSES
 
 _NO_RESPONSE = "0"
 
@@ -137,10 +138,10 @@ def phases_markdown(labelled: list[tuple[str, Summary, dict[str, int] | None]]) 
             if stats is None:
                 continue
             cells = []
-            for cls in ("short", "long"):
+            for cls in CLASSES:
                 v = stats[cls].ttft_p90
                 cells.append(_ms(v) + (ratio(v, base[cls].ttft_p90) if i else ""))
-            slo = [_pct(stats[cls].slo_attainment) for cls in ("short", "long")]
+            slo = [_pct(stats[cls].slo_attainment) for cls in CLASSES]
             moved = "–" if moves is None else str(moves.get(phase, 0))
             lines.append(f"| {label} | {cells[0]} | {cells[1]} | {slo[0]} | {slo[1]} | {stats['all'].failed} | {moved} |")
     return "\n".join(lines).lstrip("\n")

@@ -32,12 +32,15 @@ from laps_agent.lab.results import (
 from laps_agent.lab.results.turns import ORACLE_LABEL, pod_load, summarize_turns, turns_report
 from laps_agent.lab.sim import allocation
 from laps_agent.lab.sim.cluster import HOP_S, SimCluster, chars4_estimate
-from laps_agent.lab.systems import SYSTEMS, SystemConfig, moves_pods, policy_config, system
 from laps_agent.lab.workload.conversations import oracle_cached_tokens
 from laps_agent.lab.workload.plan import Plan, plan_requests, require_requests, warmup_plan
+from laps_agent.lab.workload.prompts import PromptBuilder
 from laps_agent.lab.workload.spec import WorkloadError, WorkloadSpec, load_workload
 from laps_agent.local.engines import unknown_engine_args
+from laps_agent.modelio.model_files import default_model_path
+from laps_agent.modelio.tokenizer import load_tokenizer
 from laps_agent.policy.classes import LONG, SHORT, is_short
+from laps_agent.policy.systems import SYSTEMS, SystemConfig, moves_pods, policy_config, system
 from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 _CAPACITY_REQUESTS_PER_POD = 200
@@ -140,10 +143,6 @@ def _prefix_meta(plan: Plan, cluster: SimCluster, outcome) -> dict:
 
 
 def default_chars_per_token() -> float:
-    from laps_agent.lab.workload.prompts import PromptBuilder
-    from laps_agent.modelio.model_files import default_model_path
-    from laps_agent.modelio.tokenizer import load_tokenizer
-
     return PromptBuilder(load_tokenizer(default_model_path()), 0).chars_per_token
 
 

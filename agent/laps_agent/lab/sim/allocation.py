@@ -1,10 +1,11 @@
 """The group allocation on the simulator's virtual clock: what `laps local`'s StaticAllocator does.
 
 Separate from cluster.py because it is a loop of its own beside the requests' path, with its own
-state (the pressure window, the policy's state, the moves made): the cluster feeds it a sample
-every second and lets it move a prefill pod between groups every interval. The decisions are the
-operator's own pure functions (laps_agent.policy.allocation). `laps sim` takes `laps local`'s flags
-tuning the loop (`add_flags`), so a simulation can try the values a real stack would run with.
+state (the policy's AllocationDriver: the pressure window and the policy's memory; the moves
+made): the cluster feeds it a sample every second and lets it move a prefill pod between groups
+every interval. The driver is `laps local`'s own (laps_agent.policy.allocation), only the clock
+differs. `laps sim` takes `laps local`'s flags tuning the loop (`add_flags`), so a simulation can
+try the values a real stack would run with.
 """
 from __future__ import annotations
 
@@ -13,17 +14,10 @@ from collections.abc import Sequence
 
 from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.lab.results.records import TimelineSample
-from laps_agent.lab.systems import ALLOCATION_DEFAULTS, SystemConfig, moves_pods, unused_allocation_flags
-from laps_agent.policy.allocation import (
-    AllocationConfig,
-    Move,
-    PolicyState,
-    PressureWindow,
-    decide,
-    group_pressure,
-    reference_decide,
-)
+from laps_agent.policy.allocation import MODES, AllocationConfig, AllocationDriver, Move
+from laps_agent.policy.classes import CLASSES
 from laps_agent.policy.routing import Endpoint
+from laps_agent.policy.systems import ALLOCATION_DEFAULTS, SystemConfig, moves_pods, unused_allocation_flags
 from laps_agent.serving.flag_types import at_least, positive
 
 Groups = dict[str, tuple[Endpoint, ...]]
@@ -68,32 +62,32 @@ def flags_problem(args: argparse.Namespace, systems: Sequence[SystemConfig]) -> 
 
 
 class SimAllocator:
+    """The policy's AllocationDriver on the virtual clock, over the simulated gateway's tracker:
+    the loop `laps local`'s StaticAllocator runs on the wall clock, here moving an endpoint
+    between the simulated groups."""
+
     def __init__(self, rule: str, config: AllocationConfig, prefill_eps: Sequence[Endpoint]) -> None:
         self.rule, self.config = rule, config           # rule: the system's allocation
         self._pods = {ep.name: ep for ep in prefill_eps}  # in pod order: the in-flight map keeps it
         self.moves: list[tuple[float, Move]] = []
-        self._policy = PolicyState()
-        self._window = PressureWindow()
+        # None for a system that moves no pods (allocation "none"): samples go nowhere, and it
+        # is never asked to rebalance (runs_loop).
+        self._driver = AllocationDriver(rule, config) if rule in MODES else None
 
-    def observe(self, tracker: LoadTracker, groups: Groups) -> None:
+    def observe(self, tracker: LoadTracker) -> None:
         """One pressure sample (every second), into the window the next decision averages."""
-        if self.rule == "reference":  # the reference counts pending requests
-            sample = {g: float(tracker.group_pending(g)[0]) for g in groups}
-        else:
-            sample = {g: group_pressure(*tracker.group_pending(g)) for g in groups}
-        self._window.add(sample)
+        if self._driver is not None:
+            self._driver.sample(tracker.group_pending)
 
     def rebalance(self, now: float, groups: Groups, tracker: LoadTracker) -> Groups:
         """The groups after this interval's decision (the same ones when nothing moves)."""
         members = {g: [ep.name for ep in eps] for g, eps in groups.items()}
-        pressure = self._window.take()
-        if self.rule == "reference":
-            move = reference_decide(members, pressure, self.config.ratio)
-        else:
+
+        def in_flight() -> dict[str, float]:
             loads = tracker.loads()
-            in_flight = {name: float(loads[name].pending_tokens) for name in self._pods if name in loads}
-            decision = decide(members, pressure, in_flight, self._policy, now, self.config)
-            self._policy, move = decision.state, decision.move
+            return {name: float(loads[name].pending_tokens) for name in self._pods if name in loads}
+
+        move = self._driver.step(now, members, in_flight)
         if move is None:
             return groups
         ep = self._pods[move.pod]
@@ -104,6 +98,6 @@ class SimAllocator:
 
 def timeline_sample(now: float, groups: Groups, tracker: LoadTracker) -> TimelineSample:
     """Pods per group and their pending work, as the gateway counts them (the result's timeline)."""
-    pending = {g: tracker.group_pending(g) for g in ("short", "long")}
+    pending = {g: tracker.group_pending(g) for g in CLASSES}
     return TimelineSample(now, {g: len(eps) for g, eps in groups.items()},
                           {g: p[1] for g, p in pending.items()}, {g: p[0] for g, p in pending.items()})

@@ -31,20 +31,20 @@ from dataclasses import dataclass, field
 from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.profile import Profile
-from laps_agent.engine.cli import bucket_grid, build_parser, scheduler_config
 from laps_agent.engine.core.load_report import in_time_tokens
+from laps_agent.engine.flags import bucket_grid, build_parser, scheduler_config
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.lab.results.records import TimelineSample
 from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
 from laps_agent.lab.sim.prefix import SimPrefixes
-from laps_agent.lab.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
 from laps_agent.policy.allocation import AllocationConfig
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, length_class
 from laps_agent.policy.groups import initial_short_count
 from laps_agent.policy.routing import Endpoint, NoEndpointError, choose_route
+from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
 _ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM = 0, 1, 2, 3, 4, 5
 HOP_S = 0.001
@@ -187,7 +187,7 @@ class SimCluster:
                 self._kv_arrived(reqs[payload], now)
             elif kind == _SAMPLE:  # the timeline, and the allocation's pressure samples (1 s)
                 timeline.append(timeline_sample(now, self.groups, self.tracker))
-                self.allocator.observe(self.tracker, self.groups)
+                self.allocator.observe(self.tracker)
                 if self._finished < n:
                     heapq.heappush(heap, (now + (self.sample_every_s or 1.0), next(self._seq), _SAMPLE, None))
             elif kind == _REBALANCE:

@@ -20,6 +20,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from laps_agent.policy.classes import SHORT
+
 
 @dataclass(frozen=True, order=True)
 class Bucket:
@@ -132,7 +134,7 @@ def bucket_for_batch(grid: BucketGrid | None, queue: str | None, lengths: Sequen
     costs more than the launches it saves (the reference's 7B logs: 3.45x padding on average,
     lower throughput with more graph hits). One rule for the builtin engine, the emulated engine
     and the simulator; the emulated engine and the simulator know their costs from the profile."""
-    if grid is None or queue != "short" or mode == "never" or not lengths:
+    if grid is None or queue != SHORT or mode == "never" or not lengths:
         return None
     bucket = grid.choose(lengths)
     if bucket is None:

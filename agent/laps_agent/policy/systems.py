@@ -2,7 +2,8 @@
 
 Each is one set of knobs, turned into engine and gateway flags for `laps local` and into the
 simulator's settings from this one definition, so a comparison on real or emulated engines and
-one in the simulator compare the same systems.
+one in the simulator compare the same systems. A system is which policies are on: pure
+configuration, here beside the policies, so `laps local`, `laps sim` and the lab read it alike.
 
 - `vanilla-pd`: SGLang PD as shipped: every prefill pod serves every length from one FIFO queue,
   no waiting window, the router sends each request to the least-pending prefill pod.
@@ -16,7 +17,7 @@ one in the simulator compare the same systems.
 - `laps-static` and `laps-reference-rule`: `laps` with the split never moved, or moved by the
   reference's pending-count rule (to compare allocation alone).
 - `laps` and its variants route with cache affinity and classify by the expected uncached
-  length (gateway/routing.py, issue 12); `laps-noaffinity` is `laps` without it (full-length
+  length (policy/routing.py, issue 12); `laps-noaffinity` is `laps` without it (full-length
   classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and `reference`
   have no affinity either (as shipped).
 """

@@ -8,7 +8,9 @@ mounted at /tmp makes the API server refuse every pod, a `laps.io/prefill-group`
 would put every prefill pod in one group and roll the pool on each move.
 
 Every answer is read off what the builders render (engine_args.py, workloads.py), so a flag or
-mount added there is covered here without a second list. parse_spec calls `override_problem`.
+mount added there is covered here without a second list; hence this lives beside them, and
+spec/ imports none of render/. `parse_checked_spec` is spec.cluster.parse_spec and this check:
+what the operator reconciles.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from laps_operator.render.workloads import (
     build_prefill_statefulset,
     operator_env,
 )
-from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.spec.cluster import ClusterSpec, InvalidSpecError, parse_spec
 
 ROLES = ("prefill", "decode")
 
@@ -172,3 +174,12 @@ def metadata_problem(spec: ClusterSpec) -> str | None:
 
 def override_problem(spec: ClusterSpec) -> str | None:
     return extra_args_problem(spec) or env_problem(spec) or mount_problem(spec) or metadata_problem(spec)
+
+
+def parse_checked_spec(raw: dict[str, Any] | None) -> ClusterSpec:
+    """A CR's `spec` validated and defaulted (parse_spec), then checked for what it may not take
+    back from the operator; InvalidSpecError, with a message naming the field, otherwise."""
+    spec = parse_spec(raw)
+    if problem := override_problem(spec):
+        raise InvalidSpecError(f"spec.{problem}")
+    return spec

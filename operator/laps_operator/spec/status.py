@@ -1,0 +1,80 @@
+"""The shape of a LAPSCluster's `status`, as the operator writes it (status/conditions.py,
+allocation/tick.py): the CRD's status schema is generated from it (crd.py), and the API server
+keeps only what it declares. A key may be left out (total=False) unless marked Required; a value
+typed `X | None` may be written as null (nullable), which the allocation loop does while a reading
+is unknown.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Required, TypedDict
+
+from pydantic import Field
+
+# The allocation loop's history keeps this many latest moves.
+HISTORY = 10
+
+
+class Condition(TypedDict, total=False):
+    type: Required[str]
+    status: Required[Literal["True", "False", "Unknown"]]
+    reason: str
+    message: str
+    lastTransitionTime: datetime
+    observedGeneration: int
+
+
+class GroupMembers(TypedDict, total=False):
+    short: list[str]
+    long: list[str]
+
+
+class GroupSizes(TypedDict, total=False):
+    short: int
+    long: int
+
+
+class GroupPressure(TypedDict, total=False):
+    short: float | None
+    long: float | None
+
+
+class Pressure(TypedDict, total=False):
+    short: float | None
+    long: float | None
+    perPod: Annotated[GroupPressure | None, Field(
+        description="each group's pressure divided by its pods (what the policy compares)")]
+    source: Literal["prometheus", "gateways"]
+
+
+class PolicyMemory(TypedDict, total=False):
+    wanted: Annotated[str | None, Field(description="the move wanted in the latest intervals")]
+    streak: Annotated[int, Field(description="for how many consecutive intervals")]
+    lastDirection: Annotated[str | None, Field(description="the latest move's (reversing it costs more)")]
+    movedAt: Annotated[dict[str, float], Field(description="pod -> time of its last move (Unix seconds)")]
+
+
+# "from" is a keyword: the functional form.
+Move = TypedDict("Move", {"time": datetime, "pod": str, "from": str, "to": str, "reason": str}, total=False)
+
+
+class AllocationStatus(TypedDict, total=False):
+    lastDecision: Annotated[str, Field(description="what the latest interval decided, and why")]
+    policy: Annotated[PolicyMemory, Field(
+        description="what the policy remembers between intervals (kept here so a restarted operator goes on)")]
+    history: Annotated[list[Move], Field(max_length=HISTORY, description="the latest moves, oldest first")]
+
+
+class ClusterStatus(TypedDict, total=False):
+    phase: Literal["Pending", "Progressing", "Ready", "Invalid"]
+    observedGeneration: Annotated[int, Field(description="the generation of the spec the status is of")]
+    conditions: Annotated[list[Condition], Field(
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Ready, Progressing, InvalidSpec, PressureUnavailable, WritesFailing (docs/contracts.md)")]
+    groups: Annotated[GroupMembers, Field(
+        description="the prefill pods of each group (a recreated pod gets its group back from here)")]
+    groupSizes: Annotated[GroupSizes, Field(description="prefill pods in each group")]
+    pressure: Annotated[Pressure | None, Field(
+        description="the latest pressure reading (group totals; unset while unknown)")]
+    lastRebalanceTime: Annotated[datetime | None, Field(description="when the allocation loop last moved a pod")]
+    allocation: Annotated[AllocationStatus, Field(description="the allocation loop's memory and its latest moves")]
