@@ -7,7 +7,7 @@ import argparse
 import os
 
 from laps_agent.engine.core.config import DTYPE_CHOICES
-from laps_agent.policy.scheduling.buckets import BucketGrid
+from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS, BucketGrid
 from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.exit_reason import ExitRecordingParser
@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that costs the short ones less (cost), or always (the reference's rule)")
     p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms)
     p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--batch-prefill-graphs-batch-sizes", type=positive_ints, default=[1, 2, 4, 8])
-    p.add_argument("--batch-prefill-graphs-seq-lengths", type=positive_ints, default=[16, 32, 64, 128, 256])
+    p.add_argument("--batch-prefill-graphs-batch-sizes", type=positive_ints, default=list(DEFAULT_BATCH_SIZES))
+    p.add_argument("--batch-prefill-graphs-seq-lengths", type=positive_ints, default=list(DEFAULT_SEQ_LENGTHS))
     p.add_argument("--batch-prefill-graphs-mode", choices=("auto", "always", "never"), default="auto",
                    help="short batches in padded buckets: auto = with CUDA graphs, or when padding is <= 25%%")
     p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=True,

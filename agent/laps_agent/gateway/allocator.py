@@ -22,7 +22,7 @@ from pathlib import Path
 from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
-from laps_agent.policy.allocation import AllocationConfig, AllocationDriver, Move
+from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig, AllocationDriver, Move
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ _SAMPLE_S = 1.0
 class StaticAllocator:
     def __init__(self, discovery: StaticDiscovery, tracker: LoadTracker, metrics: GatewayMetrics, *,
                  mode: str = "laps",
-                 interval_s: float = 5.0, config: AllocationConfig | None = None,
+                 interval_s: float = DEFAULT_INTERVAL_S, config: AllocationConfig | None = None,
                  labels: dict[str, Path] | None = None,
                  write_labels: Callable[[Path, str], None] | None = None) -> None:
         self.driver = AllocationDriver(mode, config)   # ValueError for an unknown mode

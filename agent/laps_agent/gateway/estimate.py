@@ -1,34 +1,21 @@
 """Prompt-token estimate of a request body, used by the gateway to pick short or long prefill pods.
 
-With the model's tokenizer the count is what the engine will see: the chat template is applied
-to chat messages (text parts joined the way the engine joins them) and the text is encoded
-without extra special tokens. Token-id inputs are counted exactly in every mode.
-
-Without a tokenizer a heuristic counts what byte-level BPE tokenizers split on: each digit is
-one token (SmolLM2/StarCoder-style tokenizers split numbers into single digits), an ASCII word
-~1.2 tokens (long words split), a punctuation mark ~0.5 (often merged with a neighbour), a line
-break with its indentation ~1.5, any other non-ASCII character 1. Chat messages add a fixed
-per-message and per-request overhead for the template's role markers. The weights were fitted
-(then rounded) with `python -m scripts.estimate_report` against the SmolLM2 tokenizer
-on stdlib docstrings, stdlib source code and generated chat messages: mean absolute error per
-sample 6-7% for prose and code, 9.5% for chat, against 11.5% and 27.5% for the reference's
-chars/4 (table in estimate_report; the tests hold it under 12% / 15%, bias within 10%).
-
-Batched inputs (a list of prompts) count the sum: it is the prefill work the pod receives.
+With the model's tokenizer the count is what the engine will see (the chat template applied to
+chat messages, text parts joined the way the engine joins them, no extra special tokens); token
+ids count exactly in every mode; batched prompts count the sum (the prefill work the pod gets).
+Without a tokenizer a heuristic counts what byte-level BPE tokenizers split on: a digit 1 token,
+an ASCII word ~1.2, a punctuation mark ~0.5, a line break with its indentation ~1.5, any other
+non-ASCII character 1, plus per-message and per-request overheads for a chat template's role
+markers. A text longer than EXACT_CHARS (~2,000 tokens or more, past any usual threshold) is
+counted on SAMPLE_WINDOWS evenly spaced windows of WINDOW_CHARS (the first and the last
+included), scaled by its length. The weights were fitted with `python -m scripts.estimate_report`;
+why these classes, the heuristic's and the sample's errors: docs/design/length-estimate.md.
 
 `count` also says whether the count is *exact*: one prompt, counted as the engine counts it
 (token ids; with the tokenizer, a text, or a chat whose template rendered). The engine may count
 a text one or two tokens more (the special tokens its tokenizer adds: a Llama's BOS), never
-fewer, so an exact count over the engines' limit is a prompt they refuse (gateway/context.py);
+fewer, so an exact count over the engines' limit is a prompt they refuse (gateway/http/context.py);
 a heuristic one only guesses at that and is never used to refuse.
-
-A text longer than EXACT_CHARS is not walked whole: the heuristic counts SAMPLE_WINDOWS evenly
-spaced windows of WINDOW_CHARS (the first and the last included) and scales by the length, so
-its cost stops growing with the prompt (a 40 KB prompt: ~0.15 ms counted whole, ~0.04 ms
-sampled; the gateway's largest cost per long request). Such a text is ~2,000 tokens or more,
-past any usual threshold. Against the whole count, on 400 mixed prose/code texts of 8-400 KB,
-the sample is off by 1.2% on average (p90 2.8%, worst 5.7%, bias +0.4%), well inside the
-heuristic's own error; tests/unit/gateway_policy/test_estimate.py holds it there.
 """
 from __future__ import annotations
 

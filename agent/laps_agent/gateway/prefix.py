@@ -1,27 +1,22 @@
 """Prompt prefixes as chains of block hashes, and the gateway's record of what it sent where.
 
-A prompt is cut into blocks of the units the token estimate works on, with no tokenizer:
-- chat: one block per message (role + text): a later turn re-sends the earlier messages
-  verbatim, so the chain of the earlier request is a prefix of the later one's;
-- a completion / generate text: blocks of BLOCK_CHARS characters, BLOCKS_PER_TIER of them, then
-  each next tier of BLOCKS_PER_TIER blocks twice as long as the last (only whole blocks: a
-  partial last block changes when the text grows, so it could never match);
-- token ids: the same tiers, in BLOCK_IDS ids.
-The tiers keep a block under 1/BLOCKS_PER_TIER of the text before it, so what a pod holds is
-known to ~6% of its length, and a prompt's blocks grow with the log of its length: a 40 KB
-prompt is 53 blocks, not the 160 of fixed blocks (~0.03 ms less gateway CPU per request, in
-the chain here and the record's LRU), and a 2 MB one 144, not 8192. The block ends are fixed
-positions, so two prompts sharing a prefix share its blocks whatever their lengths.
-Each block's hash is chained with the previous one's (Python's own str/tuple hash, computed in C
-and cached on the str), so equal hashes at position i mean equal prefixes up to block i. The
-estimated tokens at each block's end are the request's estimate scaled by the characters up to
-there (`len` is O(1)), so no second pass over the text is needed. The gateway's added cost is
-one C-speed hash per block; hashes are salted per process, which is fine: only this process
-ever compares them.
+A prompt is cut into blocks of the units the token estimate works on, with no tokenizer: chat,
+one block per message (role + text: a later turn re-sends the earlier messages verbatim, so the
+earlier request's chain is a prefix of the later one's); text, BLOCKS_PER_TIER blocks of
+BLOCK_CHARS characters, then tiers of BLOCKS_PER_TIER blocks each twice as long as the last;
+token ids, the same tiers in BLOCK_IDS ids. Only whole blocks: a partial last block changes when
+the text grows, so it could never match. The tiers keep a block under 1/BLOCKS_PER_TIER of the
+text before it (what a pod holds is known to ~6% of its length) and the block count logarithmic
+in the length (docs/design/gateway-overhead.md); block ends are fixed positions, so two prompts
+sharing a prefix share its blocks whatever their lengths. Each block's hash chains the previous
+one's (Python's own hash, salted per process: only this process compares them), so equal hashes
+at block i mean equal prefixes up to it; a block end's tokens are the request's estimate scaled
+by the characters up to there.
 
 `PrefixRecord` is the gateway's memory of the chains it sent to each prefill pod: a bounded LRU
-of block hashes per pod (laps_agent.policy.prefix_blocks: what is held of a chain stays a prefix of it,
-so `held` is a binary search), standing in for the pod's prefix cache, which the gateway cannot see.
+of block hashes per pod (laps_agent.policy.prefix_blocks: what is held of a chain stays a prefix
+of it, so `held` is a binary search), standing in for the pod's prefix cache, which the gateway
+cannot see.
 """
 from __future__ import annotations
 

@@ -1,57 +1,23 @@
-"""Admission control per prefill group (pure): bounded pending work, so one class's overload
-stays that class's problem.
+"""Admission control per prefill group and per class (pure): work that cannot be served in time
+is refused at once (429 + Retry-After) before it reaches an engine, so one class's overload
+stays that class's problem instead of failing late, after the KV hand-off timeout. `refusal`:
 
-Without a bound, a load that shifts to long prompts grows the long group's queue until its
-requests outlast the engines' KV hand-off timeout; then every one of them fails late, after
-holding a decode slot. With a bound, a group takes a new request while its pending prompt
-tokens (`group_load`: its pods' loads as routing sees them, other gateway replicas' work
-included when the engines report it, or the gateway's own count if that is more) are below
-`max_pending_tokens_per_pod` times its routable pods; beyond it the request is refused at once
-(429 + Retry-After) before it reaches any engine, and the other group is unaffected.
+1. Token bound: a group takes a request while its pending prompt tokens (`group_load`) are below
+   `max_pending_tokens_per_pod` x its routable pods. A watermark, not a budget: a prompt larger
+   than the bound runs when its group has room, and the queue overshoots by at most one
+   request. 0 turns admission off (rule 2 with it).
+2. Measured speed: a pod whose /get_load reports `max_pending_tokens` (what it prefills within
+   half its KV hand-off timeout, engine/core/load_report.py) takes a request only while its
+   queue plus the request fit, or when it holds nothing (`in_time`). Where routing's pod would
+   not, the least loaded pod of the group that would takes it (`in_time_route`); a group with
+   none refuses. A pod that reports no figure is bounded by rule 1 alone.
+3. Decode share: both classes share the decode pool, so a class may hold at most
+   `max_decode_share` of its slots (the routable decode pods' reported max running requests),
+   from dispatch until the answer ends; unknown slots, no share. Other gateway replicas'
+   requests count from the engines' `held_by_class` (engine_load.py), as of the last poll.
 
-The bound is a watermark, not a budget: a request is admitted whenever the group is below it,
-whatever its own size, so a prompt larger than the bound still runs when its group has room, and
-the queue overshoots the bound by at most one request. Choose the bound so that a pod prefills
-that much well within the engines' --bootstrap-timeout (30 s): a 32B model on an H200 prefills
-about 10,000 tokens/s, SmolLM2 on two CPU cores 250 (3,000-token prompts) to 1,000 (short ones).
-
-The engines also measure it themselves: a pod whose /get_load reports `max_pending_tokens`
-(what it expects to prefill within half its KV hand-off timeout at its measured speed,
-engine/load_report.py; this project's prefill engines, from start-up on) takes a
-request only while its queue and that request together stay within it (`in_time`), or when it
-holds nothing (so a prompt longer than that still runs). The check is on the pod the request
-would join, and counts the request itself: a watermark lets one request past it, which at the
-measured speed is one request too late. When the pod routing chose (by cache affinity, or by
-pending tokens where pods differ in speed) would not take it in time, the least loaded pod of
-the group that would takes it instead (`in_time_route`), and only a group with none refuses.
-Without this a slow pod's queue under the token bound outlasts the timeout: on two CPU cores, a
-burst of 3,000-token chats was admitted up to 18,000 tokens, and the ones at its back failed with
-503 after 30 s instead of a 429 at once. The engines measure their speed at start-up too
-(engine/calibration.py), so a fresh pod's first burst is bounded by it. A pod that reports none
-(stock SGLang, a decode-only pod, no fresh answer) is bounded by the token bound alone; a
-token bound of 0 (admission off) turns this off too. A prompt longer than a pod's figure (one
-that alone takes over half the timeout: long prompts on a CPU; never on a GPU, whose figure is
-well past the context) waits for an idle pod, so under a steady stream of shorter ones of its
-group it gets 429s until the stream pauses.
-
-The decode pool is shared by both classes, so a bound on prefill alone does not isolate them: a
-flood of long requests with long answers prefills quickly, then piles up in the decode engines
-(their running slots, then their FIFO queue of arrived KV, then their queue bound's 503s), and
-every short request waits behind it (measured on emulated engines: short TTFT from 0.02 s to
-14 s p50, then 503s for both classes). So each class also has a **decode share**: it may hold
-at most `max_decode_share` of the decode pool's slots (the routable decode pods' max running
-requests, as their load reports say), counting its requests from dispatch until their answer
-ends; beyond, that class gets 429 while the other always finds slots free. Unknown slots (no
-reports: polling off, an engine without the figure) mean no decode share.
-
-With several gateway replicas the share holds over all of them: a class's count is this
-gateway's own requests plus what the other replicas hold on the routable decode pods, from the
-engines' `held_by_class` (engine_load.py merges it as it does pending tokens). Each replica sees
-the others' requests as of its last poll (`--engine-load-interval`), so a burst reaching every
-replica within one interval may overshoot the share by what the others admitted meanwhile;
-from the next poll on they refuse it. Stock SGLang reports no classes (its /v1/loads): over
-it, and with polling off, each replica counts its own requests alone, so N replicas let a class
-hold up to N times its share."""
+Why each rule, where it falls short, and what it was measured to change:
+docs/design/overload.md."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence

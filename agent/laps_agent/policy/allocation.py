@@ -5,31 +5,19 @@ the groups' pressure and gets at most one move back; `laps local`'s gateway and 
 it through one `AllocationDriver` (samples averaged per interval, the policy's memory between
 decisions), each on its own clock.
 
-The reference rule moves one instance from one group to the other when one side's pending work
-exceeds the other side's by `ratio`. It compares group totals, so a group of 6 pods looks more
-pressured than a group of 2 with the same work per pod, and nothing stops it from moving a pod
-back and forth. Ours, with P_g the pressure of group g (work waiting for it; the caller chooses
-the unit, e.g. token-weighted pending prefill work) and n_g its pods, per-pod pressure
-p_g = P_g / n_g:
-
+With P_g the pressure of group g (work waiting for it, in the caller's unit, e.g. token-weighted
+pending prefill work), n_g its pods and p_g = P_g / n_g (per pod: the reference compares totals):
 1. Unknown pressure (no data, stale data, the source is down): no move, say why.
-2. Trigger: the more pressured group B has p_B >= ratio * p_A and p_B >= min_pressure (below
-   that, nothing is really waiting: idle noise must not move pods).
+2. Trigger: the more pressured group B has p_B >= ratio * p_A and p_B >= min_pressure.
 3. Bounds: A keeps >= min_per_group pods after the move.
-4. Benefit: the move must lower the worse group's expected per-pod pressure,
-   max(P_A / (n_A - 1), P_B / (n_B + 1)) <= (1 - min_improvement) * p_B.
-   This also rules out ping-pong: right after a move, moving a pod back would restore the old
-   maximum, which is higher, so it never passes this test while pressures stay as they were.
-5. Hysteresis: the same move must be wanted in `confirm` consecutive intervals, and a move
-   opposite to the previous one must clear ratio^2 instead of ratio. Why the second: rule 4's
-   prediction (P / (n -+ 1)) is linear, while pending work grows faster than linearly as pods
-   saturate, and the pressure is noisy; a move made on a noisy reading can leave a true
-   imbalance of about `ratio` the other way, and moving back at `ratio` would then oscillate.
+4. Benefit: max(P_A / (n_A - 1), P_B / (n_B + 1)) <= (1 - min_improvement) * p_B.
+5. Hysteresis: the same move wanted in `confirm` consecutive intervals; a move opposite to the
+   previous one must clear ratio^2 instead of ratio.
 6. Cooldown: a pod that moved within `pod_cooldown_s` stays; at most one move per interval.
-7. Which pod: the one of A (out of cooldown) with the least in-flight work of A's class, so the
-   work it still holds (it finishes it: the gateway only stops sending it new work of its old
-   class) is the least possible. Ties: the highest name, so StatefulSet scale-downs, which
-   remove the highest ordinals, tend to take recently moved pods first.
+7. Which pod: A's pod out of cooldown with the least in-flight work of A's class; ties: the
+   highest name.
+Why each rule (idle noise, ping-pong, the pod's leftover work, scale-downs) and not the
+reference's: docs/design/allocation.md.
 """
 from __future__ import annotations
 
@@ -54,6 +42,10 @@ def group_pressure(pending_requests: float, pending_tokens: float,
     counting its fixed cost. The one definition `laps local`, `laps sim` and the operator's
     default query use (over the gateway's laps_gateway_pending_tokens/_requests)."""
     return float(pending_tokens) + request_cost_tokens * float(pending_requests)
+
+
+# One decision per interval, on the pressure averaged over it (the operator, `laps local`, `laps sim`).
+DEFAULT_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)

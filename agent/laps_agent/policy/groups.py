@@ -1,22 +1,20 @@
 """Group-assignment policy for prefill pods (pure: no API calls).
 
 Membership is planned by pod *name*: a StatefulSet's pod names are stable, so the plan covers
-ordinals 0..replicas-1 whether or not their pods exist right now. The plan is recorded in the
-LAPSCluster's status, which is what gives a recreated pod its group back and keeps a restarted
-operator from changing any label.
-
-Rules, in order:
+ordinals 0..replicas-1 whether or not their pods exist now. It is recorded in the LAPSCluster's
+status, which gives a recreated pod its group back and keeps a restarted operator from changing
+any label. Rules, in order:
 1. A name recorded in status keeps its recorded group.
-2. Otherwise a pod that already carries a valid group label keeps it (status was lost or
-   written by an older operator: the label is the truth the gateway already routes by).
-3. With nothing recorded and nothing labelled (a new cluster) the first half of the ordinals
-   (at least one) is short and the rest long, as the reference router splits its instances.
+2. Else a pod with a valid group label keeps it (status lost, or written by an older operator:
+   the label is the truth the gateway already routes by).
+3. Nothing recorded nor labelled (a new cluster): the first half of the ordinals (at least one)
+   is short, the rest long, as the reference router splits its instances.
 4. Any other new name (a scale-up) joins the smaller group; ties go to short.
 5. Names at or beyond `replicas` (a scale-down) leave the plan. While a group then has fewer
    than `min_per_group` pods (1, or laps.allocation.minPerGroup with allocation on) and the
-   other has more, the other's highest ordinal moves over. The allocation loop never takes a
-   group below its minimum, but a scale-down (or a raised minimum) can: without this a group
-   would stay under it until pressure happened to ask for a pod the other way.
+   other has more, the other's highest ordinal moves over: the allocation loop never takes a
+   group below its minimum, but a scale-down (or a raised minimum) can, and the group would stay
+   under it until pressure happened to ask for a pod the other way.
 """
 from __future__ import annotations
 

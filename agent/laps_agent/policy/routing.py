@@ -1,35 +1,23 @@
 """Pure routing policy of the gateway: class by length, least-loaded prefill and decode pods,
 and (given what each pod is expected to hold) cache affinity with a load bound.
 
-Order of preference for the prefill pod: the group of the request's class ("short" | "long");
-within it the pod with the fewest pending tokens, then fewest pending requests, then a rotation
-by `tiebreak` among the pods still tied (so equal pods share the load deterministically).
-Unhealthy and excluded pods are skipped. If the class's group has no usable pod, the other
-group serves it and the decision says fallback=True. The decode pod is chosen the same way
-from the decode list. This runs once per request, so it allocates nothing per endpoint.
+Prefill pod: in the group of the request's class ("short" | "long"), the pod with the fewest
+pending tokens, then fewest pending requests, then a rotation by `tiebreak` among the pods still
+tied (equal pods share the load deterministically). Unhealthy and excluded pods are skipped; a
+class whose group has no usable pod is served by the other (fallback=True). The decode pod is
+chosen the same way. This runs once per request, so it allocates nothing per endpoint; it is
+also the simulator's router (laps_agent.lab.sim): one policy, several drivers.
 
-Cache affinity (`held` given: the prompt tokens each pod is expected to hold of this request,
-gateway/prefix.py): the class is decided by the *expected uncached* length at the pod that would
-serve it, not the full length. In each group the candidate is the pod holding the longest prefix
-among the pods within the load bound (`AffinityBound`), else the least-loaded pod. Then:
+Cache affinity (`held` given: the prompt tokens each pod is expected to hold, gateway/prefix.py):
+the class is the *expected uncached* length at the pod that would serve it. Each group's
+candidate is its pod holding the longest prefix within the load bound (`AffinityBound`), else
+its least-loaded pod. Then:
 1. the short group's candidate leaves a short uncached length -> short, there;
-2. else the long group's candidate does (a long pod holds the conversation: its new turn is
-   short work for that pod, whose own dual queue serves it as short) -> short, on that pod;
-3. else -> long, on the long group's candidate, or on the short group's where that one holds
-   more of the prompt, and at least `threshold` tokens more. A conversation held on a short pod
-   whose new turn is long work even there (a long message) stays on it, as long work in that
-   pod's own long queue: on a long pod holding nothing it would be the whole conversation
-   recomputed, and every later turn would find its prefix on two pods. Below that margin the
-   long pod recomputes less than a short prompt's work, and the margin is what keeps a shared
-   system prompt from capturing long work: first cached on a short pod by a short request, it
-   drew every user's long prompt there (one system prompt for all users: the long group got
-   no work), and the long pods, never sent it, never came to hold it. Without a prefix held
-   on a short pod, long work goes to the long group (what the groups are for). Measured with
-   `laps sim` (multi-turn-chat, 8P+2D, the GPU profile): the hit rate rose from 94% to 99.8% of
-   the oracle's, TTFT p90 of later turns fell 6%, and the short class's TTFT did not rise.
-So a conversation sticks to the pod that served its earlier turns while that pod stays within
-the bound, and a 40-token turn of a 1,000-token conversation is short where its prefix is held.
-The same function is the simulator's router (laps_agent.lab.sim): one policy, several drivers.
+2. else the long group's candidate does (its own dual queue serves it as short) -> short, there;
+3. else long: on the long group's candidate, or on the short group's where that one holds more
+   of the prompt, and at least `threshold` tokens more (then in that pod's own long queue).
+So a conversation sticks to the pod of its earlier turns while that pod stays within the bound.
+Why rule 3's margin, and what affinity gives: docs/design/cache-affinity.md.
 """
 from __future__ import annotations
 

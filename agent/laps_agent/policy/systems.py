@@ -1,32 +1,29 @@
 """The serving systems that `laps bench compare` runs side by side and `laps sim` simulates.
 
-Each is one set of knobs, turned into engine and gateway flags for `laps local` and into the
-simulator's settings from this one definition, so a comparison on real or emulated engines and
-one in the simulator compare the same systems. A system is which policies are on: pure
-configuration, here beside the policies, so `laps local`, `laps sim` and the lab read it alike.
-
+A system is which policies are on: pure configuration, here beside the policies, turned from this
+one definition into engine and gateway flags for `laps local` and into the simulator's settings,
+so that real, emulated and simulated comparisons compare the same systems.
 - `vanilla-pd`: SGLang PD as shipped: every prefill pod serves every length from one FIFO queue,
-  no waiting window, the router sends each request to the least-pending prefill pod.
-- `reference`: the reference LAPS system (Jianshu-She/LAPS): dual queue + fixed waiting window
-  where a waiting long batch always runs while the window holds short ones and nothing bounds a
-  long request's wait, length from the router's chars/4 estimate, prefill pods split half short,
-  half long and moved by its pending-count rule, no admission control (it queues without limit).
+  no waiting window, each request to the least-pending prefill pod.
+- `reference`: the reference LAPS (Jianshu-She/LAPS): dual queue + fixed window in which a waiting
+  long batch always runs, no bound on a long request's wait, length by the router's chars/4,
+  prefill pods half short, half long, moved by its pending-count rule, no admission control (it
+  queues without limit).
 - `laps`: this project: exact token counts at the gateway, the cost rule during the window, the
-  starvation bound, the same half/half split moved by the allocation policy
-  (laps_agent.policy.allocation).
-- `laps-static` and `laps-reference-rule`: `laps` with the split never moved, or moved by the
+  starvation bound, the same half/half split moved by laps_agent.policy.allocation.
+- `laps-static` / `laps-reference-rule`: `laps` with the split never moved / moved by the
   reference's pending-count rule (to compare allocation alone).
 - `laps` and its variants route with cache affinity and classify by the expected uncached
   length (policy/routing.py, issue 12); `laps-noaffinity` is `laps` without it (full-length
-  classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and `reference`
-  have no affinity either (as shipped).
+  classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and
+  `reference` have no affinity either (as shipped).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from laps_agent.policy.allocation import AllocationConfig
+from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig
 
 ESTIMATORS = ("auto", "heuristic", "chars4")  # the gateway's --estimator modes
 # The gateway threshold of a single pool (`vanilla-pd`): every request is "short", so every
@@ -44,7 +41,7 @@ def moves_pods(allocation: str | None, single_pool: bool, prefill: int) -> bool:
 # `laps sim` too (on its virtual clock); `bench compare` passes them through to `laps local`.
 ALLOCATION_KNOBS = {"allocation_interval": "--allocation-interval", "allocation_ratio": "--allocation-ratio",
                     "min_per_group": "--min-per-group"}
-ALLOCATION_DEFAULTS = {"allocation_interval": 5.0, "allocation_ratio": AllocationConfig.ratio,
+ALLOCATION_DEFAULTS = {"allocation_interval": DEFAULT_INTERVAL_S, "allocation_ratio": AllocationConfig.ratio,
                        "min_per_group": AllocationConfig.min_per_group}
 
 

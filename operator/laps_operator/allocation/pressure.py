@@ -1,22 +1,18 @@
 """Group pressure for the allocation loop: each group's total pending prefill work (P_g).
 
-P_g is `allocation.group_pressure`: the gateway's `laps_gateway_pending_tokens{group}` (estimated
-prompt tokens dispatched to a group whose prefill has not finished) plus REQUEST_COST_TOKENS per
-`laps_gateway_pending_requests{group}` (each prefill's fixed cost), the definition `laps local`
-and `laps sim` use too. Two sources of those series:
-
+P_g is `allocation.group_pressure`, as in `laps local` and `laps sim`: the gateway's
+`laps_gateway_pending_tokens{group}` (estimated prompt tokens dispatched to a group whose
+prefill has not finished) plus REQUEST_COST_TOKENS per `laps_gateway_pending_requests{group}`
+(each prefill's fixed cost), from one of two sources:
 * Prometheus (`spec.monitoring.prometheusURL`): one instant query per decision (`default_query`):
-  each gateway replica's series averaged over the window, then summed over the replicas (each
-  replica only knows the work it dispatched itself). `spec.monitoring.pressureQuery` replaces it
-  and must return an instant vector with one series per group, labelled group="short|long".
-* Without Prometheus, the gateway pods' own /metrics, read every second and averaged over the
-  interval by the caller (`GatewayWindow`), summed over the pods.
-
-Anything that makes the reading doubtful is "unknown" with a reason, never a number: the source
-is down or refuses, a group is missing, the result is stale, a gateway pod cannot be read.
-Unknown means no move (allocation policy rule 1).
-
-The pure parts (parse_prometheus, parse_gateway_metrics, default_query) take no I/O.
+  each gateway replica's series averaged over the window, summed over the replicas (each only
+  knows the work it dispatched). `spec.monitoring.pressureQuery` replaces it and must return an
+  instant vector of one series per group, labelled group="short|long".
+* Without Prometheus, the gateway pods' own /metrics, read every second, averaged over the
+  interval by the caller (`GatewayWindow`) and summed over the pods.
+A doubtful reading is "unknown" with a reason, never a number (the source down or refusing, a
+group missing, a stale result, a gateway pod unreadable), and unknown means no move (allocation
+policy rule 1). The pure parts (parse_prometheus, parse_gateway_metrics, default_query) do no I/O.
 """
 from __future__ import annotations
 

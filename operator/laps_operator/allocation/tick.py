@@ -1,26 +1,22 @@
 """The allocation loop's step, free of kopf: pressure in, at most one move out.
 
-Each tick reads the LAPSCluster and parses its spec once (`AllocationLoop.tick`: is the loop
-on, is a decision due, where does the pressure come from). A due tick reads the pressure
-(outside the cluster's lock: a slow Prometheus must not hold up the other writers), then `step`
-holds the lock, lists the prefill pods once (for the group sync and for the pods that serve),
-asks the pure policy (`allocation.decide`) and writes, on the cluster as the tick read it:
-
-1. status, conditionally on the resourceVersion it read: the pressure, the policy's memory
-   (status.allocation.policy, so a restarted operator keeps the cooldowns and the direction of
-   the last move; a move wanted but not yet confirmed is wanted afresh, see `consecutive`), the decision,
-   the PressureUnavailable condition and, for a move, the new membership (status.groups, which
-   is what gives a recreated pod its group back), the bounded history and lastRebalanceTime;
+Each tick reads the LAPSCluster and parses its spec once (`AllocationLoop.tick`: is the loop on,
+is a decision due, where does the pressure come from). A due tick reads the pressure outside the
+cluster's lock (a slow Prometheus must not hold up the other writers); then `step`, under the
+lock, lists the prefill pods once (group sync, serving pods), asks `allocation.decide` and writes:
+1. status: the pressure, the policy's memory (status.allocation.policy: a restarted operator
+   keeps the cooldowns and the last move's direction; a move wanted but not yet confirmed is
+   wanted afresh, see `consecutive`), the decision, the PressureUnavailable condition and, for a
+   move, status.groups (which gives a recreated pod its group back), the bounded history and
+   lastRebalanceTime;
 2. then the moved pod's `laps.io/prefill-group` label. Status first, as in the group sync: if
    the operator dies in between, the next group sync finds the move recorded and labels the pod.
-
-The cluster read before the pressure may be older than the lock: every write is conditional on
-its resourceVersion (labels follow such a write, or a check that the version is unchanged:
-cycle.record_groups), so a change meanwhile (another writer, the cluster deleted or created
-again) fails it with a conflict and the step decides again on a fresh read.
-
-The moved pod finishes what it holds (its engine keeps scheduling it); the gateway stops sending
-it work of its old class once the EndpointSlices follow the label.
+Both on the cluster as the tick read it, which may be older than the lock: every write is
+conditional on that resourceVersion (labels follow such a write, or a check that it is
+unchanged: cycle.record_groups), so a change meanwhile (another writer, the cluster deleted or
+created again) is a conflict and the step decides again on a fresh read. The moved pod finishes
+what it holds (its engine keeps scheduling it); the gateway stops sending it work of its old
+class once the EndpointSlices follow the label.
 """
 from __future__ import annotations
 

@@ -25,8 +25,9 @@ from pydantic import (
     model_validator,
 )
 
-from laps_agent.policy.allocation import AllocationConfig
+from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, url_problem
 from laps_operator.spec.gpus import gpu_count_problem
@@ -150,10 +151,10 @@ _SeqLength = Annotated[int, Field(json_schema_extra={"minimum": 1, "maximum": MA
 class BatchPrefillGraphsSpec(_Model):
     enabled: bool = Field(default=True, description="run short batches in fixed (batch, length) buckets (CUDA "
                                                     "graphs on GPU)")
-    batch_sizes: tuple[_BatchSize, ...] = Field(default=(1, 2, 4, 8), min_length=1, max_length=32,
+    batch_sizes: tuple[_BatchSize, ...] = Field(default=DEFAULT_BATCH_SIZES, min_length=1, max_length=32,
                                                 json_schema_extra=_GRAPH_SET,
                                                 description="the bucket grid's batch sizes")
-    seq_lengths: tuple[_SeqLength, ...] = Field(default=(16, 32, 64, 128, 256), min_length=1, max_length=64,
+    seq_lengths: tuple[_SeqLength, ...] = Field(default=DEFAULT_SEQ_LENGTHS, min_length=1, max_length=64,
                                                 json_schema_extra=_GRAPH_SET,
                                                 description="the bucket grid's sequence lengths (tokens)")
 
@@ -175,7 +176,7 @@ class AllocationSpec(_Model):
     # Off unless asked for: moving pods changes how a cluster serves, and `enabled` needs
     # prefill.replicas >= 2 (a default of true would make every one-pod pool invalid).
     enabled: bool = Field(default=False, description="move prefill pods between the groups from their pressure")
-    interval_seconds: float = Field(default=5.0, ge=1, le=3600,
+    interval_seconds: float = Field(default=DEFAULT_INTERVAL_S, ge=1, le=3600,
                                     description="one decision per interval, on the pressure averaged over it")
     ratio: float = Field(default=_ALLOCATION.ratio, ge=1,
                          description="move when one group's per-pod pressure is ratio times the other's (ratio^2 "

@@ -7,7 +7,7 @@ generation of the CRD from them (crd.py).
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -97,7 +97,6 @@ class ModelSpec(SpecModel):
 
 # SGLang 0.5.23's --disaggregation-transfer-backend choices that move real KV (`fake` moves none).
 TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl", "ascend", "mori"]
-SGLANG_TRANSFER_BACKENDS: tuple[str, ...] = get_args(TransferBackend)
 
 
 class SGLangSpec(SpecModel):

@@ -1,24 +1,21 @@
 """A prompt that can never fit the engines' context, refused by the gateway before admission.
 
 The engines refuse a prompt that leaves no room for one new token (400
-`context_length_exceeded`; prompt_rules.py holds its message, and stock SGLang's). Left to them
-alone, that verdict came only once the request reached an engine, and admission control (admission.py) runs first:
-while the prompt's group was overloaded it got a 429 instead, which OpenAI's SDKs resend on their
-own (twice by default, with back-off), and so does any client honouring Retry-After, for a
-request that can never succeed. So the gateway gives the engines' refusal itself, word for word,
-ahead of admission and of routing, whenever it is certain of it:
+`context_length_exceeded`; prompt_rules.py holds its message, and stock SGLang's). Admission
+(admission.py) runs before any engine sees the request, and its 429 is resent by clients, for a
+request that can never succeed (docs/design/overload.md). So the gateway gives the engines'
+refusal itself, word for word, ahead of admission and of routing, whenever it is certain of it:
 
 - the prompt's count is exact (estimate.py `PromptCount.exact`: token ids, or the model's
   tokenizer; the engine may count a text a special token more, never fewer), and
 - the engines have said how long a prompt they take (`max_prompt_tokens` in their `/get_load`;
-  stock SGLang's context, gateway/sglang_limit.py; both kept in gateway/engine_load.py): the
-  largest any prefill pod takes, or any decode pod takes, whichever is smaller, so that no pair
-  of pods would have served it.
+  stock SGLang's context, gateway/proxy/sglang_limit.py; both kept in
+  gateway/proxy/engine_load.py): the largest any prefill pod takes, or any decode pod takes,
+  whichever is smaller, so that no pair of pods would have served it.
 
 Otherwise (a heuristic estimate, which may be off by 10% either way, engines that report no
 limit, such as SGLang that truncates prompts or could not be asked, or `--no-engine-load-poll`)
-the engine decides, as before: a heuristic is never trusted to refuse a prompt an engine might
-take."""
+the engine decides: a heuristic is never trusted to refuse a prompt an engine might take."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable

@@ -1,35 +1,24 @@
 """Engine-reported load, so that several gateway replicas (or workers) route by what the engines
-hold rather than each by the requests it dispatched itself: alone, each sees only its own
-in-flight work, and least-pending routing sends all of them to the same idle-looking pod.
+hold: alone, each sees only its own in-flight work, and least-pending routing sends all of them
+to the same idle-looking pod.
 
-Every gateway polls `GET /get_load` of each pod it routes to (engine/load_report.py; on stock
-SGLang, its `/v1/loads`) every `interval_s`. Per pod, routing and admission then see
+Every gateway polls each pod's `GET /get_load` (engine/core/load_report.py; on stock SGLang,
+`/v1/loads`) every `interval_s`. Routing and admission then see, per pod,
 
     own + max(0, reported - own when that poll was sent)
 
-`own` is this gateway's pending work on the pod now (load.py), `reported` the engine's last
-answer (requests waiting, in a KV transfer or decoding; uncached prompt tokens not yet
-prefilled). The answer includes this gateway's own work of that moment, so that is taken out:
-what remains is the other replicas' work, as of the last answer, added to this gateway's own
-work as of now. So a burst this gateway sends between two polls is still spread, and its
-requests that finished stop counting at once (after an overload, admission opens as soon as
-this gateway's own work drains, not one poll later). The other replicas' work is at most one
-interval old. A pod without a usable answer (an engine without the route, a pod that is down,
-an answer older than `stale_after_s`) counts its own work alone, as without polling. Polling
-never touches health: passive health checks (load.py) judge the pods by the requests they
-serve.
-
-The requests each class holds on a decode pod (the decode share, admission.py) merge the same
-way, from the engine's `held_by_class` (this project's engines; SGLang reports no classes, so
-there each gateway counts its own alone). Their own part is taken out more carefully, as
-held when the poll was sent plus sent since, up to the answer: a request dispatched meanwhile
-may already be in the answer, and counted as another replica's it would refuse a request of
-a lone gateway at its bound (a short spurious 429). Counting it as possibly ours instead can
-only miss another replica's request for one interval.
-
-The longest prompt a pod takes (context.py refuses a longer one ahead of admission) is a setting
-kept here per pod too: our engines report it in every answer; stock SGLang's is asked once per
-pod (again after a poll that failed), apart from the polls (sglang_limit.py)."""
+`own`: this gateway's pending work on the pod now (load.py); `reported`: the engine's last answer
+(requests waiting, in a KV transfer or decoding; uncached prompt tokens not yet prefilled), which
+included this gateway's work of that moment. So the other replicas' work is at most one interval
+old while this gateway's own is current: a burst between two polls is still spread, and finished
+requests stop counting at once. A pod without a usable answer (no such route, down, older than
+`stale_after_s`) counts its own work alone. Polling never touches health (load.py judges pods by
+the requests they serve). Each class's requests on a decode pod (the decode share, admission.py)
+merge the same way from `held_by_class` (SGLang has none: each gateway counts its own), this
+gateway's part taken as those held when the poll was sent plus those sent since (why:
+docs/design/overload.md). The longest prompt a pod takes (context.py) is kept here too: our
+engines report it in every answer; stock SGLang's is asked once per pod, again after a failed
+poll, apart from the polls (sglang_limit.py)."""
 from __future__ import annotations
 
 import asyncio

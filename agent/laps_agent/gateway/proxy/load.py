@@ -1,28 +1,24 @@
 """What the gateway itself knows about each pod's load and health.
 
-Pending work of a *prefill* pod (and its group) is counted from dispatch until the request's
-prefill phase completes, which the gateway observes as the first of: the prefill engine's
-response ending (SGLang's prefill server answers once the KV is handed off), the first byte of
-the decode engine's answer, or the attempt failing or being cancelled. A *decode* pod's pending
-requests count until the whole answer has been relayed; so do the requests each class holds on
-the decode pool as a whole (its decode share, admission.py) and on each decode pod (with those
-ever sent there: what engine_load.py takes out of the pod's own per-class report).
-
-Health is passive: a pod whose calls fail `eject_after_failures` times in a row is marked
-unhealthy for `eject_seconds`; one success resets its count. Ejection is capped per pool (a
-prefill group, or the decode pool; policy/outlier.py): a pod whose ejection would take out its
-pool's last healthy pod, or more than `max_ejection_percent` of the pool, stays routable and
-its count starts over.
-
-A pod that answered 503 `draining` is shutting down gracefully: it is out of routing for
-`eject_seconds` too, but that is no failure and no ejection cap applies (it refuses every new
-request anyway); when the time is up a pod that has gone fails fast, one that came back serves.
-
-Pods that leave the membership are forgotten (`follow`): with Kubernetes discovery every rollout
-brings new pod names, and a long-lived gateway kept an entry for each name it ever served. A pod
-that still holds requests of this gateway is forgotten when the last of them ends, so their
-counts stay right; a name that comes back after that starts afresh (a new pod: no failures, no
-ejection), as the prefix record treats it (affinity.py)."""
+A *prefill* pod's (and its group's) pending work counts from dispatch until the request's
+prefill phase completes, seen as the first of: the prefill engine's response ending (SGLang's
+prefill server answers once the KV is handed off), the first byte of the decode engine's answer,
+the attempt failing or being cancelled. A *decode* pod's pending requests count until the whole
+answer is relayed; so do each class's requests on the decode pool (its decode share,
+admission.py) and on each decode pod (with those ever sent there: what engine_load.py takes out
+of the pod's own per-class report).
+Health is passive: `eject_after_failures` failed calls in a row make a pod unhealthy for
+`eject_seconds`; one success resets its count. Ejection is capped per pool (a prefill group, or
+the decode pool; policy/outlier.py): a pod whose ejection would take out its pool's last healthy
+pod, or more than `max_ejection_percent` of it, stays routable and its count starts over. A pod
+that answered 503 `draining` is out of routing for `eject_seconds` too, as no failure and under
+no cap (it refuses every new request anyway); then one that has gone fails fast, one that came
+back serves.
+Pods that leave the membership are forgotten (`follow`: with Kubernetes discovery every rollout
+brings new names, which a long-lived gateway would otherwise keep forever); one still holding
+requests of this gateway when the last of them ends (their counts stay right). A name that comes
+back after that starts afresh (no failures, no ejection), as the prefix record treats it
+(affinity.py)."""
 from __future__ import annotations
 
 import logging

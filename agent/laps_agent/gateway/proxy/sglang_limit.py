@@ -1,24 +1,23 @@
 """Stock SGLang's prompt limit, so the gateway can refuse a prompt it will never take ahead of
-admission (context.py), as it does over this project's engines.
+admission (context.py), as it does over this project's engines (why: docs/design/overload.md).
 
 Our engines report their limit in every `/get_load` answer; stock SGLang's load route
-(`/v1/loads`) has none. Left unknown, an over-context prompt met admission first: under load a
-429, which OpenAI's SDKs resend, for a prompt that can never fit, and only then SGLang's 400.
-So each SGLang pod is asked once, when its load route first answers (a setting: it does not
-change while the pod lives; one that did not answer is asked again `RETRY_S` later; until it
-answers, or when its answer is not what this module reads, it has no limit, as before). A pod
-whose load poll failed is asked again (`forget`): it may be another SGLang at the same address.
+(`/v1/loads`) has none. So each SGLang pod is asked once, when its load route first answers (a
+setting: it does not change while the pod lives); one that did not answer is asked again
+`RETRY_S` later. Until it answers, or when its answer is not what this module reads, it has no
+limit. A pod whose load poll failed is asked again (`forget`): it may be another SGLang at the
+same address.
 
 - `GET /v1/models`: the card's `max_model_len` is the tokenizer manager's `context_len`
   (sglang/srt/entrypoints/http_server.py `available_models`), the very figure SGLang's check
   compares a prompt with. OpenAI's route, present in every SGLang version, and cheap.
 - `GET /server_info` (`/get_server_info` where that is 404: SGLang before 0.5): its server
   arguments, flat. SGLang refuses a prompt of `tokens >= context_len` (prompt_rules.py has the
-  message) unless `allow_auto_truncate` (it cuts the prompt and serves it), and with a
-  speculative algorithm (EAGLE) it adds reserved draft slots to the count, both in the check and
-  in its message, by a figure it does not publish. The first takes prompts of any length
-  (`ANY_LENGTH`, which wins over other pods' limits, engine_load.py); the second keeps no limit
-  (SGLang decides): the gateway refuses only what SGLang would refuse, in its words."""
+  message) unless `allow_auto_truncate` (it cuts the prompt and serves it: `ANY_LENGTH`, which
+  wins over other pods' limits, engine_load.py); with a speculative algorithm (EAGLE) it adds
+  reserved draft slots to the count, in the check and in its message, by a figure it does not
+  publish: no limit (SGLang decides). The gateway refuses only what SGLang would refuse, in its
+  words."""
 from __future__ import annotations
 
 import asyncio

@@ -2,29 +2,16 @@
 
 Emulated prefill/decode engines with the compute-free `instant` profile (`laps engine --backend
 emulated`: the engines' real HTTP and PD protocol, no model; a word-level tokenizer written for
-the run keeps their own cost low, see _gateway_stack.word_tokenizer) and the gateway (`laps
-gateway`) run as separate processes on loopback.
-
-Latency: for each body size and number of concurrent clients, every client alternates *direct*
-calls (prefill + decode posted concurrently by the client itself, exactly what the gateway does)
-with calls *via the gateway*, so both see the same machine; the added latency is the difference
-of their percentiles. CPU time per request is read from the gateway process's own /proc
-accounting (its load poller included). At one client that includes waking the idle gateway for
-each request, which costs CPU of its own: on the 2-core VM this was measured on, 1 KiB requests
-took 0.66 ms of gateway CPU each back to back and 1.02 ms with 10 ms of idle between them, so
-the one-client rows (whose gateway waits out the engines' calls in between) read above what the
-same code costs under load, as in the scale-out row. A control row sends 1 KiB through the gateway while the
-direct calls carry 40 KiB: the machine is as busy as in the 40 KiB row, so the difference of the
-two rows' gateway CPU is what the larger body itself costs the gateway.
-
-Scale-out: the request rate one gateway sustains under saturation, then two gateways (replicas
-over the same upstreams, clients split between them, as a Service spreads them). The upstreams
-here are compute-free stubs (_stub_upstream.py): with emulated engines, the engines and the load
-generator took most of a 2-core machine and one gateway used a third of a core, so the rate was
-theirs, not the gateway's. Every process still shares this machine's cores, so the report adds
-the ceiling they allow: with X the CPU a gateway spends per request and Y what the load
-generator and the stubs spend, one gateway runs at most 1/X requests/s, two at most
-min(2/X, cores/(X+Y)); their quotient is the most two replicas could show here."""
+the run keeps their own cost low, _gateway_stack.word_tokenizer) and `laps gateway` run as
+separate processes on loopback. Latency: every client alternates *direct* calls (prefill +
+decode posted concurrently, as the gateway does) with calls *via the gateway*; the added latency
+is the difference of their percentiles. Gateway CPU per request: its process's /proc accounting
+(load poller included). A control row sends 1 KiB through the gateway while the direct calls
+carry 40 KiB, as busy a machine as the 40 KiB row: the two rows' CPU difference is what the
+larger body costs the gateway. Scale-out: the rate one gateway, then two replicas, sustain under
+saturation over compute-free stub upstreams (_stub_upstream.py), next to the ceiling the shared
+cores allow (1/X for one, min(2/X, cores/(X+Y)) for two; X: a gateway's CPU per request, Y: the
+load generator's and the stubs'). Method, caveats, figures: docs/design/gateway-overhead.md."""
 from __future__ import annotations
 
 import argparse

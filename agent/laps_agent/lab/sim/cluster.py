@@ -1,24 +1,20 @@
 """A simulated PD cluster: the gateway's routing and load accounting in front of engine models.
 
-Discrete events on a virtual clock. What runs is the product's own code: `choose_route` and the
-gateway's `LoadTracker` pick the prefill and decode pod of every request exactly as the gateway
-does (with cache affinity for systems that have it: prefix.py); every engine is an
-`EngineModel` (the emulated engine's model: the real `PrefillScheduler`, batch and step times
-from the profile, a prefix cache on each prefill engine). A request's path mirrors the emulated engines':
+Discrete events on a virtual clock, running the product's own code: `choose_route` and the
+gateway's `LoadTracker` pick every request's prefill and decode pod exactly as the gateway does
+(with cache affinity for systems that have it: prefix.py); each engine is an `EngineModel` (the
+emulated engine's model: the real `PrefillScheduler`, batch and step times from the profile, a
+prefix cache on each prefill engine). A request's path mirrors the emulated engines':
 
   arrival -> route (pending work booked on the prefill pod) -> prefill queue and batch
   -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
   -> decode engine admits it at its next iteration (first token = TTFT) -> decode steps -> done
   -> (systems with prefix warming, a conversation's turn) one hop later its prefill engine is
-     sent prompt + answer to compute when idle (engine/prefix_warm.py).
+     sent prompt + answer to compute when idle (engine/pd/prefix_warm.py).
 
-Admission control is the gateway's `admission.refusal` on the group's pending tokens and on the
-chosen pod's queue against what its model measured it prefills within half the engines'
---bootstrap-timeout (a refused request fails with 429 at once; the decode share is not
-modelled). Network hops take `hop_s` each (default 1 ms, about what a loopback HTTP hop through
-the gateway and engines costs on a busy machine): two before the prefill engine has the request
-(client -> gateway -> engine), one for the decode engine's KV fetch, two for the first token's
-way back (decode engine -> gateway -> client). Not modelled: client think time and failures.
+Admission is the gateway's `admission.refusal` (the decode share is not modelled); network hops
+take `hop_s` each (default 1 ms); client think time and failures are not modelled. What the
+simulator models, and how far it agrees with the emulated cluster: docs/design/simulator.md.
 """
 from __future__ import annotations
 

@@ -7,23 +7,9 @@ distribution's mass) are clamped. Samples are rounded to integers.
 
 LMSYS_LIKE, the `lmsys` distribution, is the built-in prompt-length mix: the FULL CONTEXT a PD
 prefill server receives per request for LMSYS-Chat-1M-like multi-turn chat (no prefix cache:
-every turn resends the conversation). Its source and shape:
-- LMSYS-Chat-1M (Zheng et al. 2023, arXiv 2309.11998, Table 1): 2.0 turns per conversation on
-  average, 69.5 tokens per user prompt, 214.5 per response (means only; no percentiles published).
-- Per-message prompt percentiles as the LAPS reference repository publishes them for its LMSYS
-  prompt file (Qwen tokenizer): P25 9, P50 17, P75 47, P90 128, P95 270, P99 881; fitted by a
-  3-lognormal mixture (weights 0.752/0.137/0.111, medians 12.3/86.0/237.7, sigmas 0.628/0.350/
-  1.014), matching every percentile within 5% and the mean (67.9).
-- Responses: lognormal, median 130, sigma 1.0 (mean 214, the LMSYS mean; shape of the Azure 2023
-  conversation trace).
-- Conversations: turns ~ Geometric(0.5) (mean 2.0); turn k's context = all earlier prompts and
-  responses + its own prompt. Simulated over 100k conversations (~200k requests): median 118,
-  p75 449, p90 985, p99 2639, mean 350 tokens, 63.5% <= 256 and 90.6% <= 1024 (the LAPS paper's
-  "63% of requests under 256 tokens" matches this full-context reading).
-LMSYS_LIKE is a 3-lognormal fit to that simulated context distribution (quantile matching):
-p10/p25/p50/p75/p90/p95/p99 = 8/16/117/456/983/1427/2641 against 8/16/118/449/985/1435/2639,
-63.5% <= 256, 90.7% <= 1024, mean 349. The turn model and response shape are inferences (the
-data set publishes neither distribution); the percentiles it is anchored on are published.
+every turn resends the conversation). It is a 3-lognormal fit (median 117, p90 983, mean 349
+tokens, 63.5% <= 256, 90.7% <= 1024) to a simulation of conversations anchored on the data set's
+published statistics; the sources, the inferences and the fit: docs/design/workload-lengths.md.
 """
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """The workload spec: a YAML file of phases, each with an arrival process and length distributions.
 
-```yaml
-name: lmsys-steady
-seed: 7
-api: completions            # completions | chat: the endpoint the load generator calls
-threshold: 256              # prompts of <= threshold tokens are "short" in reports
-phases:
-  - name: warm
-    duration_s: 20          # exactly one of duration_s | requests
-    arrival: {process: poisson, rate: 40}
-    prompt_tokens: {distribution: lmsys}
-    output_tokens: {distribution: fixed, value: 16}
-```
+Top level: `name`, `seed`, `api` (completions | chat: the endpoint the load generator calls),
+`threshold` (prompts of <= threshold tokens are "short" in reports) and `phases`, run back to
+back, each with a `name`, exactly one of `duration_s` | `requests`, `arrival`, `prompt_tokens`
+and `output_tokens` (an example: docs/measuring.md, Workloads).
 
 Distributions (token counts, integers >= 1): `fixed` (value), `uniform` (min, max; inclusive),
 `lognormal` (median, sigma, min=1, max: truncated by redrawing, see lengths.py), `mixture`
@@ -19,7 +11,7 @@ Distributions (token counts, integers >= 1): `fixed` (value), `uniform` (min, ma
 prompt mix, lengths.LMSYS_LIKE), `jsonl` (prompts of a JSONL file; a phase's prompt_tokens only,
 see jsonl.py). Arrival processes (`rate` in requests/s, > 0): `poisson`, `constant` (evenly
 spaced), `bursty` (Poisson whose rate is multiplied by burst_factor during the first burst_s
-seconds of every period_s; see arrivals.py). Phases run back to back.
+seconds of every period_s; see arrivals.py).
 
 Every error names the file and the field: `mix.yaml: phases[1].arrival.rate: must be > 0`.
 """

@@ -42,6 +42,12 @@ def _positive_sorted(values: Sequence[int], what: str) -> list[int]:
     return out
 
 
+# The default grid: the batch-prefill graphs captured when nothing else is asked for (engine flags,
+# the LAPSCluster's laps.batchPrefillGraphs).
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+DEFAULT_SEQ_LENGTHS = (16, 32, 64, 128, 256)
+
+
 class BucketGrid:
     """Cross product of batch sizes and sequence lengths (both deduplicated and sorted)."""
 

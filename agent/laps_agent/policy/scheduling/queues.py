@@ -2,41 +2,23 @@
 
 Requests are classified by their *uncached* prompt tokens (what prefill really computes):
 <= length_threshold is short, else long. Each call to `next_batch(now)` applies, in order:
-
-1. Starvation bound: if the oldest long request has waited >= max_long_wait_ms, a long batch
-   (FIFO, starting with it) is returned, even if short requests wait.
-2. Short requests are dispatched when the window lets them go: window disabled, the batch is
-   already full (max_batch_size / max_prefill_tokens), target depth reached, or the oldest short
-   request has waited the window (see window.py for fixed and adaptive values).
-3. While the window holds short requests and a long one waits, the reference always runs the
-   long one. That is unwise when the long prefill takes far longer than the window: on CPU a
-   2048-token prefill takes seconds against a 5-20 ms window, and every held short request
-   would wait for it (the head-of-line blocking LAPS exists to remove). Our rule compares the
-   two orders against the window's own plan (short batch at the window's end, long batch
-   after): the long batch now delays each of the k held short requests by its expected
-   overrun past the window; the short batch first delays each of the m long requests by the
-   short batch's expected duration S. The long batch goes first iff k * overrun <= m * S
-   (Smith's rule on summed delay); otherwise the window is cut and the short batch runs now.
-   Durations come from the cost model fed by `observe_prefill` (and `calibrate`); without one,
-   the window is cut. Either way the device never idles while a long request waits. (Simulated with
-   launch-bound GPU-like costs at 300 req/s this kept short TTFT at the no-window level while
-   long TTFT stayed near the reference's, against ~1 s for pure short-first.)
-   `long_in_window="always"` selects the reference's rule instead, for comparisons.
-4. Otherwise: long requests if any; else, if the window holds short ones, an empty Decision
-   with `wake_at` = the moment the oldest short request's window ends.
-
-Guarantee (tested): whenever `next_batch(now)` is called while the oldest long request has
-waited >= max_long_wait_ms, the batch returned contains it. Hence, if each batch takes at most D
-seconds and the caller asks for a batch whenever the device is free, a long request with k long
-requests ahead of it in its queue waits at most max_long_wait_ms + (k + 1) * D. Short requests
-can in turn wait behind a backlog of starved long ones; that only happens under overload.
-
-Batches are FIFO within a class, hold at most max_batch_size requests and max_prefill_tokens
-uncached tokens, except that the queue head always goes (alone if it exceeds the budget), so a
-huge request can never get stuck. Waiting times are measured from the `now` passed to `add`;
-`requeue` puts back requests of the latest batch that could not start, at the head of their
-queue and with their original waiting time.
-With `enabled=False` there is one FIFO queue and no window (the baseline).
+1. Starvation bound: once the oldest long request has waited max_long_wait_ms, a long batch
+   (FIFO, starting with it) goes, even if short requests wait.
+2. Short requests go when the window lets them: window off, batch full (max_batch_size /
+   max_prefill_tokens), target depth reached, or the oldest has waited the window (window.py).
+3. While the window holds k short requests and m long ones wait, the long batch goes first iff
+   k * (its expected overrun past the window) <= m * (the short batch's expected duration),
+   Smith's rule; otherwise, or with no cost estimate yet (`observe_prefill`, `calibrate`), the
+   window is cut and the short batch runs now: the device never idles while a long request
+   waits. `long_in_window="always"`: the reference's rule (the long batch always runs).
+4. Otherwise long requests if any; else an empty Decision, `wake_at` = the window's end.
+Rule 1 is a tested guarantee: with batches of at most D seconds, a long request with k ahead of
+it in its queue waits at most max_long_wait_ms + (k + 1) * D. Batches are FIFO within a class,
+of at most max_batch_size requests and max_prefill_tokens uncached tokens, but the queue head
+always goes (alone if over the budget, so none gets stuck). Waits count from the `now` given to
+`add`; `requeue` puts back requests of the latest batch that could not start, at their queue's
+head with their original wait. `enabled=False`: one FIFO queue, no window (the baseline).
+Why rule 3, and the guarantee's conditions: docs/design/scheduler.md.
 """
 from __future__ import annotations
 

@@ -1,35 +1,21 @@
 """The waiting window for short prefills, fixed or adaptive (wait-depth tuning).
 
-Why wait at all: a prefill batch costs a roughly fixed launch/memory overhead plus a per-token
-cost, so merging short prompts into one batch saves one overhead per merged request, at the
-price of delaying the ones already queued. The fixed window (reference behaviour) waits up to
-`wait_window_ms` after the oldest short request arrived, or until `wait_max_batch` of them wait.
+Waiting merges short prompts into one batch: one per-batch overhead saved per merged request, at
+the price of delaying those already queued. Fixed (the reference's): wait up to `wait_window_ms`
+after the oldest short request arrived, or until `wait_max_batch` of them wait.
 
-Adaptive rule (`adaptive_window=True`). Two online estimates:
-  * prefill cost of a batch of T uncached tokens: seconds ~= a + b*T, fitted by exponentially
-    weighted least squares over `observe_prefill` samples (a = per-batch overhead);
-  * ia = EWMA of the inter-arrival time of short requests, s = EWMA of their uncached tokens.
-With n short requests queued, waiting ia for one more and running n+1 together instead of
-running n now and the newcomer alone changes the summed latency by (n+1)*ia + b*n*s (everyone
-waits ia; the bigger batch is slower for n+1 requests) and saves a (one launch the newcomer no
-longer pays nor makes the next batch wait for). So waiting pays while a > (n+1)*ia + b*n*s.
-The target depth D is the smallest n where that stops holding:
+Adaptive (`adaptive_window=True`), from a batch cost model seconds ~= a + b*T (T uncached tokens,
+exponentially weighted least squares over `observe_prefill`) and EWMAs of the short requests'
+inter-arrival time ia and uncached tokens s: the target depth is
     D = max(1, ceil((a - ia) / (ia + b*s)))
-bounded by max_batch_size, the bucket grid's largest batch size and max_prefill_tokens // s
-(the first two also bound the fixed wait_max_batch).
-The window is the expected time to collect D requests, (D-1)*ia, clamped to
+bounded by max_batch_size, the bucket grid's largest batch size and max_prefill_tokens // s (the
+first two also bound the fixed wait_max_batch); the window is (D-1)*ia, clamped to
 [0, wait_window_ms * adaptive_window_factor]; D = 1 means "dispatch at once". Until both
 estimates exist (two short arrivals, prefill samples with distinct token counts) the fixed
-values are used. wait_window_ms = 0 disables the window in both modes.
-
-Cost-aware split (adaptive mode only). The same cost model also sizes a short batch that is
-ready to go. Taking the first k of n queued short requests now and the rest right after gives a
-summed time to first token of
-    n*(a + b*T_k) + (n-k)*(a + b*(T_n - T_k))          (T_k: tokens of the first k)
-against n*(a + b*T_n) for all n at once. When per-token cost dominates (CPU prefill, long-ish
-prompts) a smaller first batch lowers everyone's mean TTFT; when the per-batch overhead
-dominates (GPU launch/memory-bound prefill) the whole batch is best, as in the reference. The
-smallest best k is taken; the remainder is decided afresh at the next dispatch.
+values apply; wait_window_ms = 0 disables the window in both modes.
+Split (adaptive mode only): a ready short batch of n goes as its first k, the smallest k that
+minimises n*(a + b*T_k) + (n-k)*(a + b*(T_n - T_k)) (T_k: tokens of the first k); the rest is
+decided afresh at the next dispatch. Derivations: docs/design/scheduler.md.
 """
 from __future__ import annotations
 
