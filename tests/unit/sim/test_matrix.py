@@ -120,6 +120,8 @@ def test_the_small_matrix_reports_every_cell_and_system_against_the_baseline(sma
             m = cell["systems"][name]
             for cls in ("short", "long", "all"):
                 assert {"ttft_p50", "ttft_p90", "attainment", "goodput"} <= set(m[cls])
+                if m[cls]["sent"]:  # a refused request is a miss
+                    assert m[cls]["attainment"] * m[cls]["sent"] <= m[cls]["sent"] - m[cls]["failed"] + 1e-9
         base = cell["systems"][systems[0]]
         assert all(v == 1.0 for row in base["ratio"].values() for v in row.values() if v is not None)
         assert all(d == 0 for d in base["delta_points"].values() if d is not None)

@@ -176,29 +176,31 @@ def _json_safe(value):
 
 
 def heatmap(report: dict, path: Path) -> Path:
-    """Attainment delta vs the baseline (points, the worse class of the cell) per cell and system."""
+    """SLO attainment change against the baseline (points) per cell (rows) and system x class
+    (columns): red where the system lost attainment, green where it gained."""
     systems = report["systems"][1:]
     cells = report["cells"]
-    data = np.full((len(cells), max(1, len(systems))), np.nan)
+    columns = [(name, c) for name in systems for c in CLASSES]
+    data = np.full((len(cells), max(1, len(columns))), np.nan)
     for i, cell in enumerate(cells):
-        for j, name in enumerate(systems):
-            values = [d for d in cell["systems"][name]["delta_points"].values() if d is not None]
-            if values:
-                data[i, j] = min(values)
-    fig = Figure(figsize=(2.0 + 1.6 * max(1, len(systems)), 1.5 + 0.22 * len(cells)), dpi=100, layout="constrained")
+        for j, (name, c) in enumerate(columns):
+            d = cell["systems"][name]["delta_points"][c]
+            if d is not None:
+                data[i, j] = d
+    fig = Figure(figsize=(3.0 + 0.9 * max(1, len(columns)), 1.5 + 0.2 * len(cells)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     finite = data[np.isfinite(data)]
     limit = max(5.0, float(np.abs(finite).max())) if finite.size else 5.0
     image = ax.imshow(data, aspect="auto", cmap="RdYlGn", vmin=-limit, vmax=limit, interpolation="nearest")
-    ax.set_xticks(range(len(systems)), systems, rotation=20, ha="right")
+    ax.set_xticks(range(len(columns)), [f"{name}\n{c}" for name, c in columns], rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(cells)), [c["label"] for c in cells], fontsize=7)
     for i in range(data.shape[0]):
-        for j in range(len(systems)):
+        for j in range(len(columns)):
             if np.isfinite(data[i, j]):
                 ax.text(j, i, f"{data[i, j]:+.0f}", ha="center", va="center", fontsize=6)
-    ax.set_title(f"SLO attainment vs {report['systems'][0]} (points, worse class)")
-    fig.colorbar(image, ax=ax, shrink=0.5)
+    ax.set_title(f"SLO attainment vs {report['systems'][0]} (points)")
+    fig.colorbar(image, ax=ax, shrink=0.3)
     fig.savefig(path, dpi=100, format="png")
     return path
 
