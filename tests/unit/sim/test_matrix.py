@@ -160,3 +160,23 @@ def test_what_a_matrix_sets_per_cell_is_refused_as_a_flag(tmp_path, capsys, args
     assert main(["--matrix", "small", "--no-plots", "--out", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "matrix.json").exists()
+
+
+def test_ctrl_c_saves_the_cells_done(tmp_path, capsys, monkeypatch):
+    import laps_agent.lab.sim.matrix as runner
+
+    calls = []
+    real = runner.cell_metrics
+
+    def interrupted(result, slo):
+        calls.append(1)
+        if len(calls) > 2 * 2:  # two cells of two systems, then Ctrl-C
+            raise KeyboardInterrupt
+        return real(result, slo)
+
+    monkeypatch.setattr(runner, "cell_metrics", interrupted)
+    assert main(["--matrix", "small", "--systems", "vanilla-pd,laps", "--max-requests", "30",
+                 "--out", str(tmp_path)]) == 130
+    assert f"interrupted after 2 cell(s); theirs are saved in {tmp_path}" in capsys.readouterr().err
+    report = json.loads((tmp_path / "matrix.json").read_text())
+    assert len(report["cells"]) == 2 and report["summary"]["laps"]["cells"] == 2

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
+from laps_agent.lab.matrix.report import save_report
+from laps_agent.lab.matrix.report import summarize as summarize_matrix
 from laps_agent.lab.matrix.spec import MatrixError, load_matrix
 from laps_agent.lab.results import (
     RequestTable,
@@ -331,8 +333,12 @@ def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[st
                    engine_args=engine_args, hop_s=args.hop_ms / 1000, allocation=args.allocation,
                    allocation_config=policy_config(args), interval_s=args.allocation_interval,
                    plots=not args.no_plots, state=state, log=lambda line: print(line, flush=True))
-    except KeyboardInterrupt:
-        print(f"laps sim: interrupted after {len(state.report.get('cells', []))} cell(s); nothing written",
+    except KeyboardInterrupt:  # the cells done are reported and saved
+        done = state.report.get("cells", [])
+        if done:
+            state.report["summary"] = summarize_matrix(done, chosen)
+            save_report(state.report, out, plots=False)
+        print(f"laps sim: interrupted after {len(done)} cell(s)" + (f"; theirs are saved in {out}" if done else ""),
               file=sys.stderr)
         return 130
     except WorkloadError as exc:
