@@ -15,8 +15,16 @@ so that real, emulated and simulated comparisons compare the same systems.
   reference's pending-count rule (to compare allocation alone).
 - `laps` and its variants route with cache affinity and classify by the expected uncached
   length (policy/routing.py, issue 12); `laps-noaffinity` is `laps` without it (full-length
-  classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and
-  `reference` have no affinity either (as shipped).
+  classes, least-loaded pods): the multi-turn comparison's baseline. `vanilla-pd` and `reference`
+  have no affinity either (as shipped).
+- `laps-pooled`: one pool of prefill pods (no length groups, no allocation loop), the dual-queue
+  scheduler in every engine (classes by the length threshold inside each engine), cache affinity
+  and prefix warming on: LAPS's scheduling without its routing.
+- `sglang-cache-aware`: a model of SGLang's router with its default `cache_aware` policy
+  (policy/cache_aware.py): an approximate prefix tree per prefill worker, the longest match when
+  it covers more than half of the prompt and the pending-request counts are balanced, else the
+  least-loaded worker; FIFO prefill, no waiting window, no length classes, no admission control.
+  `laps sim` only (`laps local`'s gateway has no such router; `laps bench compare` refuses it).
 """
 from __future__ import annotations
 
@@ -78,6 +86,7 @@ class SystemConfig:
     max_pending_tokens_per_pod: int | None = None
     affinity: bool = False              # the gateway's cache affinity + expected-uncached classes
     prefix_warm: bool = False           # answers computed into the prefill cache (engine/prefix_warm.py)
+    router: str = "laps"                # the prefill router: "laps" (routing.py) | "cache_aware" (cache_aware.py)
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -108,7 +117,13 @@ SYSTEMS: dict[str, SystemConfig] = {
     "laps-static": SystemConfig("laps-static", allocation="none", affinity=True, prefix_warm=True),
     "laps-reference-rule": SystemConfig("laps-reference-rule", allocation="reference", affinity=True,
                                         prefix_warm=True),
+    "laps-pooled": SystemConfig("laps-pooled", groups=False, affinity=True, prefix_warm=True),
+    # SGLang's router (cache_aware) in front of SGLang's engines as shipped: simulated only.
+    "sglang-cache-aware": SystemConfig("sglang-cache-aware", laps_scheduler=False, wait_window_ms=0.0,
+                                       groups=False, max_pending_tokens_per_pod=0, router="cache_aware"),
 }
+# Systems `laps local` cannot start (no gateway of it routes that way): `laps sim` only.
+SIM_ONLY = frozenset(name for name, s in SYSTEMS.items() if s.router != "laps")
 
 
 def system(name: str) -> SystemConfig:

@@ -37,7 +37,7 @@ from laps_agent.local.process import LocalProcess
 from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer
-from laps_agent.policy.systems import SYSTEMS, SystemConfig, moves_pods, system, unused_allocation_flags
+from laps_agent.policy.systems import SIM_ONLY, SYSTEMS, SystemConfig, moves_pods, system, unused_allocation_flags
 from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
 
 
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Other flags are passed to every engine of every system.")
     p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
     p.add_argument("--systems", type=names, default=["vanilla-pd", "reference", "laps"],
-                   help=f"comma-separated; ratios are against the first ({', '.join(SYSTEMS)})")
+                   help=f"comma-separated; ratios are against the first "
+                   f"({', '.join(n for n in SYSTEMS if n not in SIM_ONLY)})")
     p.add_argument("--engine", choices=("emulated", "builtin"), default="emulated")
     p.add_argument("--profile", default=None, help="emulated engines' profile (default cpu-smollm2); "
                    "also the profile --load estimates capacity with")
@@ -161,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ValueError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
         return 2
+    for sys_config in systems:
+        if sys_config.name in SIM_ONLY:  # no gateway of `laps local` routes as it does
+            print(f"laps bench compare: error: system {sys_config.name} exists only in the simulator "
+                  f"(laps sim --systems {sys_config.name}): laps local cannot start it", file=sys.stderr)
+            return 2
     for sys_config in systems:
         if problem := local_problem(args, sys_config, engine_args):
             print(f"laps bench compare: error: system {sys_config.name}: {problem}", file=sys.stderr)

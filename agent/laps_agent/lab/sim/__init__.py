@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
+from laps_agent.lab.matrix.report import save_report
+from laps_agent.lab.matrix.report import summarize as summarize_matrix
+from laps_agent.lab.matrix.spec import MatrixError, load_matrix
 from laps_agent.lab.results import (
     RequestTable,
     RunResult,
@@ -170,7 +173,11 @@ def mean_rate(spec: WorkloadSpec) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps sim", description=__doc__.split("\n")[0],
                                 epilog="Other flags are passed to every engine model (as the emulated engine takes them: --context-length, --kv-pages, ...).")
-    p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload", help="workload YAML file or built-in name")
+    what.add_argument("--matrix", help="a matrix YAML file or built-in name (family, small): its systems over "
+                      "its cells (workloads x profiles x shapes x loads), reported against the first system; "
+                      "--systems, --slo, --max-requests and --seed replace the matrix's")
     p.add_argument("--profile", default="cpu-smollm2", help="engine profile name or YAML file")
     p.add_argument("--prefill", type=positive(int), default=8)
     p.add_argument("--decode", type=positive(int), default=2)
@@ -199,13 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args, engine_args = build_parser().parse_known_args(argv)
     try:
-        return _main(args, engine_args)
+        return _main(args, engine_args, argv)
     except KeyboardInterrupt:  # while planning or measuring the capacity: nothing simulated yet
         print("laps sim: interrupted", file=sys.stderr)
         return 130
 
 
-def _main(args: argparse.Namespace, engine_args: list[str]) -> int:
+# What a matrix sets per cell: flags that cannot go with --matrix.
+_CELL_FLAGS = ("--profile", "--prefill", "--decode", "--threshold", "--load", "--rate-scale", "--warmup-s")
+
+
+def _main(args: argparse.Namespace, engine_args: list[str], argv: list[str] | None = None) -> int:
+    if args.matrix is not None:
+        return _main_matrix(args, engine_args, sys.argv[1:] if argv is None else argv)
     try:
         spec = load_workload(args.workload)
         if args.seed is not None:
@@ -281,6 +294,64 @@ def _simulate_all(args: argparse.Namespace, engine_args: list[str], plan: Plan, 
               f"{result.meta['sim_wall_s']:.1f} s\n")
         print(markdown(summary))
         print(f"\nfiles: {', '.join(str(v) for v in paths.values())}", flush=True)
+
+
+def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[str]) -> int:
+    """`laps sim --matrix`: lab/sim/matrix.py runs it."""
+    # lazy: lab.sim.matrix imports this module (simulate, measure_capacity); only --matrix needs it
+    from laps_agent.lab.sim.matrix import MatrixRun, run_matrix
+
+    given = [flag for flag in _CELL_FLAGS if _given(flag, argv)]
+    if given:
+        print(f"laps sim: error: {', '.join(given)} cannot go with --matrix: the matrix sets "
+              f"{'it' if len(given) == 1 else 'them'} per cell (profiles, shapes, loads)", file=sys.stderr)
+        return 2
+    try:
+        matrix = load_matrix(args.matrix)
+        if args.seed is not None:
+            matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(update={"seed": args.seed}))
+        chosen = args.systems if _given("--systems", argv) else matrix.systems
+        systems = [sim_system(name) for name in chosen]
+        for profile in matrix.spec.profiles:
+            load_profile(profile)
+    except (MatrixError, ProfileError, ValueError) as exc:
+        print(f"laps sim: error: {exc}", file=sys.stderr)
+        return 2
+    smallest = argparse.Namespace(**{**vars(args), "prefill": min(c.shape.prefill for c in matrix.cells())})
+    if problem := unknown_engine_args(engine_args, "laps sim") or allocation.flags_problem(smallest, systems):
+        print(f"laps sim: error: {problem}", file=sys.stderr)
+        return 2
+    out = args.out or Path("sim-results") / datetime.datetime.now().strftime("matrix-%Y%m%d-%H%M%S")
+    if problem := unwritable_dir(out):
+        print(f"laps sim: error: cannot write the results to {out}: {problem} (give --out DIR)", file=sys.stderr)
+        return 2
+    print(f"matrix {matrix.spec.name}: {len(matrix.cells())} cells x {len(systems)} systems "
+          f"({', '.join(chosen)}; baseline {chosen[0]})", flush=True)
+    state = MatrixRun({})
+    try:
+        run_matrix(matrix, out, systems=chosen, slo=args.slo, max_requests=args.max_requests,
+                   engine_args=engine_args, hop_s=args.hop_ms / 1000, allocation=args.allocation,
+                   allocation_config=policy_config(args), interval_s=args.allocation_interval,
+                   plots=not args.no_plots, state=state, log=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:  # the cells done are reported and saved
+        done = state.report.get("cells", [])
+        if done:
+            state.report["summary"] = summarize_matrix(done, chosen)
+            save_report(state.report, out, plots=False)
+        print(f"laps sim: interrupted after {len(done)} cell(s)" + (f"; theirs are saved in {out}" if done else ""),
+              file=sys.stderr)
+        return 130
+    except WorkloadError as exc:
+        print(f"laps sim: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"laps sim: error: cannot write the results: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _given(flag: str, argv: list[str]) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
 def print_turns(turns: list) -> None:

@@ -1,10 +1,11 @@
 """A simulated PD cluster: the gateway's routing and load accounting in front of engine models.
 
-Discrete events on a virtual clock, running the product's own code: `choose_route` and the
-gateway's `LoadTracker` pick every request's prefill and decode pod exactly as the gateway does
-(with cache affinity for systems that have it: prefix.py); each engine is an `EngineModel` (the
-emulated engine's model: the real `PrefillScheduler`, batch and step times from the profile, a
-prefix cache on each prefill engine). A request's path mirrors the emulated engines':
+Discrete events on a virtual clock. What runs is the product's own code: `choose_route` and the
+gateway's `LoadTracker` pick the prefill and decode pod of every request exactly as the gateway
+does (with cache affinity for systems that have it: prefix.py; `sglang-cache-aware` routes by
+SGLang's cache_aware rule instead, policy/cache_aware.py, over its own prefix trees); every engine is an
+`EngineModel` (the emulated engine's model: the real `PrefillScheduler`, batch and step times
+from the profile, a prefix cache on each prefill engine). A request's path mirrors the emulated engines':
 
   arrival -> route (pending work booked on the prefill pod) -> prefill queue and batch
   -> hand-off (profile.transfer_seconds; the gateway's prefill phase ends when it is collected)
@@ -18,6 +19,7 @@ simulator models, and how far it agrees with the emulated cluster: docs/design/s
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -37,9 +39,10 @@ from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, t
 from laps_agent.lab.sim.prefix import SimPrefixes
 from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
 from laps_agent.policy.allocation import AllocationConfig
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, length_class
+from laps_agent.policy.cache_aware import cache_aware_choice
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
-from laps_agent.policy.routing import Endpoint, NoEndpointError, choose_route
+from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
 _ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM = 0, 1, 2, 3, 4, 5
@@ -100,7 +103,10 @@ class SimCluster:
         # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record;
         # `oracle`: one unlimited cache all pods share, known to the router (prefix.py).
         self.prefixes = SimPrefixes(profile, prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens,
-                                    oracle=oracle)
+                                    oracle=oracle, tree=system.router == "cache_aware")
+        # cache_aware's tree sizes: prompt tokens sent to each pod that its tree did not match
+        # (every prompt's text goes into the router's tree, a conversation's or not).
+        self.tree_tokens = [0] * prefill
 
         def model(role: str, cache=None) -> EngineModel:
             engine = EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
@@ -199,8 +205,12 @@ class SimCluster:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
         loads = self.tracker.loads()
         try:
-            d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads,
-                             tiebreak=next(self._tiebreak), held=self.prefixes.held(r.conversation, r.prompt_tokens))
+            if self.system.router == "cache_aware":
+                d = self._cache_aware_route(r, loads)
+            else:
+                d = choose_route(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads,
+                                 tiebreak=next(self._tiebreak),
+                                 held=self.prefixes.held(r.conversation, r.prompt_tokens))
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
@@ -219,6 +229,20 @@ class SimCluster:
             heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
         else:
             self._arrive(r, now)
+
+    def _cache_aware_route(self, r: SimRequest, loads: dict) -> RouteDecision:
+        """SGLang's router, cache_aware (policy/cache_aware.py) for the prefill pod, the least
+        loaded decode pod (choose_route over that one pod, so decode is chosen as for every system)."""
+        choice = cache_aware_choice(r.routed_tokens, self.prefill_eps, loads,
+                                    self.prefixes.matched(r.conversation, r.prompt_tokens),
+                                    lambda ep: self.tree_tokens[self._prefill_index[ep.name]])
+        if choice is None:
+            raise NoEndpointError(f"no usable prefill pod for a request ({r.routed_tokens} tokens)")
+        d = choose_route(r.routed_tokens, SINGLE_POOL_THRESHOLD, {SHORT: (choice.endpoint,), LONG: ()},
+                         self.decode_eps, loads, tiebreak=next(self._tiebreak))
+        cached = min(choice.matched, max(0, r.routed_tokens - 1))
+        self.tree_tokens[self._prefill_index[choice.endpoint.name]] += r.routed_tokens - cached
+        return dataclasses.replace(d, cached=cached)
 
     def _capacity(self, name: str) -> int | None:
         """What prefill pod `name` reports it prefills in time (engine/load_report.py), always

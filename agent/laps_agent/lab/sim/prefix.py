@@ -30,9 +30,10 @@ _UNLIMITED_TOKENS = 2 ** 50
 
 class SimPrefixes:
     def __init__(self, profile: Profile, prefill: int, *, affinity: bool, cache_tokens: int | None = None,
-                 oracle: bool = False) -> None:
+                 oracle: bool = False, tree: bool = False) -> None:
         self.block_tokens = profile.engine.page_size
         self.oracle = None
+        self.tree: PrefixRecord | None = None
         if oracle:
             self.oracle = PrefixCacheModel(_UNLIMITED_TOKENS, self.block_tokens)
             self.caches: list[PrefixCacheModel | None] = [self.oracle] * prefill
@@ -43,6 +44,10 @@ class SimPrefixes:
                        if capacity >= self.block_tokens else [None] * prefill)
         # The gateway remembers as many pages per pod as a pod's cache holds.
         self.record = PrefixRecord(max(1, capacity // self.block_tokens)) if affinity else None
+        # `tree`: SGLang's cache_aware router (`sglang-cache-aware`): its approximate trees are the
+        # same kind of record (what it sent each pod), consulted by its own rule, not `held`.
+        if tree:
+            self.tree = PrefixRecord(max(1, capacity // self.block_tokens))
 
     def blocks(self, conversation: int, prompt_tokens: int) -> range | None:
         if conversation < 0:
@@ -75,3 +80,12 @@ class SimPrefixes:
     def sent(self, pod: str, conversation: int, prompt_tokens: int) -> None:
         if self.record is not None:
             self.record.record(pod, self.chain(conversation, prompt_tokens))
+        if self.tree is not None:
+            self.tree.record(pod, self.chain(conversation, prompt_tokens))
+
+    def matched(self, conversation: int, prompt_tokens: int) -> Callable[[Endpoint], int]:
+        """The cache_aware router's prefix match per pod, in tokens (its tree: `tree`)."""
+        tree, chain = self.tree, self.chain(conversation, prompt_tokens)
+        if tree is None or chain is None:
+            return lambda ep: 0
+        return lambda ep: tree.held(ep.name, chain)

@@ -63,7 +63,7 @@ def format_validation_error(exc: ValidationError, origin: str) -> str:
         where = _path(tuple(err["loc"])) + suffix
         rule = (err.get("ctx") or {}).get("error")
         if isinstance(rule, _RuleError):
-            where = f"{where}.{rule.field}" if where else rule.field
+            where = f"{where}{'' if rule.field.startswith('[') else '.'}{rule.field}" if where else rule.field
         lines.append(f"{origin}: {where.lstrip('.') or 'workload'}: {message}")
     return "\n".join(lines)
 

@@ -1,0 +1,93 @@
+"""`laps sim --matrix FILE`: every system of a matrix (laps_agent.lab.matrix) simulated in every
+cell, and the report against the first system (lab/matrix/report.py).
+
+A cell's workload runs at `load` x vanilla-pd's simulated capacity on its mix and shape
+(`measure_capacity`, once per workload, profile and shape), shortened (all its phases alike) to
+about the matrix's `max_requests`, which also caps it. Every system of a cell replays the same
+plan. Only the report is written (matrix.json, matrix.md, matrix-heatmap.png), not each run's
+records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from laps_agent.emulated.profile import Profile, load_profile
+from laps_agent.lab.matrix.report import cell_metrics, save_report, summarize, summary_markdown, with_ratios
+from laps_agent.lab.matrix.spec import Matrix, cell_setup, shortened
+from laps_agent.lab.sim import default_chars_per_token, measure_capacity, sim_system, simulate
+from laps_agent.lab.sim.allocation import INTERVAL_S
+from laps_agent.lab.sim.cluster import HOP_S
+from laps_agent.lab.workload.plan import plan_requests, require_requests
+from laps_agent.policy.allocation import AllocationConfig
+
+
+@dataclasses.dataclass
+class MatrixRun:
+    """What `run_matrix` has done so far (also after Ctrl-C): the report of the cells done."""
+    report: dict
+    paths: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+
+def run_matrix(matrix: Matrix, out: Path, *, systems: Sequence[str] | None = None, slo: dict | None = None,
+               max_requests: int | None = None, engine_args: Sequence[str] = (), hop_s: float = HOP_S,
+               allocation: str | None = None, allocation_config: AllocationConfig | None = None,
+               interval_s: float = INTERVAL_S, plots: bool = True, state: MatrixRun | None = None,
+               log: Callable[[str], None] = print) -> MatrixRun:
+    """Simulate the matrix and write its report into `out`. `systems`, `slo`, `max_requests`:
+    instead of the matrix's (as `laps sim`'s flags give them); `allocation`: every system's."""
+    names = list(systems or matrix.systems)
+    configs = [sim_system(n) for n in names]
+    if allocation is not None:
+        configs = [dataclasses.replace(s, allocation=allocation) for s in configs]
+    slo = dict(slo or matrix.spec.slo)
+    budget = max_requests or matrix.spec.max_requests
+    run = state or MatrixRun({})
+    run.report.update(name=matrix.spec.name, origin=matrix.origin, systems=names, slo=slo, max_requests=budget,
+                      cells=[], summary={})
+    chars = default_chars_per_token() if any(s.estimator == "chars4" for s in configs) else None
+    profiles: dict[str, Profile] = {}
+    capacities: dict[tuple, float] = {}
+    cells = matrix.cells()
+    for k, cell in enumerate(cells, 1):
+        started = time.perf_counter()
+        setup = cell_setup(matrix, cell)
+        profile = profiles.get(setup.profile) or profiles.setdefault(setup.profile, load_profile(setup.profile))
+        spec, threshold = setup.spec, setup.spec.threshold
+        key = (cell.workload, cell.profile, cell.shape)
+        if key not in capacities:
+            capacities[key] = measure_capacity(spec, profile, prefill=setup.prefill, decode=setup.decode,
+                                               threshold=threshold, engine_args=tuple(engine_args))
+        capacity = capacities[key]
+        base = require_requests(plan_requests(spec))
+        rate_scale = setup.load * capacity / (len(base) / base.duration_s)
+        spec = shortened(spec, budget / (len(base) * rate_scale))
+        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=budget))
+        entry = {"label": matrix.label(cell), "workload": cell.workload, "profile": cell.profile,
+                 "shape": cell.shape.name, "prefill": setup.prefill, "decode": setup.decode, "load": setup.load,
+                 "capacity": capacity, "rate": setup.load * capacity, "requests": len(plan),
+                 "threshold": threshold, "seed": spec.seed, "systems": {}}
+        for config in configs:
+            result = simulate(plan, profile, config, prefill=setup.prefill, decode=setup.decode,
+                              threshold=threshold, engine_args=tuple(engine_args), chars_per_token=chars,
+                              hop_s=hop_s, allocation_config=allocation_config, interval_s=interval_s)
+            entry["systems"][config.name] = cell_metrics(result, slo)
+        run.report["cells"].append(with_ratios(entry, names))
+        log(_cell_line(k, len(cells), entry, names, time.perf_counter() - started))
+    run.report["summary"] = summarize(run.report["cells"], names)
+    run.paths = save_report(run.report, out, plots=plots)
+    log("\n" + summary_markdown(run.report["summary"], names[0]))
+    log(f"\nfiles: {', '.join(str(p) for p in run.paths.values())}")
+    return run
+
+
+def _cell_line(k: int, n: int, entry: dict, names: list[str], wall: float) -> str:
+    """One line per cell as it ends: each system's SLO attainment short/long (%)."""
+    def att(m: dict, c: str) -> str:
+        a = m[c]["attainment"]
+        return "–" if a is None else f"{100 * a:.0f}"
+    figures = "  ".join(f"{name} {att(entry['systems'][name], 'short')}/{att(entry['systems'][name], 'long')}"
+                        for name in names)
+    return f"[{k}/{n}] {entry['label']} ({entry['requests']} req, {wall:.1f} s): SLO % short/long: {figures}"
