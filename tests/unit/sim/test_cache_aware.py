@@ -6,8 +6,8 @@ import numpy as np
 
 from laps_agent.emulated.profile import load_profile
 from laps_agent.lab.bench.compare import main as compare
-from laps_agent.lab.sim import simulate
 from laps_agent.lab.sim.cluster import SimCluster
+from laps_agent.lab.sim.run import simulate
 from laps_agent.lab.workload import parse_workload, plan_requests
 from laps_agent.policy.cache_aware import CacheAwareConfig, cache_aware_choice, imbalanced
 from laps_agent.policy.routing import Endpoint, EndpointLoad

@@ -8,7 +8,7 @@ import numpy as np
 
 from laps_agent.emulated.profile import load_profile
 from laps_agent.lab.results.turns import summarize_turns, targets_markdown, turns_markdown
-from laps_agent.lab.sim import simulate
+from laps_agent.lab.sim.run import simulate
 from laps_agent.lab.workload import parse_workload, plan_requests
 from laps_agent.policy.systems import SYSTEMS
 
@@ -74,7 +74,7 @@ def test_single_requests_share_nothing():
 
 def test_the_oracle_reference_finds_every_earlier_turn():
     from laps_agent.lab.results.turns import turns_report
-    from laps_agent.lab.sim import ORACLE, sim_system
+    from laps_agent.lab.sim.run import ORACLE, sim_system
 
     assert sim_system("laps-oracle") is ORACLE and sim_system("laps") is SYSTEMS["laps"]
     plan = plan_requests(SPEC)

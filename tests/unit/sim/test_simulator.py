@@ -10,8 +10,8 @@ import pytest
 
 from laps_agent.emulated.profile import load_profile
 from laps_agent.lab.results import summarize
-from laps_agent.lab.sim import measure_capacity, simulate
 from laps_agent.lab.sim.cluster import SimCluster
+from laps_agent.lab.sim.run import measure_capacity, simulate
 from laps_agent.lab.workload import parse_workload, plan_requests
 from laps_agent.lab.workload.plan import warmup_spec
 from laps_agent.policy.systems import SYSTEMS

@@ -29,7 +29,7 @@ from laps_agent.lab.bench._runner import probe, run_workload
 from laps_agent.lab.bench.run import RESULTS_DIR
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
-from laps_agent.lab.sim import mean_rate, measure_capacity
+from laps_agent.lab.sim.run import mean_rate, measure_capacity
 from laps_agent.lab.workload import Plan, WorkloadError, WorkloadSpec, load_workload, plan_requests
 from laps_agent.lab.workload.plan import require_requests, warmup_plan
 from laps_agent.local import stack as local

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from laps_agent.lab.workload.spec import (
@@ -46,6 +45,7 @@ from laps_agent.lab.workload.spec import (
     WorkloadSpec,
     load_workload,
     parse_workload,
+    read_named_yaml,
 )
 from laps_agent.lab.workload.spec_errors import _RuleError, format_validation_error
 
@@ -272,19 +272,5 @@ def available_matrices() -> list[str]:
 
 def load_matrix(path_or_name: str | Path) -> Matrix:
     """A matrix YAML file by path, or a built-in matrix by name (`available_matrices()`)."""
-    key = str(path_or_name)
-    path = Path(key)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        path = BUILTIN_DIR / f"{key}.yaml"
-        if not path.exists():
-            raise MatrixError(f"unknown matrix {key!r}: not a file, and the built-in matrices are: "
-                              f"{', '.join(available_matrices())}")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise MatrixError(f"cannot read matrix {path}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise MatrixError(f"{path.name}: not valid YAML: {exc}") from None
+    data, path = read_named_yaml(path_or_name, BUILTIN_DIR, ("matrix", "matrices"), MatrixError)
     return parse_matrix(data, path.name, path.resolve().parent)

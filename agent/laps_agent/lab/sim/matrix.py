@@ -17,9 +17,9 @@ from pathlib import Path
 from laps_agent.emulated.profile import Profile, load_profile
 from laps_agent.lab.matrix.report import cell_metrics, save_report, summarize, summary_markdown, with_ratios
 from laps_agent.lab.matrix.spec import Matrix, cell_setup, shortened
-from laps_agent.lab.sim import default_chars_per_token, measure_capacity, sim_system, simulate
 from laps_agent.lab.sim.allocation import INTERVAL_S
 from laps_agent.lab.sim.cluster import HOP_S
+from laps_agent.lab.sim.run import default_chars_per_token, measure_capacity, sim_system, simulate
 from laps_agent.lab.workload.plan import plan_requests, require_requests
 from laps_agent.policy.allocation import AllocationConfig
 

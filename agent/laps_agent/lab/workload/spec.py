@@ -234,21 +234,31 @@ def available_workloads() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
-def load_workload(path_or_name: str | Path) -> WorkloadSpec:
-    """A workload YAML file by path, or a built-in workload by name (`available_workloads()`)."""
+def read_named_yaml(path_or_name: str | Path, builtin_dir: Path, kind: tuple[str, str],
+                    error: type[Exception]) -> tuple[object, Path]:
+    """A YAML file by path, or a built-in one of `builtin_dir` by name: (its data, its path).
+    A name that is neither, a file that cannot be read and text that is not YAML raise `error`
+    naming the `kind` of file, singular and plural (("workload", "workloads"))."""
+    one, many = kind
     key = str(path_or_name)
     path = Path(key)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        path = BUILTIN_DIR / f"{key}.yaml"
+        path = builtin_dir / f"{key}.yaml"
         if not path.exists():
-            raise WorkloadError(f"unknown workload {key!r}: not a file, and the built-in workloads "
-                                f"are: {', '.join(available_workloads())}")
+            builtins = sorted(p.stem for p in builtin_dir.glob("*.yaml"))
+            raise error(f"unknown {one} {key!r}: not a file, and the built-in {many} "
+                        f"are: {', '.join(builtins)}")
     try:
         text = path.read_text()
     except OSError as exc:
-        raise WorkloadError(f"cannot read workload {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read {one} {path}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text), path
     except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path.name}: not valid YAML: {exc}") from None
+        raise error(f"{path.name}: not valid YAML: {exc}") from None
+
+
+def load_workload(path_or_name: str | Path) -> WorkloadSpec:
+    """A workload YAML file by path, or a built-in workload by name (`available_workloads()`)."""
+    data, path = read_named_yaml(path_or_name, BUILTIN_DIR, ("workload", "workloads"), WorkloadError)
     return parse_workload(data, path.name, path.resolve().parent)
