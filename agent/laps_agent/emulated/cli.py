@@ -13,14 +13,15 @@ from laps_agent.engine.http.serve import run_engine
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.list_profiles:
         for name in available_profiles():
             profile = load_profile(name)
             print(f"{name:28s} {profile.provenance}: {profile.description}")
         return 0
     if args.backend != "emulated":
-        build_parser().error("this module serves --backend emulated and --list-profiles; "
+        parser.error("this module serves --backend emulated and --list-profiles; "
                              "`laps engine` chooses it (laps_agent/cli.py)")
     # The emulated engine lives on the event loop itself: uvloop costs it half the CPU.
     return run_engine(args, build_emulated, run=uvloop.run)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from laps_agent.engine.core.calibration import calibrate_prefill
 from laps_agent.engine.core.config import EngineConfig, kv_pages_for_memory
-from laps_agent.engine.flags import bucket_grid, build_parser, scheduler_config  # noqa: F401 (build_parser re-exported)
+from laps_agent.engine.flags import bucket_grid, build_parser, scheduler_config
 from laps_agent.engine.http.serve import check_server_flags, run_engine, server_settings
 from laps_agent.engine.http.server import EngineServer
 from laps_agent.engine.metrics import EngineMetrics
@@ -129,8 +129,9 @@ def _default_kv_pages(args: argparse.Namespace, loaded, device: str, context: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.backend != "builtin" or args.list_profiles:
-        build_parser().error("--backend emulated and --list-profiles are served by `laps engine` "
+        parser.error("--backend emulated and --list-profiles are served by `laps engine` "
                              "(laps_agent/cli.py), not by this module")
     return run_engine(args, build)

@@ -67,7 +67,7 @@ class SimAllocator:
     between the simulated groups."""
 
     def __init__(self, rule: str, config: AllocationConfig, prefill_eps: Sequence[Endpoint]) -> None:
-        self.rule, self.config = rule, config           # rule: the system's allocation
+        # rule: the system's allocation ("laps", "reference" or "none")
         self._pods = {ep.name: ep for ep in prefill_eps}  # in pod order: the in-flight map keeps it
         self.moves: list[tuple[float, Move]] = []
         # None for a system that moves no pods (allocation "none"): samples go nowhere, and it
