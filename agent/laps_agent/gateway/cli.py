@@ -14,6 +14,7 @@ from laps_agent.gateway.http.auth import read_keys
 from laps_agent.modelio.tokenizer import load_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.routing import AffinityBound
+from laps_agent.policy.systems import ROUTERS
 from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.serving.flag_types import at_least, non_negative, positive
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
                    help="prompt-length estimate: auto (the tokenizer if given, else the heuristic), "
                         "heuristic, or chars4 (the reference router's characters/4)")
+    p.add_argument("--router", choices=ROUTERS, default=GatewayConfig.router,
+                   help="predicted: each request to the prefill pod where its predicted time to first "
+                        "token is lowest, the length groups a preference (policy/placement.py); "
+                        "least-loaded: to its class's group, the pod with the fewest pending tokens")
     p.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
     p.add_argument("--engine-load-poll", action=argparse.BooleanOptionalAction,
                    default=GatewayConfig.engine_load_poll,
@@ -147,7 +152,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         served_model_name=args.served_model_name, length_threshold=args.length_threshold,
         max_body_bytes=args.max_body_bytes,
         max_pending_tokens_per_pod=args.max_pending_tokens_per_pod,
-        max_decode_share=args.max_decode_share,
+        max_decode_share=args.max_decode_share, router=args.router,
         request_deadline_s=args.request_deadline_s, drain_grace_s=args.drain_grace_s,
         engine_load_poll=args.engine_load_poll,
         # Any interval above 0 passes the flag; polling faster than every 10 ms is no use.

@@ -53,6 +53,11 @@ class GatewayConfig:
     # ...and each class may hold at most this share of the decode pool's slots (its decode
     # pods' reported max running requests); beyond, 429. 0: no bound.
     max_decode_share: float = DEFAULT_MAX_DECODE_SHARE
+    # The prefill router (policy/systems.py ROUTERS): "predicted" sends each request where its
+    # predicted time to first token is lowest, the groups a preference (policy/placement.py);
+    # "least-loaded" keeps it in its class's group, on the pod with the fewest pending tokens
+    # (policy/routing.py: the baselines `vanilla-pd` and `reference` route so).
+    router: str = "predicted"
     # Arrival to the last byte of the answer (gateway/deadline.py): beyond, 504 before the
     # first byte, or an SSE error event ending a stream. 0: no deadline.
     request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S

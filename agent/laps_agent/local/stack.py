@@ -43,7 +43,7 @@ from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
-from laps_agent.policy.systems import ALLOCATION_DEFAULTS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
+from laps_agent.policy.systems import ALLOCATION_DEFAULTS, ROUTERS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
 from laps_agent.serving.flag_types import non_negative
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length-threshold", type=TOKENS, default=DEFAULT_LENGTH_THRESHOLD)
     p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
+    p.add_argument("--router", choices=ROUTERS, default=GatewayConfig.router,
+                   help="the gateway's prefill router (as laps gateway --router)")
     p.add_argument("--max-pending-tokens-per-pod", type=TOKENS, default=None,
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
                         "beyond which a class gets 429, beside the engines' measured bound (0: "
@@ -132,7 +134,9 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_ar
         return tuple(c.url for c in children if c.role == role and c.group == group)
 
     spec = StaticSpec(urls("prefill", SHORT), urls("prefill", LONG), urls("decode"))
-    threshold = SINGLE_POOL_THRESHOLD if args.single_pool else args.length_threshold
+    # One pool routed least-loaded has no classes (vanilla PD); routed by prediction, the classes
+    # still say what each engine's dual queue serves first.
+    threshold = SINGLE_POOL_THRESHOLD if args.single_pool and args.router != "predicted" else args.length_threshold
     # The engines' --drain-grace-s is the gateway's too: one Ctrl-C waits that long at most.
     overrides = {"drain_grace_s": engine_flag(engine_args, "drain_grace_s")}
     if args.max_pending_tokens_per_pod is not None:
@@ -145,7 +149,8 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_ar
     config = GatewayConfig(served_model_name=served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
-                           prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm, **overrides)
+                           prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm,
+                           router=args.router, **overrides)
     discovery = LocalDiscovery(spec, children, _say)
     app = create_app(config, discovery, TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children))

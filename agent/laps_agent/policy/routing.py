@@ -40,6 +40,10 @@ class EndpointLoad:
     pending_requests: int = 0
     pending_tokens: int = 0
     healthy: bool = True
+    # Of the pending work on a prefill pod, what was sent as short (placement.py predicts a
+    # short's wait from these alone: the pod's dual queue serves it before its longs).
+    short_requests: int = 0
+    short_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,7 @@ class NoEndpointError(Exception):
 _UNKNOWN = EndpointLoad()   # a pod the load tracker has not seen yet: healthy and idle
 
 
-def _least_loaded(endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
+def least_loaded(endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
                   exclude: AbstractSet[str], tiebreak: int) -> Endpoint | None:
     best_tokens = best_requests = -1
     ties = 0
@@ -109,7 +113,7 @@ def _least_loaded(endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad
     raise AssertionError("unreachable: a tied endpoint vanished between passes")
 
 
-def _describe(name: str, endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
+def describe(name: str, endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad],
               exclude: AbstractSet[str]) -> str:
     if not endpoints:
         return f"{name}: no pods"
@@ -145,7 +149,7 @@ def _affine(endpoints: Sequence[Endpoint], load: Mapping[str, EndpointLoad], exc
             best, best_held, best_load = ep, got, state.pending_tokens
     if best is not None:
         return best, best_held
-    return _least_loaded(endpoints, load, exclude, tiebreak), 0
+    return least_loaded(endpoints, load, exclude, tiebreak), 0
 
 
 def _affine_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
@@ -181,17 +185,17 @@ def choose_route(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endp
     else:
         cls, cached = length_class(tokens, threshold), 0
         group, fallback = cls, False
-        prefill = _least_loaded(groups.get(cls, ()), load, exclude, tiebreak)
+        prefill = least_loaded(groups.get(cls, ()), load, exclude, tiebreak)
         if prefill is None:
             group, fallback = OTHER[cls], True
-            prefill = _least_loaded(groups.get(group, ()), load, exclude, tiebreak)
+            prefill = least_loaded(groups.get(group, ()), load, exclude, tiebreak)
         described = (cls, OTHER[cls])
     if prefill is None:
         raise NoEndpointError(
             f"no usable prefill pod for a {cls} request ({tokens} tokens): "
-            + "; ".join(_describe(f"prefill-{g}", groups.get(g, ()), load, exclude) for g in described))
-    decode_ep = _least_loaded(decode, load, exclude, tiebreak)
+            + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), load, exclude) for g in described))
+    decode_ep = least_loaded(decode, load, exclude, tiebreak)
     if decode_ep is None:
-        raise NoEndpointError(f"no usable decode pod: {_describe('decode', decode, load, exclude)}")
+        raise NoEndpointError(f"no usable decode pod: {describe('decode', decode, load, exclude)}")
     return RouteDecision(cls, group, prefill, decode_ep, fallback, cached)
 

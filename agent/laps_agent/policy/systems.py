@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig
 
 ESTIMATORS = ("auto", "heuristic", "chars4")  # the gateway's --estimator modes
+ROUTERS = ("predicted", "least-loaded")        # the gateway's --router modes (SystemConfig.router)
 # The gateway threshold of a single pool (`vanilla-pd`): every request is "short", so every
 # prefill pod (all in one group) serves every length.
 SINGLE_POOL_THRESHOLD = 2**62
@@ -86,7 +87,9 @@ class SystemConfig:
     max_pending_tokens_per_pod: int | None = None
     affinity: bool = False              # the gateway's cache affinity + expected-uncached classes
     prefix_warm: bool = False           # answers computed into the prefill cache (engine/prefix_warm.py)
-    router: str = "laps"                # the prefill router: "laps" (routing.py) | "cache_aware" (cache_aware.py)
+    # The prefill router: "predicted" (placement.py) | "least-loaded" (routing.py) | "cache_aware"
+    # (cache_aware.py, simulated only).
+    router: str = "predicted"
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -100,16 +103,18 @@ class SystemConfig:
         """`laps local` flags of the gateway side."""
         bound = ([] if self.max_pending_tokens_per_pod is None
                  else ["--max-pending-tokens-per-pod", str(self.max_pending_tokens_per_pod)])
-        return (["--estimator", self.estimator, "--allocation", self.allocation, *bound]
+        return (["--estimator", self.estimator, "--router", self.router, "--allocation", self.allocation, *bound]
                 + ([] if self.groups else ["--single-pool"])
                 + ([] if self.affinity else ["--no-prefix-affinity"])
                 + ["--prefix-warm" if self.prefix_warm else "--no-prefix-warm"])
 
 
 SYSTEMS: dict[str, SystemConfig] = {
-    "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False),
+    "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False,
+                                router="least-loaded"),
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
-                              estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0),
+                              estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0,
+                              router="least-loaded"),
     "laps": SystemConfig("laps", allocation="laps", affinity=True, prefix_warm=True),
     "laps-noaffinity": SystemConfig("laps-noaffinity", allocation="laps"),
     # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how
@@ -123,7 +128,7 @@ SYSTEMS: dict[str, SystemConfig] = {
                                        groups=False, max_pending_tokens_per_pod=0, router="cache_aware"),
 }
 # Systems `laps local` cannot start (no gateway of it routes that way): `laps sim` only.
-SIM_ONLY = frozenset(name for name, s in SYSTEMS.items() if s.router != "laps")
+SIM_ONLY = frozenset(name for name, s in SYSTEMS.items() if s.router == "cache_aware")
 
 
 def system(name: str) -> SystemConfig:

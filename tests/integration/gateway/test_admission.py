@@ -29,13 +29,13 @@ def held_long_group(stub_engines, gateway_server):
 
     gate, held = threading.Event(), []
 
-    def start(bound: int):
+    def start(bound: int, **config):
         handoff = KVHandoff()
         short, _ = stub_engines("prefill", bootstrap_port=9001, handoff=handoff)
         long_, long_engine = stub_engines("prefill", bootstrap_port=9002, handoff=handoff, prefill_gate=gate)
         decode, _ = stub_engines("decode", handoff=handoff)
         gateway = gateway_server(StaticDiscovery(StaticSpec((short.url,), (long_.url,), (decode.url,)), poll_s=0.05),
-                                 length_threshold=64, max_pending_tokens_per_pod=bound)
+                                 length_threshold=64, max_pending_tokens_per_pod=bound, **config)
         held.extend(RawRequest(gateway.url, "/v1/completions", long_body()) for _ in range(2))
         poll(lambda: len(long_engine.requests) == 2, message="two long requests held in prefill")
         return gateway, long_engine
@@ -50,9 +50,24 @@ def _status(gateway) -> dict:
     return httpx.get(f"{gateway.url}/laps_status").json()
 
 
-def test_a_full_long_group_refuses_long_requests_at_once_and_serves_short_ones(held_long_group):
+def test_a_full_long_group_sends_long_requests_to_an_idle_short_pod(held_long_group):
+    """The groups are a preference (policy/placement.py): with the long pod over its bound and
+    the short pod idle, a long request is served there, not refused nor queued behind."""
     start, gate = held_long_group
-    gateway, long_engine = start(bound=150)  # two ~120-token requests fill it
+    gateway, long_engine = start(bound=150)
+    reply = httpx.post(f"{gateway.url}/v1/completions", json=long_body())
+    assert reply.status_code == 200, reply.text
+    assert len(long_engine.requests) == 2   # not the held pod
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'laps_gateway_fallbacks_total{class="long"} 1.0' in metrics
+    assert 'laps_gateway_rejected_total{class="long"} 0.0' in metrics
+
+
+def test_a_full_long_group_refuses_long_requests_at_once_and_serves_short_ones(held_long_group):
+    """The least-loaded router (the baselines') keeps each class in its group: a full long
+    group refuses long work while the short group serves."""
+    start, gate = held_long_group
+    gateway, long_engine = start(bound=150, router="least-loaded")  # two ~120-token requests fill it
     long_group = _status(gateway)["groups"]["long"]
     assert long_group["max_pending_tokens"] == 150 and long_group["pending_tokens"] >= 150
     reply = httpx.post(f"{gateway.url}/v1/completions", json=long_body())
@@ -75,7 +90,7 @@ def test_a_full_long_group_refuses_long_requests_at_once_and_serves_short_ones(h
 
 def test_a_bound_of_zero_admits_everything(held_long_group):
     start, gate = held_long_group
-    gateway, long_engine = start(bound=0)
+    gateway, long_engine = start(bound=0, router="least-loaded")   # its class's pod, however full
     assert _status(gateway)["groups"]["long"]["max_pending_tokens"] is None
     third = RawRequest(gateway.url, "/v1/completions", long_body())
     try:

@@ -50,7 +50,7 @@ def test_a_prompt_over_the_context_gets_the_engines_400_not_a_retryable_429(over
     # A long prompt that fits is refused for the overload, as before (another token: one sharing
     # the held prompt's prefix would be short work on its pod, cache affinity).
     fits = httpx.post(f"{gateway.url}/v1/completions", json={"prompt": _ids(200, 7), "max_tokens": 1})
-    admission_refusal(fits, "the long prefill group is overloaded")
+    admission_refusal(fits, "no prefill pod would prefill this long request in time")
 
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused")   # max_retries: 2
     with pytest.raises(openai.BadRequestError) as refused:

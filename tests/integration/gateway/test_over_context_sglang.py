@@ -49,7 +49,10 @@ def sglang_stack(gateway_server):
         short, long_, decode = (s.url for s in servers[-3:])
         gateway = gateway_server(StaticDiscovery(StaticSpec((short,), (long_,), (decode,)), poll_s=0.05),
                                  length_threshold=64, max_pending_tokens_per_pod=BOUND,
-                                 served_model_name="stub-model")
+                                 served_model_name="stub-model",
+                                 # each class in its own group: one held prompt overloads the long
+                                 # one (the predicted router would send long work to the idle short pod)
+                                 router="least-loaded")
         return gateway, gate, apps
 
     yield start

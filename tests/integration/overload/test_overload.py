@@ -1,6 +1,6 @@
 """Overload of one class stays that class's problem (emulated engines, the real PD protocol):
-- a saturated long group refuses more long requests at once (429 + Retry-After, before any
-  engine sees them) while every short request is served, no pod is ejected, and both classes
+- long requests beyond what every prefill pod takes in time are refused at once (429 +
+  Retry-After, before any engine sees them) while every short request is served, no pod is ejected, and both classes
   are served again once the load stops;
 - a prefill pod that never hands its KV over (decode engine's bootstrap timeout) is the prefill
   group's failure: the client hears which group is overloaded and the decode pod stays routable.
@@ -41,7 +41,7 @@ async def _send(client: httpx.AsyncClient, tokens: int, i: int) -> str:
     except httpx.HTTPError as exc:
         return f"vanished: {exc!r}"
     if reply.status_code == 429:
-        return admission_refusal(reply, "the long prefill group is overloaded")
+        return admission_refusal(reply, "no prefill pod would prefill this long request in time")
     if reply.status_code != 200:
         return f"{reply.status_code}: {reply.text}"
     if not body["stream"]:
@@ -59,16 +59,17 @@ def slow_long_stack(laps_local, tmp_path):
                       "--wait-window-ms", "0", timeout=180)
 
 
-async def test_a_saturated_long_group_refuses_long_requests_while_short_ones_are_served(slow_long_stack):
+async def test_a_saturated_prefill_fleet_refuses_long_requests_while_short_ones_are_served(slow_long_stack):
     stack = slow_long_stack
     status = httpx.get(stack.base + "/laps_status").json()
     assert status["groups"]["long"]["max_pending_tokens"] == BOUND_PER_POD
-    long_engine = status["groups"]["long"]["pods"][0]["url"]
+    prefill_engines = [p["url"] for g in status["groups"].values() for p in g["pods"]]
     longs: list[str] = []
     shorts: list[str] = []
     async with httpx.AsyncClient(base_url=stack.base, timeout=120) as client:
-        # A burst of long requests: the first three fill the group's bound, the rest are refused.
-        burst = [asyncio.ensure_future(_send(client, LONG_TOKENS, i)) for i in range(6)]
+        # A burst of long requests: they fill the long group's bound, then the short pod's (the
+        # groups are a preference), then the rest are refused.
+        burst = [asyncio.ensure_future(_send(client, LONG_TOKENS, i)) for i in range(10)]
         await asyncio.to_thread(poll, lambda: sum(t.done() for t in burst) >= 3,
                                 message="the burst's requests beyond the bound to be refused")
         # Meanwhile the short class is served, with long requests still arriving beside it.
@@ -81,10 +82,10 @@ async def test_a_saturated_long_group_refuses_long_requests_while_short_ones_are
         assert shorts == ["ok"] * 12
         assert set(longs) <= {"ok", "429"}, longs  # none vanished, every failure a clear 429
         assert "429" in longs and "ok" in longs
-        # The refused ones never reached the long engine: it saw only the admitted ones.
-        engine_metrics = httpx.get(long_engine + "/metrics").text
-        assert _metric(engine_metrics, "laps_engine_ttft_seconds_count", **{"class": "long"}) \
-            == longs.count("ok")
+        # The refused ones never reached an engine: the engines saw only the admitted ones.
+        served = sum(_metric(httpx.get(url + "/metrics").text, "laps_engine_ttft_seconds_count", **{"class": "long"})
+                     for url in prefill_engines)
+        assert served == longs.count("ok")
         # Once the load stops, both classes are served again.
         poll(lambda: httpx.get(stack.base + "/laps_status").json()["groups"]["long"]["pending_tokens"] == 0,
              timeout=60, message="the long group to drain")

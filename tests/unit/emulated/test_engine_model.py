@@ -93,11 +93,14 @@ def test_without_graphs_a_wasteful_bucket_is_not_taken():
 
 def test_the_waiting_window_batches_short_requests():
     m = EngineModel(profile(), "prefill", SchedulerConfig(wait_window_ms=5, wait_max_batch=8))
+    for t in (-0.009, -0.006, -0.003):   # shorts have been arriving every 3 ms: more are expected
+        m.scheduler.window.note_short_arrival(t, 10)
     m.add(ModelRequest("a", "prefill", 10, 1, 0.0), 0.0)
     assert m.poll(0.0) == [] and m.next_time() == pytest.approx(0.005)  # held for the window
     m.add(ModelRequest("b", "prefill", 10, 1, 0.003), 0.003)
     done = firsts(run_until_idle(m, 0.003))
-    assert done["a"] == done["b"] == pytest.approx(0.005 + 0.010 + 0.020)
+    # Together; at b's arrival, as no third is expected before the window ends (3 ms apart).
+    assert done["a"] == done["b"] == pytest.approx(0.003 + 0.010 + 0.020)
 
 
 def test_decode_admits_at_iteration_boundaries_and_counts_tokens():
@@ -209,7 +212,8 @@ def test_the_load_report_counts_a_prefill_batch_while_it_runs_and_the_queue_behi
     run_until_idle(m, 0.1)
     assert load_report("prefill", m.snapshot(), fetching=0) == {
         "role": "prefill", "waiting_requests": 0, "pending_tokens": 0, "running_requests": 0,
-        "transfer_requests": 0}
+        "transfer_requests": 0, "short_pending": [0, 0],
+        "prefill_cost": {"overhead_s": pytest.approx(0.010), "per_token_s": pytest.approx(0.001)}}
 
 
 def test_a_prefill_engine_reports_what_it_prefills_within_half_its_hand_off_timeout():

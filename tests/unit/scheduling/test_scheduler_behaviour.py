@@ -50,8 +50,16 @@ def test_a_request_bigger_than_the_token_budget_still_runs_alone():
     assert len(sched) == 0
 
 
+def shorts_arriving_every(sched: PrefillScheduler, gap_s: float, until: float) -> None:
+    """The scheduler has seen short requests arrive every `gap_s` seconds up to `until` (a
+    stream it expects to go on: its window then holds)."""
+    for k in range(20, 0, -1):
+        sched.window.note_short_arrival(until - k * gap_s, 20)
+
+
 def test_short_requests_wait_for_the_window_then_go_together():
     sched = PrefillScheduler(SchedulerConfig(wait_window_ms=10, wait_max_batch=4))
+    shorts_arriving_every(sched, 0.003, 1.000)
     sched.add(PrefillItem("a", 20), 1.000)
     held = sched.next_batch(1.001)
     assert held.batch == [] and held.wake_at == pytest.approx(1.010) and held.reason == "window_hold"
@@ -59,6 +67,21 @@ def test_short_requests_wait_for_the_window_then_go_together():
     assert sched.next_batch(1.005).batch == []
     released = sched.next_batch(held.wake_at)
     assert rids(released) == ["a", "b"] and released.reason == "short_window_expired"
+
+
+def test_a_lone_short_request_goes_at_once_when_no_other_is_expected_within_the_window():
+    """The window merges arrivals; where none is expected before it ends (an idle pod at low
+    load), holding would only delay the one request it holds."""
+    sched = PrefillScheduler(SchedulerConfig(wait_window_ms=10, wait_max_batch=4))
+    sched.add(PrefillItem("first", 20), 0.0)          # no arrival seen before: none expected
+    decision = sched.next_batch(0.0)
+    assert rids(decision) == ["first"] and decision.reason == "short_none_expected"
+    sched.add(PrefillItem("later", 20), 5.0)          # seconds apart: still none expected
+    decision = sched.next_batch(5.0)
+    assert rids(decision) == ["later"] and decision.reason == "short_none_expected"
+    shorts_arriving_every(sched, 0.002, 9.0)          # a stream: now the window holds
+    sched.add(PrefillItem("busy", 20), 9.0)
+    assert sched.next_batch(9.0).reason == "window_hold"
 
 
 def test_reaching_the_target_depth_dispatches_before_the_window_ends():
@@ -74,6 +97,7 @@ def test_a_long_request_that_fits_in_the_window_uses_the_idle_time():
     # The engine has seen that 300 tokens take 10 ms and 30 take 1 ms.
     sched.observe_prefill([PrefillItem("x", 300)], 0.010)
     sched.observe_prefill([PrefillItem("y", 30)], 0.001)
+    shorts_arriving_every(sched, 0.01, 0.0)
     sched.add(PrefillItem("short", 20), 0.0)
     sched.add(PrefillItem("long", 300), 0.0)
     decision = sched.next_batch(0.001)

@@ -74,8 +74,8 @@ def test_requests_that_left_the_waiting_queue_leave_the_laps_queues():
 
 def test_starvation_bound_lets_the_long_one_through_and_the_window_holds_shorts():
     d = driver(wait_window_ms=1000.0, max_long_wait_ms=10.0)
-    d.sync([Req("L", 500)], 0.0)
-    d.sync([Req("L", 500), Req("s1", 10)], 0.001)
+    d.sync([Req("L", 500), Req("s0", 10)], 0.0)
+    d.sync([Req("L", 500), Req("s1", 10)], 0.001)   # s0 left (SGLang ran it): shorts keep coming
     assert [r.rid for r in d.choose(0.011)] == ["L"]
     assert d.last_decision.reason == "long_starved"
     assert d.choose(0.012) is None and d.last_decision.reason == "window_hold"

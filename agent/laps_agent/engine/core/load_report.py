@@ -28,6 +28,12 @@ rather than each by the requests it dispatched itself.
                       hardware, and on a slow one a queue under it still outlasts the timeout,
                       so the requests at its back fail late (503) instead of at once (429)
 
+  prefill_cost        prefill role, once measured: {"overhead_s": a, "per_token_s": b}, its
+                      batch cost seconds = a + b x uncached tokens (the same fit); the gateway
+                      predicts each request's time to first token with it (policy/placement.py)
+  short_pending       [requests, uncached tokens] of pending_tokens' queued short requests (by
+                      the engine's own classes): the part a short request waits behind
+
 The figures come from the engine loop's snapshot (refreshed every iteration, and before a
 prefill batch starts, so a long batch counts while it runs) plus the server's KV fetches, and
 HeldByClass for the classes."""
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from laps_agent.policy.classes import SHORT
 from laps_agent.serving.drain import WORK_PATHS
 
 # The class ("short" | "long") the gateway gave a request, by the uncached length it expected
@@ -90,9 +97,14 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         report["held_by_class"] = dict(held_by_class)
     if max_prompt_tokens is not None:
         report["max_prompt_tokens"] = max_prompt_tokens
-    capacity = in_time_tokens(role, snapshot.get("prefill_cost"), bootstrap_timeout_s)
+    cost = snapshot.get("prefill_cost")
+    capacity = in_time_tokens(role, cost, bootstrap_timeout_s)
     if capacity is not None:
         report["max_pending_tokens"] = capacity
+    if role == "prefill":
+        if cost is not None:
+            report["prefill_cost"] = {"overhead_s": cost[0], "per_token_s": cost[1]}
+        report["short_pending"] = list(queues.get(SHORT, (0, 0)))
     return report
 
 

@@ -33,6 +33,7 @@ from laps_agent.gateway.discovery.membership import Discovery
 from laps_agent.gateway.proxy.sglang_limit import ANY_LENGTH, SGLangLimits
 from laps_agent.gateway.proxy.upstream import UpstreamError, UpstreamPool, UpstreamTimeout, address
 from laps_agent.modelio.prompt_rules import PromptLimit
+from laps_agent.policy.placement import PrefillCost
 from laps_agent.policy.routing import Endpoint, EndpointLoad
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class LoadReport(NamedTuple):
     held: Mapping[str, int] | None = None    # requests held per class; None: not reported
     max_prompt: int | None = None            # longest prompt it takes; None: not reported
     capacity: int | None = None              # its max_pending_tokens; None: not reported
+    cost: PrefillCost | None = None          # its measured prefill cost; None: not reported
+    short: tuple[int, int] | None = None     # (requests, tokens) of its queued shorts; None: not reported
 
 
 @dataclass(slots=True)
@@ -62,6 +65,9 @@ class _Pod:
     held_then: dict[str, int] = field(default_factory=dict)  # of which this gateway's, at most
     max_prompt: PromptLimit | None = None     # longest prompt it takes (ANY_LENGTH: any); None: unknown
     capacity: int | None = None               # its max_pending_tokens, as last reported
+    cost: PrefillCost | None = None           # its prefill cost, as last reported
+    short: tuple[int, int] | None = None      # its queued shorts in that answer, if it had them
+    own_short_then: tuple[int, int] = (0, 0)  # this gateway's short work on it when it asked
 
 
 class EngineLoads:
@@ -78,11 +84,13 @@ class EngineLoads:
         then; give the mark to `answered`."""
         if name not in self._pods:
             self._pods[name] = _Pod()
-        return own.pending_requests, own.pending_tokens, self._clock(), dict(own_held)
+        return (own.pending_requests, own.pending_tokens, self._clock(), dict(own_held),
+                (own.short_requests, own.short_tokens))
 
     def answered(self, name: str, mark: tuple, requests: int, tokens: int, slots: int | None = None,
                  held: Mapping[str, int] | None = None, max_prompt: int | None = None,
-                 capacity: int | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
+                 capacity: int | None = None, cost: PrefillCost | None = None,
+                 short: tuple[int, int] | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
         """The answer to the poll `mark`: the pod's figures, and `own_held` as of now."""
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
@@ -93,6 +101,9 @@ class EngineLoads:
         if max_prompt:
             pod.max_prompt = PromptLimit(max_prompt)
         pod.capacity = capacity
+        if cost is not None:
+            pod.cost = cost
+        pod.short, pod.own_short_then = short, mark[4]
         pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
     def slots(self, name: str) -> int | None:
@@ -107,6 +118,12 @@ class EngineLoads:
         that follows the traffic, unlike slots: an old one is not kept."""
         pod = self._pods.get(name)
         return pod.capacity if pod is not None and self._fresh(pod, self._clock()) else None
+
+    def cost(self, name: str) -> PrefillCost | None:
+        """Pod `name`'s prefill cost as it last reported it, however long ago (a property of
+        its hardware and model, like slots); None while it has not."""
+        pod = self._pods.get(name)
+        return pod.cost if pod is not None else None
 
     def learnt_limit(self, name: str, limit: PromptLimit | None) -> None:
         """The longest prompt pod `name` takes, learnt apart from its load (stock SGLang's;
@@ -146,6 +163,15 @@ class EngineLoads:
             return 0, 0
         return (max(0, pod.reported[0] - pod.own_then[0]), max(0, pod.reported[1] - pod.own_then[1]))
 
+    @staticmethod
+    def _others_short(pod: _Pod) -> tuple[int, int]:
+        """Of the other replicas' work on a freshly answered pod, the queued shorts (none where
+        the pod does not report them: their work then counts as long, the cautious guess for a
+        short request, which waits behind long work only while a batch of it runs)."""
+        if pod.short is None:
+            return 0, 0
+        return max(0, pod.short[0] - pod.own_short_then[0]), max(0, pod.short[1] - pod.own_short_then[1])
+
     def merged(self, own: Mapping[str, EndpointLoad]) -> Mapping[str, EndpointLoad]:
         """The load routing sees: `own` where no answer adds to it (then `own` itself)."""
         view: dict[str, EndpointLoad] | None = None
@@ -156,8 +182,10 @@ class EngineLoads:
                 if view is None:
                     view = dict(own)
                 mine = own.get(name, _IDLE)
+                short_requests, short_tokens = self._others_short(pod)
                 view[name] = EndpointLoad(mine.pending_requests + requests, mine.pending_tokens + tokens,
-                                          mine.healthy)
+                                          mine.healthy, mine.short_requests + min(short_requests, requests),
+                                          mine.short_tokens + min(short_tokens, tokens))
         return own if view is None else view
 
     def report(self, name: str) -> dict | None:
@@ -183,6 +211,19 @@ def _own_part(then: OwnHeld, now: OwnHeld) -> dict[str, int]:
         held, sent = then.get(cls, (0, 0))      # a class never sent there had sent nothing
         own[cls] = held + now.get(cls, (held, sent))[1] - sent
     return own
+
+
+def _cost(doc: dict | None) -> PrefillCost | None:
+    if doc is None:
+        return None
+    overhead, per_token = float(doc["overhead_s"]), float(doc["per_token_s"])
+    if not (0 <= overhead < float("inf") and 0 <= per_token < float("inf")):
+        raise ValueError(f"not a prefill cost: {doc!r}")
+    return PrefillCost(overhead, per_token)
+
+
+def _pair(doc: list | None) -> tuple[int, int] | None:
+    return None if doc is None else (int(doc[0]), int(doc[1]))
 
 
 # Where an engine reports its load: this project's engines answer LOAD_PATH; stock SGLang
@@ -211,8 +252,9 @@ def parse_report(body: bytes) -> LoadReport:
                           int(doc.get("max_running_requests", 0)) or None,
                           None if held is None else {str(cls): int(n) for cls, n in held.items()},
                           int(doc.get("max_prompt_tokens", 0)) or None,
-                          int(doc.get("max_pending_tokens", 0)) or None)
-    except (KeyError, TypeError, AttributeError, OverflowError) as exc:
+                          int(doc.get("max_pending_tokens", 0)) or None,
+                          _cost(doc.get("prefill_cost")), _pair(doc.get("short_pending")))
+    except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as exc:
         # OverflowError: a number JSON reads as infinite (1e400), which no count is.
         raise ValueError(f"not a load report: {exc!r}") from None
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.policy.classes import CLASSES
+from laps_agent.policy.classes import CLASSES, SHORT
 from laps_agent.policy.outlier import may_eject
 from laps_agent.policy.routing import EndpointLoad
 
@@ -44,10 +44,11 @@ class _GroupPending:
 class PrefillTicket:
     """One request's share of a prefill pod's pending work; `done()` is idempotent."""
 
-    __slots__ = ("_tracker", "group", "endpoint", "tokens", "_open")
+    __slots__ = ("_tracker", "group", "endpoint", "tokens", "short", "_open")
 
-    def __init__(self, tracker: LoadTracker, group: str, endpoint: str, tokens: int) -> None:
+    def __init__(self, tracker: LoadTracker, group: str, endpoint: str, tokens: int, short: bool) -> None:
         self._tracker, self.group, self.endpoint, self.tokens = tracker, group, endpoint, tokens
+        self.short = short
         self._open = True
 
     @property
@@ -128,19 +129,27 @@ class LoadTracker:
         pending = self._groups.get(group)
         return (pending.requests, pending.tokens) if pending else (0, 0)
 
-    def begin_prefill(self, group: str, endpoint: str, tokens: int) -> PrefillTicket:
+    def begin_prefill(self, group: str, endpoint: str, tokens: int, cls: str | None = None) -> PrefillTicket:
+        """Book `tokens` of prefill work on `endpoint` (of `group`), sent as class `cls`."""
         load = self._load(endpoint)
         load.pending_requests += 1
         load.pending_tokens += tokens
+        short = cls == SHORT
+        if short:
+            load.short_requests += 1
+            load.short_tokens += tokens
         pending = self._groups[group]  # one per group from the start (their gauges read them)
         pending.requests += 1
         pending.tokens += tokens
-        return PrefillTicket(self, group, endpoint, tokens)
+        return PrefillTicket(self, group, endpoint, tokens, short)
 
     def _finish_prefill(self, ticket: PrefillTicket) -> None:
         load = self._load(ticket.endpoint)
         load.pending_requests -= 1
         load.pending_tokens -= ticket.tokens
+        if ticket.short:
+            load.short_requests -= 1
+            load.short_tokens -= ticket.tokens
         pending = self._groups[ticket.group]
         pending.requests -= 1
         pending.tokens -= ticket.tokens

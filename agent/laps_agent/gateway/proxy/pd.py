@@ -43,6 +43,8 @@ from laps_agent.gateway.proxy.upstream import (
     address,
 )
 from laps_agent.policy.admission import decode_held, decode_slots, group_load, in_time_route, refusal
+from laps_agent.policy.classes import length_class
+from laps_agent.policy.placement import place
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, choose_route
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,25 @@ class PDProxy:
             raise GatewayError(429, "overloaded", message, cfg.retry_after_s)
         return d
 
+    def place(self, call: ProxyCall, exclude: set[str], membership: Membership,
+              loads: Mapping[str, EndpointLoad], held, admitted: bool) -> RouteDecision:
+        """The predicted-TTFT router (policy/placement.py): the route, or 429 with the reason.
+        `admitted`: a retry of an admitted request, placed without the admission bounds."""
+        cfg = self._config
+        placed = place(call.tokens, cfg.length_threshold, membership.groups, membership.decode, loads,
+                       self.engine_loads.cost, held=held, exclude=frozenset(exclude), tiebreak=next(self._tiebreak),
+                       max_pending_tokens_per_pod=0 if admitted else cfg.max_pending_tokens_per_pod,
+                       capacity=self.engine_loads.capacity,
+                       decode_held=lambda cls: decode_held(membership.decode, loads, cls, self._tracker.decode_held(cls),
+                                                           self.engine_loads.others_held),
+                       decode_slots=decode_slots(membership.decode, loads, self.engine_loads.slots),
+                       max_decode_share=0.0 if admitted else cfg.max_decode_share)
+        if placed.route is None:
+            cls = length_class(call.tokens, cfg.length_threshold)
+            self._metrics.rejected_of[cls].inc()
+            raise GatewayError(429, "overloaded", placed.refusal, cfg.retry_after_s)
+        return placed.route
+
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
         failure: GatewayError | None = None
@@ -138,14 +159,18 @@ class PDProxy:
             # One view of the pods' loads (own + engine-reported) serves routing and admission.
             loads = self.engine_loads.merged(self._tracker.loads())
             try:
-                decision = self.route(call.tokens, exclude, membership, loads, held)
+                if self._config.router == "predicted":
+                    decision = self.place(call, exclude, membership, loads, held, admitted=attempt > 0)
+                else:
+                    decision = self.route(call.tokens, exclude, membership, loads, held)
+                    if attempt == 0:
+                        decision = self.admit(decision, call, membership, loads)  # retries were admitted already
             except NoEndpointError as exc:
                 message = f"no healthy pod can take this request ({exc})"
                 if failure is not None:
                     message += f"; last failure: {failure.message}"
                 raise GatewayError(503, "no_endpoint", message, self._config.retry_after_s, busy=all_busy) from None
             if attempt == 0:
-                decision = self.admit(decision, call, membership, loads)  # retries were admitted already
                 self._metrics.requests_of[decision.cls, decision.group].inc()
                 self.affinity.routed(decision)
                 if decision.fallback:
@@ -166,7 +191,7 @@ class PDProxy:
     async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
         payload = call.body.pieces(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
                                    self._rooms.getrandbits(63))
-        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, d.work(call.tokens))
+        ticket = self._tracker.begin_prefill(d.group, d.prefill.name, d.work(call.tokens), d.cls)
         self.affinity.sent(d, call.prefix)
         self._tracker.begin_decode(d.decode.name, d.cls)
         headers = upstream_headers(d.cls, call.request_id)

@@ -109,6 +109,72 @@ def summarize(cells: list[dict], systems: list[str]) -> dict:
     return out
 
 
+# The targets a system is held to against the baseline (issue "LAPS that never loses"), per cell.
+SHORT_P90_LIMIT, LONG_P90_LIMIT = 1.02, 1.30     # TTFT p90 ratios to the baseline, at most
+MIXED_BELOW = 0.90                               # a cell "mixes" where the baseline attains less in a class
+MIXED_GOODPUT, MIXED_VIOLATIONS = 1.15, 0.72     # there: goodput at least, SLO violations at most (ratios)
+
+
+def _violations(m: dict) -> int:
+    return sum(round(m[c]["sent"] * (1 - m[c]["attainment"])) for c in CLASSES if m[c]["attainment"] is not None)
+
+
+def targets(report: dict, system: str) -> list[dict]:
+    """Each target `system` is held to, over the report's cells: {"target", "cells" (where it
+    applies), "met", "misses" (labels with the figure)}. Against the baseline (the first
+    system): attainment, TTFT p90 per class, requests shed; where lengths mix (the baseline
+    below MIXED_BELOW in a class): goodput and violations. Against `reference` (goodput),
+    `sglang-cache-aware` (goodput, multi-turn cells) and `laps-pooled` (attainment) when the
+    report has them."""
+    base = report["systems"][0]
+    checks: dict[str, list[tuple[str, bool, str]]] = {}
+
+    def check(name: str, label: str, ok: bool, figure: str) -> None:
+        checks.setdefault(name, []).append((label, ok, figure))
+
+    for cell in report["cells"]:
+        label, runs = cell["label"], cell["systems"]
+        m, b = runs[system], runs[base]
+        for c in CLASSES:
+            d = m["delta_points"][c]
+            if d is not None:
+                check(f"{c} attainment >= {base}'s - 1 point", label, d >= -100 * LOSS_POINTS, f"{d:+.1f}")
+        for c, limit in (("short", SHORT_P90_LIMIT), ("long", LONG_P90_LIMIT)):
+            r = m["ratio"][c]["ttft_p90"]
+            if r is not None:
+                check(f"{c} TTFT p90 <= {limit:g}x {base}'s", label, r <= limit, f"{_num(r)}x")
+        check(f"sheds no more than {base}", label, m["all"]["failed"] <= b["all"]["failed"],
+              f"{m['all']['failed']} vs {b['all']['failed']}")
+        if any((b[c]["attainment"] or 1.0) < MIXED_BELOW for c in CLASSES):
+            g = m["ratio"]["all"]["goodput"]
+            v = ratio(_violations(m), _violations(b))
+            check(f"where lengths mix: goodput >= {MIXED_GOODPUT:g}x {base}'s", label,
+                  g is not None and g >= MIXED_GOODPUT, f"{_num(g)}x")
+            check(f"where lengths mix: SLO violations <= {MIXED_VIOLATIONS:g}x {base}'s", label,
+                  v is not None and v <= MIXED_VIOLATIONS, f"{_num(v)}x")
+        for other, only_multi_turn in (("reference", False), ("sglang-cache-aware", True)):
+            if other in runs and other != system and (cell.get("multi_turn") or not only_multi_turn):
+                mine, theirs = m["all"]["goodput"] or 0.0, runs[other]["all"]["goodput"] or 0.0
+                check(f"goodput >= {other}'s" + (" (multi-turn cells)" if only_multi_turn else ""), label,
+                      mine >= theirs * (1 - LOSS_POINTS), f"{_num(ratio(mine, theirs))}x")
+        if "laps-pooled" in runs and system != "laps-pooled":
+            for c in CLASSES:
+                mine, theirs = m[c]["attainment"], runs["laps-pooled"][c]["attainment"]
+                if mine is not None and theirs is not None:
+                    check(f"{c} attainment >= laps-pooled's - 1 point", label, mine >= theirs - LOSS_POINTS,
+                          f"{100 * (mine - theirs):+.1f}")
+    return [{"target": name, "cells": len(rows), "met": sum(ok for _, ok, _ in rows),
+             "misses": [f"{label} ({figure})" for label, ok, figure in rows if not ok]}
+            for name, rows in checks.items()]
+
+
+def targets_markdown(rows: list[dict], system: str) -> str:
+    lines = [f"| {system}: target | cells met | misses (first three) |", "|---|---:|---|"]
+    for row in rows:
+        lines.append(f"| {row['target']} | {row['met']}/{row['cells']} | {'; '.join(row['misses'][:3]) or '–'} |")
+    return "\n".join(lines)
+
+
 def _num(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
     if value is None:
         return "–"
@@ -160,7 +226,10 @@ def report_markdown(report: dict) -> str:
              "A refused request counts as an infinite TTFT and an SLO miss; ratios (×) are to the baseline; "
              "lost: attainment more than 1 point below the baseline's in a class; won: more than 1 point above "
              "in a class without losing the other.", "", "## summary", "",
-             summary_markdown(report["summary"], systems[0]), "", "## cells", ""]
+             summary_markdown(report["summary"], systems[0]), ""]
+    for name, rows in report.get("targets", {}).items():
+        parts += [targets_markdown(rows, name), ""]
+    parts += ["## cells", ""]
     parts += [cell_markdown(cell, systems) + "\n" for cell in report["cells"]]
     return "\n".join(parts)
 

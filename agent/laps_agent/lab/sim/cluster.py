@@ -42,6 +42,7 @@ from laps_agent.policy.allocation import AllocationConfig
 from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
+from laps_agent.policy.placement import PrefillCost, place
 from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
@@ -99,6 +100,7 @@ class SimCluster:
         grid = bucket_grid(args)
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
+        self.batch_tokens = sched.max_prefill_tokens
 
         # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record;
         # `oracle`: one unlimited cache all pods share, known to the router (prefix.py).
@@ -130,7 +132,9 @@ class SimCluster:
             self.threshold = threshold
         else:
             self.groups = {"short": tuple(self.prefill_eps), "long": ()}
-            self.threshold = SINGLE_POOL_THRESHOLD
+            # One pool: no classes when routed least-loaded (vanilla PD); routed by prediction,
+            # the classes still say what each engine's dual queue serves first.
+            self.threshold = threshold if system.router == "predicted" else SINGLE_POOL_THRESHOLD
         self.class_threshold = threshold
         self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig())
         self.estimate = estimate or (lambda tokens: tokens)
@@ -204,6 +208,9 @@ class SimCluster:
     def _route(self, r: SimRequest, now: float) -> None:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
         loads = self.tracker.loads()
+        if self.system.router == "predicted":
+            self._place(r, now, loads)
+            return
         try:
             if self.system.router == "cache_aware":
                 d = self._cache_aware_route(r, loads)
@@ -220,9 +227,31 @@ class SimCluster:
                    pod) is not None:   # refused before any engine
             self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
             return
+        self._dispatch(r, now, d)
+
+    def _place(self, r: SimRequest, now: float, loads: dict) -> None:
+        """The predicted-TTFT router (policy/placement.py): one call routes or refuses."""
+        try:
+            placed = place(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads, self._cost,
+                           held=self.prefixes.held(r.conversation, r.prompt_tokens), tiebreak=next(self._tiebreak),
+                           batch_tokens=self.batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
+                           capacity=self._capacity)
+        except NoEndpointError as exc:
+            self._fail(r, now, 503, str(exc))
+            return
+        if placed.route is None:
+            self._fail(r, now, 429, placed.refusal)
+            return
+        self._dispatch(r, now, placed.route)
+
+    def _cost(self, name: str) -> PrefillCost | None:
+        cost = self.prefill[self._prefill_index[name]].scheduler.prefill_cost()
+        return None if cost is None else PrefillCost(*cost)
+
+    def _dispatch(self, r: SimRequest, now: float, d: RouteDecision) -> None:
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
         r.expected = d.cached  # the pod's work is what it is not expected to hold, as the gateway books it
-        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, d.work(r.routed_tokens))
+        r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, d.work(r.routed_tokens), d.cls)
         self.tracker.begin_decode(d.decode.name)
         self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
         if self.hop_s > 0:

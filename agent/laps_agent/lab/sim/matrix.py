@@ -15,7 +15,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from laps_agent.emulated.profile import Profile, load_profile
-from laps_agent.lab.matrix.report import cell_metrics, save_report, summarize, summary_markdown, with_ratios
+from laps_agent.lab.matrix.report import (
+    cell_metrics,
+    save_report,
+    summarize,
+    summary_markdown,
+    targets,
+    targets_markdown,
+    with_ratios,
+)
 from laps_agent.lab.matrix.spec import Matrix, cell_setup, shortened
 from laps_agent.lab.sim.allocation import INTERVAL_S
 from laps_agent.lab.sim.cluster import HOP_S
@@ -68,7 +76,8 @@ def run_matrix(matrix: Matrix, out: Path, *, systems: Sequence[str] | None = Non
         entry = {"label": matrix.label(cell), "workload": cell.workload, "profile": cell.profile,
                  "shape": cell.shape.name, "prefill": setup.prefill, "decode": setup.decode, "load": setup.load,
                  "capacity": capacity, "rate": setup.load * capacity, "requests": len(plan),
-                 "threshold": threshold, "seed": spec.seed, "systems": {}}
+                 "threshold": threshold, "seed": spec.seed, "multi_turn": bool((plan.conversation >= 0).any()),
+                 "systems": {}}
         for config in configs:
             result = simulate(plan, profile, config, prefill=setup.prefill, decode=setup.decode,
                               threshold=threshold, engine_args=tuple(engine_args), chars_per_token=chars,
@@ -77,8 +86,13 @@ def run_matrix(matrix: Matrix, out: Path, *, systems: Sequence[str] | None = Non
         run.report["cells"].append(with_ratios(entry, names))
         log(_cell_line(k, len(cells), entry, names, time.perf_counter() - started))
     run.report["summary"] = summarize(run.report["cells"], names)
+    # The targets of `laps` (issue "LAPS that never loses"), when it runs against another baseline.
+    held = [n for n in names[1:] if n == "laps"]
+    run.report["targets"] = {n: targets(run.report, n) for n in held}
     run.paths = save_report(run.report, out, plots=plots)
     log("\n" + summary_markdown(run.report["summary"], names[0]))
+    for n in held:
+        log("\n" + targets_markdown(run.report["targets"][n], n))
     log(f"\nfiles: {', '.join(str(p) for p in run.paths.values())}")
     return run
 

@@ -11,7 +11,10 @@ Requests are classified by their *uncached* prompt tokens (what prefill really c
    Smith's rule; otherwise, or with no cost estimate yet (`observe_prefill`, `calibrate`), the
    window is cut and the short batch runs now: the device never idles while a long request
    waits. `long_in_window="always"`: the reference's rule (the long batch always runs).
-4. Otherwise long requests if any; else an empty Decision, `wake_at` = the window's end.
+4. Otherwise long requests if any; else, when another short arrival is expected before the
+   window ends (the mean gap between short arrivals, window.py), an empty Decision with
+   `wake_at` = the window's end; when none is, the short batch now: a window that cannot merge
+   anything only delays.
 Rule 1 is a tested guarantee: with batches of at most D seconds, a long request with k ahead of
 it in its queue waits at most max_long_wait_ms + (k + 1) * D. Batches are FIFO within a class,
 of at most max_batch_size requests and max_prefill_tokens uncached tokens, but the queue head
@@ -268,4 +271,6 @@ class PrefillScheduler:
             if self._long_goes_first(count, window_end, now):
                 return self._dispatch(LONG, "long_in_window")
             return self._dispatch(SHORT, "short_window_cut_for_long")
+        if not self.window.arrival_expected_by(window_end):
+            return self._dispatch(SHORT, "short_none_expected")
         return Decision([], None, window_end, "window_hold")

@@ -139,7 +139,7 @@ class WaitWindow:
         return WindowSetting(self.config.wait_window_s, min(self.config.wait_max_batch, self.depth_cap), "fixed")
 
     def note_short_arrival(self, now: float, uncached: int) -> None:
-        if not self.config.adaptive_window or self.max_window_s <= 0:
+        if self.max_window_s <= 0:
             return
         self.short_tokens.update(float(uncached))
         if self._last_short_arrival is not None:
@@ -148,7 +148,14 @@ class WaitWindow:
             gap = min(max(now - self._last_short_arrival, 0.0), 10 * self.max_window_s)
             self.inter_arrival.update(gap)
         self._last_short_arrival = now if self._last_short_arrival is None else max(now, self._last_short_arrival)
-        self._setting = self._adaptive()
+        if self.config.adaptive_window:
+            self._setting = self._adaptive()
+
+    def arrival_expected_by(self, deadline: float) -> bool:
+        """Whether another short request is expected to arrive by `deadline` (the last one's
+        arrival plus the mean gap): a window that expects none only delays the ones it holds."""
+        gap, last = self.inter_arrival.value, self._last_short_arrival
+        return gap is not None and last is not None and last + gap <= deadline
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         self.cost.observe(tokens, seconds)

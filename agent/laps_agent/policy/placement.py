@@ -1,0 +1,199 @@
+"""Where a request goes, or why it is refused: one decision by predicted time to first token.
+
+Every usable prefill pod predicts when this request's prefill would end there, from what it is
+predicted to hold (EndpointLoad: pending requests and uncached tokens, the short ones apart) and
+its measured cost of a prefill batch (seconds = overhead + per-token x tokens, the engine's own
+fit: scheduling/window.py). The prediction honours the pod's dual queue:
+- a short request waits for a long batch that may be running (counted whole: the gateway does
+  not know when it started) and the shorts ahead of it, then runs in their batch;
+- a long request waits for everything ahead, one batch per `batch_tokens` of each class.
+The request's class and work at a pod are its *expected uncached* tokens there (cache affinity:
+`held`), so a conversation goes back to the pod holding its prefix exactly when that is faster.
+
+The length groups are a preference, not a wall:
+- a short request goes to the pod that would serve it first, wherever it is (a long-group pod
+  serves it before its queued longs); equal predictions prefer its own group;
+- a long request goes to the long group, except to a short-group pod where it would finish
+  sooner than it would start in the long group (the long group would hold it back longer than
+  it runs); the shorts then route around that pod while its long batch runs. With no usable
+  long-group pod it goes to the short group.
+Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
+is within the token watermark at the pod's cost and, where the pod reports what it prefills in
+time (its KV hand-off bound), within that. The chosen pod is the best one that takes it among
+those the request may use; it is refused (429) only when none would. So a class is never shed
+while a pod it may use idles (a short may use every pod). Dumping refused long work on the
+short group instead was measured worse (long attainment and sheds: docs/design/placement.md).
+The decode pod is the least loaded (routing.py's rule), and a class holding its share of the
+decode slots is refused (admission.py rule 3). The gateway and `laps sim` both call `place`.
+Why this rule, and what it changed on the workload matrix: docs/design/placement.md."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import AbstractSet
+
+from laps_agent.policy.admission import decode_share_bound
+from laps_agent.policy.classes import LONG, SHORT, length_class
+from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, describe, least_loaded
+
+# The engines' default --max-prefill-tokens on the H200 profile and SGLang's default chunk: a
+# running long batch holds its pod for at most this many tokens' time.
+DEFAULT_BATCH_TOKENS = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCost:
+    """A prefill batch of T uncached tokens takes overhead_s + per_token_s x T seconds."""
+    overhead_s: float
+    per_token_s: float
+
+    def seconds(self, tokens: int, batches: int = 1) -> float:
+        return batches * self.overhead_s + self.per_token_s * tokens
+
+
+# Before a pod has reported its cost: predictions in token-units (one per token, no overhead),
+# which rank pods as the pending-token rule did and turn a token bound into itself.
+UNMEASURED = PrefillCost(0.0, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    route: RouteDecision | None    # None: refused
+    predicted_s: float             # the prefill's predicted end on the chosen pod (refused: the best)
+    refusal: str | None = None     # why it is refused (then 429); None: placed
+
+
+@dataclass(slots=True)
+class _Candidate:
+    endpoint: Endpoint
+    group: str
+    cls: str
+    work: int
+    held: int
+    predicted_s: float
+    own_s: float        # its own prefill's seconds there
+    load: EndpointLoad
+    cost: PrefillCost
+
+
+def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int,
+                      batch_tokens: int = DEFAULT_BATCH_TOKENS) -> float:
+    """When a request of class `cls` and `work` uncached tokens would finish its prefill on a pod
+    holding `load`, from now (the module docstring's dual-queue rule)."""
+    short_tokens = max(0, load.short_tokens)
+    long_tokens = max(0, load.pending_tokens - short_tokens)
+    long_requests = max(0, load.pending_requests - load.short_requests)
+    if cls == SHORT:
+        running = cost.seconds(_long_batch(long_requests, long_tokens, batch_tokens)) if long_requests else 0.0
+        ahead = short_tokens + work
+        return running + cost.seconds(ahead, math.ceil(ahead / batch_tokens))
+    batches = math.ceil(short_tokens / batch_tokens) + math.ceil((long_tokens + work) / batch_tokens)
+    return cost.seconds(short_tokens + long_tokens + work, batches)
+
+
+def _long_batch(requests: int, tokens: int, batch_tokens: int) -> int:
+    """The tokens of the long batch that may be running: as many whole longs of the mean size as
+    fit in one batch, at least one (the engine batches them FIFO up to `batch_tokens`)."""
+    if requests <= 0 or tokens <= 0:
+        return 0
+    mean = tokens / requests
+    return int(min(tokens, max(1, batch_tokens // max(mean, 1)) * mean))
+
+
+def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]], decode: Sequence[Endpoint],
+          loads: Mapping[str, EndpointLoad], cost: Callable[[str], PrefillCost | None], *,
+          held: Callable[[Endpoint], int] | None = None, exclude: AbstractSet[str] = frozenset(),
+          tiebreak: int = 0, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+          max_pending_tokens_per_pod: int = 0, capacity: Callable[[str], int | None] = lambda name: None,
+          decode_held: Callable[[str], int] = lambda cls: 0, decode_slots: int = 0,
+          max_decode_share: float = 0.0) -> Placement:
+    """The placement of a request of `tokens` prompt tokens (the module docstring). `cost(pod)`:
+    its measured prefill cost (None: not yet; another pod's, else UNMEASURED, stands in);
+    `held(pod)`: its prompt tokens that pod is expected to hold (None: no affinity);
+    `max_pending_tokens_per_pod` 0: no admission bound (nor the in-time one); `capacity(pod)`:
+    the tokens it reports it prefills in time; `decode_held(cls)`: requests of that class on the
+    decode pool of `decode_slots` slots. Raises NoEndpointError when no pod is usable."""
+    pooled = not groups.get(LONG)
+    measured = [c for eps in groups.values() for e in eps if (c := cost(e.name)) is not None]
+    stand_in = measured[0] if measured else UNMEASURED
+    candidates: list[_Candidate] = []
+    for group in (SHORT, LONG):
+        for ep in groups.get(group, ()):
+            load = loads.get(ep.name, _IDLE)
+            if ep.name in exclude or not load.healthy:
+                continue
+            got = held(ep) if held is not None else 0
+            work = max(1, tokens - got)
+            cls = length_class(work, threshold)
+            pod_cost = cost(ep.name) or stand_in
+            predicted = predicted_seconds(load, pod_cost, cls, work, batch_tokens)
+            candidates.append(_Candidate(ep, group, cls, work, got, predicted,
+                                         pod_cost.seconds(min(work, batch_tokens)), load, pod_cost))
+    if not candidates:
+        raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
+                              + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))
+    allowed = candidates if pooled else _allowed(candidates)
+    order = sorted(range(len(allowed)), key=lambda i: (allowed[i].predicted_s, allowed[i].group != allowed[i].cls,
+                                                       (i - tiebreak) % len(allowed)))
+    best = allowed[order[0]]
+    chosen = next((allowed[i] for i in order if _takes(allowed[i], max_pending_tokens_per_pod, capacity)), None)
+    decode_ep = least_loaded(decode, loads, exclude, tiebreak)
+    if decode_ep is None:
+        raise NoEndpointError(f"no usable decode pod: {describe('decode', decode, loads, exclude)}")
+    if chosen is None:
+        return Placement(None, best.predicted_s, _refusal(best, max_pending_tokens_per_pod))
+    route = RouteDecision(chosen.cls, chosen.group, chosen.endpoint, decode_ep,
+                          fallback=not pooled and chosen.group != chosen.cls, cached=chosen.held)
+    share = decode_share_bound(max_decode_share, decode_slots)
+    if share is not None and (holding := decode_held(chosen.cls)) >= share:
+        return Placement(None, chosen.predicted_s,
+                         f"the {chosen.cls} class is overloaded in the decode pool: it holds {holding} requests, "
+                         f"its share is {share} ({max_decode_share:g} of {decode_slots} decode slots); "
+                         f"retry later")
+    return Placement(route, chosen.predicted_s)
+
+
+def _allowed(candidates: list[_Candidate]) -> list[_Candidate]:
+    """The pods the request may use (the module docstring's group preference)."""
+    home = [c for c in candidates if c.group == c.cls or c.cls == SHORT]
+    longs_home = [c for c in candidates if c.cls == LONG and c.group == LONG]
+    if not any(c.cls == LONG for c in candidates) or not longs_home:
+        return candidates   # short everywhere, or a long with no long-group pod: any pod
+    best_home = min(c.predicted_s for c in longs_home)
+    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and c.predicted_s + c.own_s < best_home]
+    return home + spill
+
+
+def _bound_s(c: _Candidate, max_pending_tokens_per_pod: int) -> float:
+    """The latest predicted prefill end pod `c` takes a request with: the token watermark at its
+    cost (inf: no bound)."""
+    if max_pending_tokens_per_pod <= 0:
+        return math.inf
+    return c.cost.seconds(max_pending_tokens_per_pod, math.ceil(max_pending_tokens_per_pod / DEFAULT_BATCH_TOKENS))
+
+
+def _refusal(best: _Candidate, max_pending_tokens_per_pod: int) -> str:
+    if best.cost is UNMEASURED:   # its figures are tokens, not seconds
+        why = (f"would have {best.predicted_s:.0f} prompt tokens to prefill with it (its bound: "
+               f"{max_pending_tokens_per_pod})")
+    else:
+        why = (f"would end its prefill in {best.predicted_s:.3g} s, {best.load.pending_tokens} tokens queued "
+               f"ahead (its bound: {_bound_s(best, max_pending_tokens_per_pod):.3g} s, {max_pending_tokens_per_pod} "
+               f"tokens at its measured speed)")
+    return f"no prefill pod would prefill this {best.cls} request in time: the best, {best.endpoint.name}, {why}; retry later"
+
+
+def _takes(c: _Candidate, max_pending_tokens_per_pod: int, capacity: Callable[[str], int | None]) -> bool:
+    """Whether pod `c` takes the request: always when it holds nothing (however large the
+    prompt); else when its predicted prefill end is within the watermark and, where the pod
+    reports what it prefills in time, within that."""
+    if c.load.pending_tokens <= 0 or max_pending_tokens_per_pod <= 0:
+        return True
+    if c.predicted_s > _bound_s(c, max_pending_tokens_per_pod):
+        return False
+    in_time = capacity(c.endpoint.name)
+    return in_time is None or c.predicted_s <= c.cost.seconds(in_time)
+
+
+_IDLE = EndpointLoad()

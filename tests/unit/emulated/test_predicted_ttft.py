@@ -1,0 +1,63 @@
+"""The gateway's prediction of when a request's prefill ends (policy/placement.py) against the
+emulated engine's own timing of the same queue (the H200 32B profile, calibrated at start-up as
+`laps engine` is): the router is only as good as this agreement."""
+from __future__ import annotations
+
+import pytest
+
+from laps_agent.emulated.core import EngineModel
+from laps_agent.emulated.prefill_cost import calibrate
+from laps_agent.emulated.profile import load_profile
+from laps_agent.emulated.requests import ModelRequest
+from laps_agent.policy.classes import SHORT, length_class
+from laps_agent.policy.placement import PrefillCost, predicted_seconds
+from laps_agent.policy.routing import EndpointLoad
+from laps_agent.policy.scheduling.config import SchedulerConfig
+
+THRESHOLD = 256
+BATCH_TOKENS = 16384
+
+
+def engine() -> EngineModel:
+    m = EngineModel(load_profile("gpu-h200-qwen2.5-32b"), "prefill",
+                    SchedulerConfig(length_threshold=THRESHOLD, max_prefill_tokens=BATCH_TOKENS))
+    calibrate(m)
+    return m
+
+
+def booked(queue: list[int]) -> EndpointLoad:
+    """What the gateway books on a pod it sent these prompts to (prefill not ended)."""
+    shorts = [t for t in queue if length_class(t, THRESHOLD) == SHORT]
+    return EndpointLoad(pending_requests=len(queue), pending_tokens=sum(queue),
+                        short_requests=len(shorts), short_tokens=sum(shorts))
+
+
+def measured(queue: list[int], probe: int) -> float:
+    """Seconds from the probe's arrival to the end of its prefill, on an engine that got `queue`
+    at time 0 and started its first batch, the probe arriving just then."""
+    m = engine()
+    for i, tokens in enumerate(queue):
+        m.add(ModelRequest(f"q{i}", "prefill", tokens, 1, 0.0), 0.0)
+    events = list(m.poll(0.0))
+    m.add(ModelRequest("probe", "prefill", probe, 1, 0.0), 0.0)
+    events += m.poll(0.0)
+    while (t := m.next_time()) is not None:
+        events += m.poll(t)
+    return next(e.time for e in events if e.rid == "probe" and e.kind == "prefilled")
+
+
+@pytest.mark.parametrize("queue, probe", [
+    ([], 100),                              # idle: its own batch
+    ([], 6000),
+    ([4000], 100),                          # a short behind a running long batch
+    ([3000, 3000, 3000], 200),              # ... of several longs: one batch of them
+    ([200] * 12, 150),                      # a short behind shorts
+    ([3000, 5000], 2000),                   # a long behind longs
+    ([120] * 6 + [3000, 3000], 2500),       # a long behind shorts and longs
+    ([9000, 9000], 100),                    # a short behind a batch of 16384 tokens
+], ids=lambda v: str(v)[:24])
+def test_the_predicted_prefill_end_agrees_with_the_emulated_engine(queue, probe):
+    m = engine()
+    cost = PrefillCost(*m.scheduler.prefill_cost())
+    predicted = predicted_seconds(booked(queue), cost, length_class(probe, THRESHOLD), probe, BATCH_TOKENS)
+    assert predicted == pytest.approx(measured(queue, probe), rel=0.15)

@@ -1,0 +1,172 @@
+"""The predicted-TTFT router (policy/placement.py): work-conserving, the groups a preference,
+refusal only when no pod the request may use would prefill it in time."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from laps_agent.policy.placement import PrefillCost, place, predicted_seconds
+from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError
+
+COST = PrefillCost(0.02, 1e-4)     # about the H200 32B profile: 20 ms a batch, 0.1 ms a token
+THRESHOLD = 256
+
+
+def ep(name: str) -> Endpoint:
+    return Endpoint(name, f"http://{name}:30000", name, 8998)
+
+
+def cluster(short=2, long_=2):
+    return {"short": [ep(f"s{i}") for i in range(short)], "long": [ep(f"l{i}") for i in range(long_)]}, [ep("d0")]
+
+
+def busy(long_tokens=0, long_requests=0, short_tokens=0, short_requests=0) -> EndpointLoad:
+    return EndpointLoad(pending_requests=long_requests + short_requests, pending_tokens=long_tokens + short_tokens,
+                        short_requests=short_requests, short_tokens=short_tokens)
+
+
+def put(tokens, loads, groups, decode, **kw):
+    kw.setdefault("cost", lambda name: COST)
+    return place(tokens, THRESHOLD, groups, decode, loads, **kw)
+
+
+def test_a_short_request_takes_an_idle_long_group_pod_when_its_own_group_is_busy():
+    groups, decode = cluster()
+    loads = {"s0": busy(short_tokens=4000, short_requests=20), "s1": busy(short_tokens=4000, short_requests=20)}
+    placed = put(100, loads, groups, decode)
+    assert placed.route.prefill.name in ("l0", "l1")
+    assert placed.route.cls == "short" and placed.route.group == "long"
+
+
+def test_a_short_request_prefers_its_own_group_when_the_pods_are_equal():
+    groups, decode = cluster()
+    for tiebreak in range(8):
+        assert put(100, {}, groups, decode, tiebreak=tiebreak).route.group == "short"
+
+
+def test_a_short_request_waits_behind_queued_shorts_not_behind_queued_longs():
+    """The dual queue serves a short before the longs queued on its pod: only a long batch that
+    may be running counts, so a pod with queued long work can still be the short's best."""
+    groups, decode = {"short": [ep("s0")], "long": [ep("l0")]}, [ep("d0")]
+    loads = {"s0": busy(short_tokens=6000, short_requests=30), "l0": busy(long_tokens=3000, long_requests=1)}
+    with_longs = predicted_seconds(loads["l0"], COST, "short", 100)
+    with_shorts = predicted_seconds(loads["s0"], COST, "short", 100)
+    assert with_longs < with_shorts
+    assert put(100, loads, groups, decode).route.prefill.name == "l0"
+
+
+def test_a_long_request_waits_behind_everything_queued():
+    load = busy(long_tokens=3000, long_requests=1, short_tokens=500, short_requests=5)
+    assert predicted_seconds(load, COST, "long", 2000) == pytest.approx(COST.seconds(5500, batches=2))
+
+
+def test_a_long_request_stays_in_the_long_group_while_it_is_not_far_behind():
+    groups, decode = cluster()
+    loads = {"l0": busy(long_tokens=1000, long_requests=1), "l1": busy(long_tokens=1000, long_requests=1)}
+    placed = put(3000, loads, groups, decode)
+    assert placed.route.group == "long" and placed.route.cls == "long"
+
+
+def test_a_long_request_spills_to_a_short_pod_only_when_the_long_group_would_hold_it_longer_than_it_runs():
+    groups, decode = cluster()
+    backed_up = {"l0": busy(long_tokens=40000, long_requests=10), "l1": busy(long_tokens=40000, long_requests=10)}
+    placed = put(3000, backed_up, groups, decode)
+    assert placed.route.group == "short" and placed.route.cls == "long" and placed.route.fallback
+
+
+def test_with_no_usable_long_pod_long_work_goes_to_the_short_group():
+    groups, decode = cluster()
+    loads = {"l0": EndpointLoad(healthy=False)}
+    placed = put(3000, loads, groups, decode, exclude=frozenset({"l1"}))
+    assert placed.route.group == "short"
+
+
+def test_a_request_is_refused_only_when_no_pod_it_may_use_would_prefill_it_in_time():
+    groups, decode = cluster()
+    full = busy(short_tokens=20000, short_requests=80)
+    loads = {"s0": full, "s1": full, "l0": full, "l1": busy(long_tokens=100, long_requests=1)}
+    # its own group is over the bound, but a long-group pod would serve it in time
+    placed = put(100, loads, groups, decode, max_pending_tokens_per_pod=16384)
+    assert placed.route is not None and placed.route.prefill.name == "l1"
+    loads["l1"] = full
+    refused = put(100, loads, groups, decode, max_pending_tokens_per_pod=16384)
+    assert refused.route is None and "no prefill pod would prefill this short request in time" in refused.refusal
+
+
+def test_an_idle_pod_always_takes_a_request_however_large():
+    groups, decode = cluster(1, 1)
+    placed = put(60000, {}, groups, decode, max_pending_tokens_per_pod=16384)
+    assert placed.route is not None
+
+
+def test_the_pods_measured_in_time_capacity_bounds_it():
+    groups, decode = {"short": [ep("s0")], "long": []}, [ep("d0")]
+    loads = {"s0": busy(short_tokens=200, short_requests=2)}
+    assert put(100, loads, groups, decode, max_pending_tokens_per_pod=16384,
+               capacity=lambda name: 250).route is None
+    assert put(100, loads, groups, decode, max_pending_tokens_per_pod=16384,
+               capacity=lambda name: 400).route is not None
+
+
+def test_a_conversation_goes_back_to_the_pod_holding_its_prefix_and_counts_as_short_there():
+    groups, decode = cluster()
+    held = {"l1": 3900}
+    placed = put(4000, {}, groups, decode, held=lambda e: held.get(e.name, 0))
+    assert placed.route.prefill.name == "l1" and placed.route.cls == "short" and placed.route.cached == 3900
+
+
+def test_a_pod_holding_the_prefix_is_left_when_it_is_slower_for_it():
+    groups, decode = cluster()
+    held = {"s0": 200}
+    loads = {"s0": busy(short_tokens=30000, short_requests=100)}
+    placed = put(300, loads, groups, decode, held=lambda e: held.get(e.name, 0))
+    assert placed.route.prefill.name != "s0" and placed.route.cached == 0
+
+
+def test_a_class_over_its_decode_share_is_refused_with_the_reason():
+    groups, decode = cluster()
+    refused = put(100, {}, groups, decode, decode_held=lambda cls: 96 if cls == "short" else 0, decode_slots=128,
+                  max_decode_share=0.75)
+    assert refused.route is None and "short class is overloaded in the decode pool" in refused.refusal
+    assert put(3000, {}, groups, decode, decode_held=lambda cls: 96 if cls == "short" else 0, decode_slots=128,
+               max_decode_share=0.75).route is not None
+
+
+def test_no_usable_pod_names_the_groups():
+    groups, decode = cluster()
+    with pytest.raises(NoEndpointError, match="prefill-short: 2 pods, 2 excluded after failures; prefill-long: 2 pods"):
+        put(100, {}, groups, decode, exclude=frozenset({"s0", "s1", "l0", "l1"}))
+
+
+def test_before_any_cost_is_measured_pods_rank_by_their_pending_tokens():
+    groups, decode = {"short": [ep("s0"), ep("s1")], "long": []}, [ep("d0")]
+    loads = {"s0": busy(short_tokens=300, short_requests=1), "s1": busy(short_tokens=100, short_requests=1)}
+    assert put(100, loads, groups, decode, cost=lambda name: None).route.prefill.name == "s1"
+
+
+@st.composite
+def loads(draw):
+    """A pod's load as the gateway books it: tokens pending only with requests pending."""
+    long_requests, short_requests = draw(st.integers(0, 4)), draw(st.integers(0, 10))
+    return busy(long_tokens=long_requests * draw(st.sampled_from([300, 2000, 6000])), long_requests=long_requests,
+                short_tokens=short_requests * draw(st.integers(1, THRESHOLD)), short_requests=short_requests)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(1, 9000), s=st.lists(loads(), min_size=1, max_size=4),
+       l_=st.lists(loads(), min_size=0, max_size=4))
+def test_a_short_request_goes_where_it_is_predicted_to_start_first(tokens, s, l_):
+    """Work-conserving: no usable pod predicts an earlier first token for a short than the one
+    it is sent to (the groups decide only between equals); for any request, an idle pod is
+    never passed over for a busier one of the same group."""
+    groups = {"short": [ep(f"s{i}") for i in range(len(s))], "long": [ep(f"l{i}") for i in range(len(l_))]}
+    load = {**{f"s{i}": x for i, x in enumerate(s)}, **{f"l{i}": x for i, x in enumerate(l_)}}
+    placed = put(tokens, load, groups, [ep("d0")])
+    chosen = placed.route.prefill.name
+    if placed.route.cls == "short":
+        best = min(predicted_seconds(x, COST, "short", tokens) for x in load.values())
+        assert placed.predicted_s == pytest.approx(best)
+    group = [e.name for e in groups[placed.route.group]]
+    if load[chosen].pending_tokens:
+        assert all(load[name].pending_tokens for name in group)
