@@ -17,8 +17,8 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.pending_requests = Gauge(
-            "laps_gateway_pending_requests", "Requests dispatched to a prefill group whose prefill "
-            "phase has not completed yet", ["group"], registry=r)
+            "laps_gateway_pending_requests", "Requests of the group's class (whichever pod serves "
+            "them) whose prefill phase has not completed yet", ["group"], registry=r)
         self.pending_tokens = Gauge(
             "laps_gateway_pending_tokens", "Estimated prompt tokens of the pending requests",
             ["group"], registry=r)
@@ -26,8 +26,8 @@ class GatewayMetrics:
             "laps_gateway_requests", "Requests routed, by length class and prefill group",
             ["class", "group"], registry=r)
         self.fallbacks = Counter(
-            "laps_gateway_fallbacks", "Requests sent to the other group because their own had "
-            "no healthy pod", ["class"], registry=r)
+            "laps_gateway_fallbacks", "Requests served by a pod of the other group (the router "
+            "predicted it faster, or their own had no usable pod)", ["class"], registry=r)
         self.retries = Counter(
             "laps_gateway_retries", "Attempts repeated on other pods after a connection failure",
             registry=r)

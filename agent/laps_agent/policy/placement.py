@@ -14,7 +14,7 @@ The length groups are a preference, not a wall:
 - a short request goes to the pod that would serve it first, wherever it is (a long-group pod
   serves it before its queued longs); equal predictions prefer its own group;
 - a long request goes to the long group, except to a short-group pod where it would finish
-  sooner than it would start in the long group (the long group would hold it back longer than
+  no later than it would start in the long group (the long group would hold it back longer than
   it runs); the shorts then route around that pod while its long batch runs. With no usable
   long-group pod it goes to the short group.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
@@ -51,6 +51,11 @@ class PrefillCost:
     def seconds(self, tokens: int, batches: int = 1) -> float:
         return batches * self.overhead_s + self.per_token_s * tokens
 
+
+# Predictions this close are equal: each pod's cost is its own fit of its own batches, and pods
+# of the same hardware differ by noise; without it the one that measured fastest took every
+# request while the others idled.
+TIE_SHARE = 0.02
 
 # Before a pod has reported its cost: predictions in token-units (one per token, no overhead),
 # which rank pods as the pending-token rule did and turn a token bound into itself.
@@ -134,10 +139,9 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
         raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
                               + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))
     allowed = candidates if pooled else _allowed(candidates)
-    order = sorted(range(len(allowed)), key=lambda i: (allowed[i].predicted_s, allowed[i].group != allowed[i].cls,
-                                                       (i - tiebreak) % len(allowed)))
-    best = allowed[order[0]]
-    chosen = next((allowed[i] for i in order if _takes(allowed[i], max_pending_tokens_per_pod, capacity)), None)
+    order = _preference(allowed, tiebreak)
+    best = order[0]
+    chosen = next((c for c in order if _takes(c, max_pending_tokens_per_pod, capacity)), None)
     decode_ep = least_loaded(decode, loads, exclude, tiebreak)
     if decode_ep is None:
         raise NoEndpointError(f"no usable decode pod: {describe('decode', decode, loads, exclude)}")
@@ -154,6 +158,18 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     return Placement(route, chosen.predicted_s)
 
 
+def _preference(allowed: list[_Candidate], tiebreak: int) -> list[_Candidate]:
+    """The candidates best first: those predicting within TIE_SHARE of the best are equals (its
+    own group first, then a rotation by `tiebreak`, so that equal pods share the work), then the
+    others by prediction."""
+    best = min(c.predicted_s for c in allowed)
+    n = len(allowed)
+    near = [i for i in range(n) if allowed[i].predicted_s <= best * (1 + TIE_SHARE)]
+    rest = sorted((i for i in range(n) if i not in near), key=lambda i: allowed[i].predicted_s)
+    near.sort(key=lambda i: (allowed[i].group != allowed[i].cls, (i - tiebreak) % n))
+    return [allowed[i] for i in near + rest]
+
+
 def _allowed(candidates: list[_Candidate]) -> list[_Candidate]:
     """The pods the request may use (the module docstring's group preference)."""
     home = [c for c in candidates if c.group == c.cls or c.cls == SHORT]
@@ -161,7 +177,7 @@ def _allowed(candidates: list[_Candidate]) -> list[_Candidate]:
     if not any(c.cls == LONG for c in candidates) or not longs_home:
         return candidates   # short everywhere, or a long with no long-group pod: any pod
     best_home = min(c.predicted_s for c in longs_home)
-    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and c.predicted_s + c.own_s < best_home]
+    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and c.predicted_s + c.own_s <= best_home]
     return home + spill
 
 

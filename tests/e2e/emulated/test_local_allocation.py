@@ -70,7 +70,7 @@ def test_long_load_moves_a_short_engine_to_the_long_group(laps_local, tmp_path):
                        "laps_engine_prefill_latency_seconds_count", 0.0, **{"class": "long"})
 
     seen = long_batches()
-    for k in range(6):  # least-pending routing over three idle long engines reaches all of them
+    for k in range(6):  # equal predictions rotate over the three idle long engines: all get some
         prompt = [45000 + k, *range(101, 1100)]   # new prompts: no pod holds them, no affinity
         reply = httpx.post(stack.url + "/completions", json={
             "model": "emulated-test", "prompt": prompt, "max_tokens": 1}, timeout=60)

@@ -29,15 +29,16 @@ def held_long_group(stub_engines, gateway_server):
 
     gate, held = threading.Event(), []
 
-    def start(bound: int, **config):
+    def start(bound: int, held_longs: int = 2, **config):
         handoff = KVHandoff()
         short, _ = stub_engines("prefill", bootstrap_port=9001, handoff=handoff)
         long_, long_engine = stub_engines("prefill", bootstrap_port=9002, handoff=handoff, prefill_gate=gate)
         decode, _ = stub_engines("decode", handoff=handoff)
         gateway = gateway_server(StaticDiscovery(StaticSpec((short.url,), (long_.url,), (decode.url,)), poll_s=0.05),
                                  length_threshold=64, max_pending_tokens_per_pod=bound, **config)
-        held.extend(RawRequest(gateway.url, "/v1/completions", long_body()) for _ in range(2))
-        poll(lambda: len(long_engine.requests) == 2, message="two long requests held in prefill")
+        for n in range(1, held_longs + 1):   # one at a time: each finds the ones before it held
+            held.append(RawRequest(gateway.url, "/v1/completions", long_body()))
+            poll(lambda n=n: len(long_engine.requests) == n, message=f"{n} long requests held in prefill")
         return gateway, long_engine
 
     yield start, gate
@@ -54,10 +55,10 @@ def test_a_full_long_group_sends_long_requests_to_an_idle_short_pod(held_long_gr
     """The groups are a preference (policy/placement.py): with the long pod over its bound and
     the short pod idle, a long request is served there, not refused nor queued behind."""
     start, gate = held_long_group
-    gateway, long_engine = start(bound=150)
+    gateway, long_engine = start(bound=100, held_longs=1)   # one ~120-token request: over the bound
     reply = httpx.post(f"{gateway.url}/v1/completions", json=long_body())
     assert reply.status_code == 200, reply.text
-    assert len(long_engine.requests) == 2   # not the held pod
+    assert len(long_engine.requests) == 1   # not the held pod
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert 'laps_gateway_fallbacks_total{class="long"} 1.0' in metrics
     assert 'laps_gateway_rejected_total{class="long"} 0.0' in metrics

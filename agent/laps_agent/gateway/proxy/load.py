@@ -1,6 +1,8 @@
 """What the gateway itself knows about each pod's load and health.
 
-A *prefill* pod's (and its group's) pending work counts from dispatch until the request's
+A *prefill* pod's pending work, and its class's (the pressure on the group of that name, which
+the allocation loop balances: where the router sent it does not change which kind of pod it
+wants), count from dispatch until the request's
 prefill phase completes, seen as the first of: the prefill engine's response ending (SGLang's
 prefill server answers once the KV is handed off), the first byte of the decode engine's answer,
 the attempt failing or being cancelled. A *decode* pod's pending requests count until the whole
@@ -130,7 +132,8 @@ class LoadTracker:
         return (pending.requests, pending.tokens) if pending else (0, 0)
 
     def begin_prefill(self, group: str, endpoint: str, tokens: int, cls: str | None = None) -> PrefillTicket:
-        """Book `tokens` of prefill work on `endpoint` (of `group`), sent as class `cls`."""
+        """Book `tokens` of prefill work on `endpoint` (of `group`), sent as class `cls`: on the
+        pod, and on the pressure of the group named `cls` (of `group` without one)."""
         load = self._load(endpoint)
         load.pending_requests += 1
         load.pending_tokens += tokens
@@ -138,6 +141,8 @@ class LoadTracker:
         if short:
             load.short_requests += 1
             load.short_tokens += tokens
+        # Its class's pressure (the group of that name); without a class, the group serving it.
+        group = cls or group
         pending = self._groups[group]  # one per group from the start (their gauges read them)
         pending.requests += 1
         pending.tokens += tokens

@@ -129,6 +129,7 @@ class WaitWindow:
         self.inter_arrival = Ewma(config.ewma_alpha)
         self.short_tokens = Ewma(config.ewma_alpha)
         self._last_short_arrival: float | None = None
+        self._last_gap: float | None = None
         self._setting = self._fixed()
 
     def _fixed(self) -> WindowSetting:
@@ -147,15 +148,18 @@ class WaitWindow:
             # within a few arrivals once traffic picks up again.
             gap = min(max(now - self._last_short_arrival, 0.0), 10 * self.max_window_s)
             self.inter_arrival.update(gap)
+            self._last_gap = gap
         self._last_short_arrival = now if self._last_short_arrival is None else max(now, self._last_short_arrival)
         if self.config.adaptive_window:
             self._setting = self._adaptive()
 
     def arrival_expected_by(self, deadline: float) -> bool:
-        """Whether another short request is expected to arrive by `deadline` (the last one's
-        arrival plus the mean gap): a window that expects none only delays the ones it holds."""
-        gap, last = self.inter_arrival.value, self._last_short_arrival
-        return gap is not None and last is not None and last + gap <= deadline
+        """Whether another short request is expected to arrive by `deadline`: the last one's
+        arrival plus the shorter of the mean gap and the last gap (the last one alone sees a
+        burst begin). A window that expects none only delays the ones it holds."""
+        last = self._last_short_arrival
+        gaps = [g for g in (self.inter_arrival.value, self._last_gap) if g is not None]
+        return last is not None and bool(gaps) and last + min(gaps) <= deadline
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         self.cost.observe(tokens, seconds)
