@@ -4,6 +4,7 @@
 # --single-pool, and the TTFT figures of each (issue "LAPS that never loses": laps's p90 should be
 # at most --single-pool's). Needs `make test`'s set-up (.venv, .venv-sglang, .cache/smollm2-hf).
 # Usage: scripts/bench_serving_check.sh [REQUESTS] [RATE]   (default 600 at 14 req/s: ~45 s each)
+# LAPS_FLAGS: more `laps local` flags for the laps run; ONLY_LAPS=1: skip the --single-pool run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 requests=${1:-600}
@@ -23,6 +24,6 @@ run() {   # $1: label, $2...: laps local flags
   kill -INT "$pid"; wait "$pid" || true
   echo "== $label"; grep -E "Successful requests|TTFT" "$out/$label-bench.log"
 }
-run laps
-run single-pool --single-pool
+run laps ${LAPS_FLAGS:-}
+[ -n "${ONLY_LAPS:-}" ] || run single-pool --single-pool
 echo "logs: $out"

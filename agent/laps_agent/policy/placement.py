@@ -14,9 +14,12 @@ The length groups are a preference, not a wall:
 - a short request goes to the pod that would serve it first, wherever it is (a long-group pod
   serves it before its queued longs); equal predictions prefer its own group;
 - a long request goes to the long group, except to a short-group pod where it would finish
-  no later than it would start in the long group (the long group would hold it back longer than
-  it runs); the shorts then route around that pod while its long batch runs. With no usable
-  long-group pod it goes to the short group.
+  no later than it would start in the long group plus p x its own prefill there, p the short
+  group's need of protection (`ArrivalMix.protection`: 1 while at least FULL_PROTECTION_SHARE of
+  recent requests are short, falling to 0 with none): with shorts around, only when the long
+  group would hold it back longer than it runs; with none, wherever it finishes first (one pool).
+  The shorts route around that pod while its long batch runs. With no usable long-group pod it
+  goes to the short group.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
 is within the token watermark at the pod's cost and, where the pod reports what it prefills in
 time (its KV hand-off bound), within that. The chosen pod is the best one that takes it among
@@ -60,6 +63,28 @@ TIE_SHARE = 0.02
 # Before a pod has reported its cost: predictions in token-units (one per token, no overhead),
 # which rank pods as the pending-token rule did and turn a token bound into itself.
 UNMEASURED = PrefillCost(0.0, 1.0)
+
+
+class ArrivalMix:
+    """The share of recent requests that were short (by their full prompt length), weighted
+    exponentially over about 1/WEIGHT requests, and from it how much the short group needs
+    protecting from long work. Starts at 1 (protect, until the traffic says otherwise)."""
+    WEIGHT = 0.02
+    # Even a few percent of short requests want their pods kept free of long batches (their SLO
+    # is the tight one): weighting the spill by the share itself lost attainment on long-heavy
+    # mixes (15% short); only traffic with almost no short request is served as one pool.
+    FULL_PROTECTION_SHARE = 0.05
+
+    def __init__(self) -> None:
+        self.short_share = 1.0
+
+    def observe(self, short: bool) -> float:
+        self.short_share += self.WEIGHT * ((1.0 if short else 0.0) - self.short_share)
+        return self.short_share
+
+    @property
+    def protection(self) -> float:
+        return min(1.0, self.short_share / self.FULL_PROTECTION_SHARE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +137,14 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
           tiebreak: int = 0, batch_tokens: int = DEFAULT_BATCH_TOKENS,
           max_pending_tokens_per_pod: int = 0, capacity: Callable[[str], int | None] = lambda name: None,
           decode_held: Callable[[str], int] = lambda cls: 0, decode_slots: int = 0,
-          max_decode_share: float = 0.0) -> Placement:
+          max_decode_share: float = 0.0, protection: float = 1.0) -> Placement:
     """The placement of a request of `tokens` prompt tokens (the module docstring). `cost(pod)`:
     its measured prefill cost (None: not yet; another pod's, else UNMEASURED, stands in);
     `held(pod)`: its prompt tokens that pod is expected to hold (None: no affinity);
     `max_pending_tokens_per_pod` 0: no admission bound (nor the in-time one); `capacity(pod)`:
     the tokens it reports it prefills in time; `decode_held(cls)`: requests of that class on the
-    decode pool of `decode_slots` slots. Raises NoEndpointError when no pod is usable."""
+    decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection. Raises
+    NoEndpointError when no pod is usable."""
     pooled = not groups.get(LONG)
     measured = [c for eps in groups.values() for e in eps if (c := cost(e.name)) is not None]
     stand_in = measured[0] if measured else UNMEASURED
@@ -138,7 +164,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     if not candidates:
         raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
                               + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))
-    allowed = candidates if pooled else _allowed(candidates)
+    allowed = candidates if pooled else _allowed(candidates, protection)
     order = _preference(allowed, tiebreak)
     best = order[0]
     chosen = next((c for c in order if _takes(c, max_pending_tokens_per_pod, capacity)), None)
@@ -170,14 +196,14 @@ def _preference(allowed: list[_Candidate], tiebreak: int) -> list[_Candidate]:
     return [allowed[i] for i in near + rest]
 
 
-def _allowed(candidates: list[_Candidate]) -> list[_Candidate]:
+def _allowed(candidates: list[_Candidate], protection: float) -> list[_Candidate]:
     """The pods the request may use (the module docstring's group preference)."""
     home = [c for c in candidates if c.group == c.cls or c.cls == SHORT]
     longs_home = [c for c in candidates if c.cls == LONG and c.group == LONG]
     if not any(c.cls == LONG for c in candidates) or not longs_home:
         return candidates   # short everywhere, or a long with no long-group pod: any pod
     best_home = min(c.predicted_s for c in longs_home)
-    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and c.predicted_s + c.own_s <= best_home]
+    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and c.predicted_s + protection * c.own_s <= best_home]
     return home + spill
 
 

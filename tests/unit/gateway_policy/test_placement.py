@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laps_agent.policy.placement import TIE_SHARE, PrefillCost, place, predicted_seconds
+from laps_agent.policy.placement import TIE_SHARE, ArrivalMix, PrefillCost, place, predicted_seconds
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError
 
 COST = PrefillCost(0.02, 1e-4)     # about the H200 32B profile: 20 ms a batch, 0.1 ms a token
@@ -73,6 +73,25 @@ def test_a_long_request_spills_to_a_short_pod_only_when_the_long_group_would_hol
     backed_up = {"l0": busy(long_tokens=40000, long_requests=10), "l1": busy(long_tokens=40000, long_requests=10)}
     placed = put(3000, backed_up, groups, decode)
     assert placed.route.group == "short" and placed.route.cls == "long" and placed.route.fallback
+
+
+def test_with_no_short_traffic_long_work_uses_the_short_group_as_one_pool():
+    """Protection 1 (shorts around): a long stays in its group while it is held back less than it
+    runs; protection 0 (none seen lately): it goes wherever it finishes first."""
+    groups, decode = cluster()
+    queued = {"l0": busy(long_tokens=2000, long_requests=1), "l1": busy(long_tokens=2000, long_requests=1)}
+    assert put(3000, queued, groups, decode, protection=1.0).route.group == "long"
+    assert put(3000, queued, groups, decode, protection=0.0).route.group == "short"
+
+
+def test_the_short_group_is_protected_while_a_few_percent_of_requests_are_short():
+    mix = ArrivalMix()
+    for i in range(400):
+        mix.observe(i % 20 == 0)      # 5% short
+    assert mix.protection > 0.8
+    for _ in range(400):
+        mix.observe(False)            # none for a while: one pool
+    assert mix.protection < 0.01
 
 
 def test_with_no_usable_long_pod_long_work_goes_to_the_short_group():

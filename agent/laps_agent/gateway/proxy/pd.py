@@ -43,8 +43,8 @@ from laps_agent.gateway.proxy.upstream import (
     address,
 )
 from laps_agent.policy.admission import decode_held, decode_slots, group_load, in_time_route, refusal
-from laps_agent.policy.classes import length_class
-from laps_agent.policy.placement import place
+from laps_agent.policy.classes import SHORT, length_class
+from laps_agent.policy.placement import ArrivalMix, place
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, choose_route
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class PDProxy:
         record = (PrefixRecord(config.prefix_record_blocks_per_pod, answers_warmed=config.prefix_warm)
                   if config.prefix_affinity else None)
         self.affinity = CacheAffinity(record, config.length_threshold, metrics)
+        self.arrivals = ArrivalMix()   # the recent short share: how much placement protects the short group
 
     async def start(self) -> None:
         cfg = self._config.proxy
@@ -139,7 +140,8 @@ class PDProxy:
                        decode_held=lambda cls: decode_held(membership.decode, loads, cls, self._tracker.decode_held(cls),
                                                            self.engine_loads.others_held),
                        decode_slots=decode_slots(membership.decode, loads, self.engine_loads.slots),
-                       max_decode_share=0.0 if admitted else cfg.max_decode_share)
+                       max_decode_share=0.0 if admitted else cfg.max_decode_share,
+                       protection=self.arrivals.protection)
         if placed.route is None:
             cls = length_class(call.tokens, cfg.length_threshold)
             self._metrics.rejected_of[cls].inc()
@@ -160,6 +162,8 @@ class PDProxy:
             loads = self.engine_loads.merged(self._tracker.loads())
             try:
                 if self._config.router == "predicted":
+                    if attempt == 0:
+                        self.arrivals.observe(length_class(call.tokens, self._config.length_threshold) == SHORT)
                     decision = self.place(call, exclude, membership, loads, held, admitted=attempt > 0)
                 else:
                     decision = self.route(call.tokens, exclude, membership, loads, held)

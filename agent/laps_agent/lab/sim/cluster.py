@@ -42,7 +42,7 @@ from laps_agent.policy.allocation import AllocationConfig
 from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
-from laps_agent.policy.placement import PrefillCost, place
+from laps_agent.policy.placement import ArrivalMix, PrefillCost, place
 from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
@@ -137,6 +137,7 @@ class SimCluster:
             self.threshold = threshold if system.router == "predicted" else SINGLE_POOL_THRESHOLD
         self.class_threshold = threshold
         self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig())
+        self.arrivals = ArrivalMix()
         self.estimate = estimate or (lambda tokens: tokens)
         self.sample_every_s = sample_every_s
         self.allocation = allocation or AllocationConfig()
@@ -231,11 +232,12 @@ class SimCluster:
 
     def _place(self, r: SimRequest, now: float, loads: dict) -> None:
         """The predicted-TTFT router (policy/placement.py): one call routes or refuses."""
+        self.arrivals.observe(length_class(r.routed_tokens, self.class_threshold) == SHORT)
         try:
             placed = place(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads, self._cost,
                            held=self.prefixes.held(r.conversation, r.prompt_tokens), tiebreak=next(self._tiebreak),
                            batch_tokens=self.batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
-                           capacity=self._capacity)
+                           capacity=self._capacity, protection=self.arrivals.protection)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
