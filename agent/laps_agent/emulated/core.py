@@ -302,4 +302,5 @@ class EngineModel:
                 "prefilling": (len(batch), sum(max(1, r.prompt_tokens - r.cached_tokens) for r in batch)),
                 "kv_usage": 1.0 - self.free_pages / self.num_pages, "waiting_kv": len(self.imports),
                 "prefix_cache_pages": len(self.prefix_cache) if self.prefix_cache is not None else 0,
-                "live": len(self.requests), "prefill_cost": self.scheduler.prefill_cost()}
+                "live": len(self.requests), "prefill_cost": self.scheduler.prefill_cost(),
+                "max_prefill_tokens": self.scheduler.config.max_prefill_tokens}

@@ -40,8 +40,8 @@ from laps_agent.policy.admission import decode_share_bound
 from laps_agent.policy.classes import LONG, SHORT, length_class
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, describe, least_loaded
 
-# The engines' default --max-prefill-tokens on the H200 profile and SGLang's default chunk: a
-# running long batch holds its pod for at most this many tokens' time.
+# A pod's largest prefill batch where it does not report its own (`batch_tokens`; stock SGLang
+# does not): the H200 profile's --max-prefill-tokens and SGLang's default chunk.
 DEFAULT_BATCH_TOKENS = 16384
 
 
@@ -134,13 +134,14 @@ def _long_batch(requests: int, tokens: int, batch_tokens: int) -> int:
 def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]], decode: Sequence[Endpoint],
           loads: Mapping[str, EndpointLoad], cost: Callable[[str], PrefillCost | None], *,
           held: Callable[[Endpoint], int] | None = None, exclude: AbstractSet[str] = frozenset(),
-          tiebreak: int = 0, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+          tiebreak: int = 0, batch_tokens: Callable[[str], int | None] = lambda name: None,
           max_pending_tokens_per_pod: int = 0, capacity: Callable[[str], int | None] = lambda name: None,
           decode_held: Callable[[str], int] = lambda cls: 0, decode_slots: int = 0,
           max_decode_share: float = 0.0, protection: float = 1.0) -> Placement:
     """The placement of a request of `tokens` prompt tokens (the module docstring). `cost(pod)`:
     its measured prefill cost (None: not yet; another pod's, else UNMEASURED, stands in);
     `held(pod)`: its prompt tokens that pod is expected to hold (None: no affinity);
+    `batch_tokens(pod)`: its largest prefill batch (None: DEFAULT_BATCH_TOKENS);
     `max_pending_tokens_per_pod` 0: no admission bound (nor the in-time one); `capacity(pod)`:
     the tokens it reports it prefills in time; `decode_held(cls)`: requests of that class on the
     decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection. Raises
@@ -158,9 +159,10 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
             work = max(1, tokens - got)
             cls = length_class(work, threshold)
             pod_cost = cost(ep.name) or stand_in
-            predicted = predicted_seconds(load, pod_cost, cls, work, batch_tokens)
+            batch = batch_tokens(ep.name) or DEFAULT_BATCH_TOKENS
+            predicted = predicted_seconds(load, pod_cost, cls, work, batch)
             candidates.append(_Candidate(ep, group, cls, work, got, predicted,
-                                         pod_cost.seconds(min(work, batch_tokens)), load, pod_cost))
+                                         pod_cost.seconds(min(work, batch)), load, pod_cost))
     if not candidates:
         raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
                               + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))

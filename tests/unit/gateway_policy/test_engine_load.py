@@ -190,3 +190,20 @@ def test_a_pods_measured_capacity_counts_only_while_its_reports_are_fresh(clock)
     assert loads.capacity("a") is None
     loads.answered("a", loads.asking("a", IDLE), requests=0, tokens=0)   # an engine without it
     assert loads.capacity("a") is None
+
+
+def test_a_prefill_report_gives_the_cost_the_queued_shorts_and_the_batch_size_placement_predicts_with():
+    from laps_agent.policy.placement import PrefillCost
+
+    body = (b'{"role": "prefill", "waiting_requests": 6, "pending_tokens": 2000, "prefill_cost": '
+            b'{"overhead_s": 0.017, "per_token_s": 0.0001}, "short_pending": [4, 300], "max_prefill_tokens": 8192}')
+    report = parse_report(body)
+    assert (report.cost, report.short, report.batch_tokens) == (PrefillCost(0.017, 0.0001), (4, 300), 8192)
+    loads = EngineLoads(0.25, clock=lambda: 0.0)
+    mark = loads.asking("p", EndpointLoad())
+    loads.answered("p", mark, *report)
+    assert (loads.cost("p"), loads.batch_tokens("p")) == (PrefillCost(0.017, 0.0001), 8192)
+    merged = loads.merged({})["p"]   # another replica's work, its shorts apart
+    assert (merged.pending_tokens, merged.short_requests, merged.short_tokens) == (2000, 4, 300)
+    with pytest.raises(ValueError, match="not a prefill cost"):
+        parse_report(body.replace(b"0.017", b"-1"))

@@ -96,7 +96,8 @@ class EngineCore:
                 "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
                 "waiting_kv": len(self.pd.imports), "live": len(self._live),
                 "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms),
-                "prefill_cost": self.scheduler.prefill_cost()}
+                "prefill_cost": self.scheduler.prefill_cost(),
+                "max_prefill_tokens": self.scheduler.config.max_prefill_tokens}
 
     def accept(self, work: GenerateWork, sink: OutputSink) -> None:
         if work.kind == "warm":

@@ -33,6 +33,8 @@ rather than each by the requests it dispatched itself.
                       predicts each request's time to first token with it (policy/placement.py)
   short_pending       [requests, uncached tokens] of pending_tokens' queued short requests (by
                       the engine's own classes): the part a short request waits behind
+  max_prefill_tokens  prefill role: the uncached tokens of one prefill batch at most (its
+                      --max-prefill-tokens): how long a running batch can hold the pod
 
 The figures come from the engine loop's snapshot (refreshed every iteration, and before a
 prefill batch starts, so a long batch counts while it runs) plus the server's KV fetches, and
@@ -105,6 +107,8 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         if cost is not None:
             report["prefill_cost"] = {"overhead_s": cost[0], "per_token_s": cost[1]}
         report["short_pending"] = list(queues.get(SHORT, (0, 0)))
+        if snapshot.get("max_prefill_tokens"):
+            report["max_prefill_tokens"] = snapshot["max_prefill_tokens"]
     return report
 
 

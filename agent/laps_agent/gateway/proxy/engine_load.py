@@ -53,6 +53,7 @@ class LoadReport(NamedTuple):
     capacity: int | None = None              # its max_pending_tokens; None: not reported
     cost: PrefillCost | None = None          # its measured prefill cost; None: not reported
     short: tuple[int, int] | None = None     # (requests, tokens) of its queued shorts; None: not reported
+    batch_tokens: int | None = None          # its max_prefill_tokens; None: not reported
 
 
 @dataclass(slots=True)
@@ -68,6 +69,7 @@ class _Pod:
     cost: PrefillCost | None = None           # its prefill cost, as last reported
     short: tuple[int, int] | None = None      # its queued shorts in that answer, if it had them
     own_short_then: tuple[int, int] = (0, 0)  # this gateway's short work on it when it asked
+    batch_tokens: int | None = None           # its max_prefill_tokens, as last reported
 
 
 class EngineLoads:
@@ -90,7 +92,8 @@ class EngineLoads:
     def answered(self, name: str, mark: tuple, requests: int, tokens: int, slots: int | None = None,
                  held: Mapping[str, int] | None = None, max_prompt: int | None = None,
                  capacity: int | None = None, cost: PrefillCost | None = None,
-                 short: tuple[int, int] | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
+                 short: tuple[int, int] | None = None, batch_tokens: int | None = None,
+                 own_held: OwnHeld = _NONE_HELD) -> None:
         """The answer to the poll `mark`: the pod's figures, and `own_held` as of now."""
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
@@ -103,6 +106,8 @@ class EngineLoads:
         pod.capacity = capacity
         if cost is not None:
             pod.cost = cost
+        if batch_tokens:
+            pod.batch_tokens = batch_tokens
         pod.short, pod.own_short_then = short, mark[4]
         pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
@@ -124,6 +129,11 @@ class EngineLoads:
         its hardware and model, like slots); None while it has not."""
         pod = self._pods.get(name)
         return pod.cost if pod is not None else None
+
+    def batch_tokens(self, name: str) -> int | None:
+        """Pod `name`'s largest prefill batch in tokens as it last reported it (a setting)."""
+        pod = self._pods.get(name)
+        return pod.batch_tokens if pod is not None else None
 
     def learnt_limit(self, name: str, limit: PromptLimit | None) -> None:
         """The longest prompt pod `name` takes, learnt apart from its load (stock SGLang's;
@@ -253,7 +263,8 @@ def parse_report(body: bytes) -> LoadReport:
                           None if held is None else {str(cls): int(n) for cls, n in held.items()},
                           int(doc.get("max_prompt_tokens", 0)) or None,
                           int(doc.get("max_pending_tokens", 0)) or None,
-                          _cost(doc.get("prefill_cost")), _pair(doc.get("short_pending")))
+                          _cost(doc.get("prefill_cost")), _pair(doc.get("short_pending")),
+                          int(doc.get("max_prefill_tokens", 0)) or None)
     except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as exc:
         # OverflowError: a number JSON reads as infinite (1e400), which no count is.
         raise ValueError(f"not a load report: {exc!r}") from None

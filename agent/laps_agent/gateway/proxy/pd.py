@@ -136,7 +136,7 @@ class PDProxy:
         placed = place(call.tokens, cfg.length_threshold, membership.groups, membership.decode, loads,
                        self.engine_loads.cost, held=held, exclude=frozenset(exclude), tiebreak=next(self._tiebreak),
                        max_pending_tokens_per_pod=0 if admitted else cfg.max_pending_tokens_per_pod,
-                       capacity=self.engine_loads.capacity,
+                       capacity=self.engine_loads.capacity, batch_tokens=self.engine_loads.batch_tokens,
                        decode_held=lambda cls: decode_held(membership.decode, loads, cls, self._tracker.decode_held(cls),
                                                            self.engine_loads.others_held),
                        decode_slots=decode_slots(membership.decode, loads, self.engine_loads.slots),

@@ -236,7 +236,7 @@ class SimCluster:
         try:
             placed = place(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads, self._cost,
                            held=self.prefixes.held(r.conversation, r.prompt_tokens), tiebreak=next(self._tiebreak),
-                           batch_tokens=self.batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
+                           batch_tokens=lambda name: self.batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
                            capacity=self._capacity, protection=self.arrivals.protection)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
