@@ -14,7 +14,7 @@ from laps_agent.gateway.http.auth import read_keys
 from laps_agent.modelio.tokenizer import load_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.routing import AffinityBound
-from laps_agent.policy.systems import ROUTERS
+from laps_agent.policy.systems import ESTIMATORS, ROUTERS
 from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.serving.flag_types import at_least, non_negative, positive
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default="default")
     p.add_argument("--tokenizer", help="model path (GGUF or HF dir) whose tokenizer counts "
                    "prompt tokens; without it a characters-per-token heuristic is used")
-    p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
+    p.add_argument("--estimator", choices=ESTIMATORS, default="auto",
                    help="prompt-length estimate: auto (the tokenizer if given, else the heuristic), "
                         "heuristic, or chars4 (the reference router's characters/4)")
     p.add_argument("--router", choices=ROUTERS, default=GatewayConfig.router,

@@ -43,7 +43,14 @@ from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
-from laps_agent.policy.systems import ALLOCATION_DEFAULTS, ROUTERS, SINGLE_POOL_THRESHOLD, moves_pods, policy_config
+from laps_agent.policy.systems import (
+    ALLOCATION_DEFAULTS,
+    ESTIMATORS,
+    ROUTERS,
+    SINGLE_POOL_THRESHOLD,
+    moves_pods,
+    policy_config,
+)
 from laps_agent.serving.flag_types import non_negative
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
@@ -62,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="gateway port (0: any free port)")
     p.add_argument("--length-threshold", type=TOKENS, default=DEFAULT_LENGTH_THRESHOLD)
-    p.add_argument("--estimator", choices=("auto", "heuristic", "chars4"), default="auto",
+    p.add_argument("--estimator", choices=ESTIMATORS, default="auto",
                    help="the gateway's prompt-length estimate (auto: the model's tokenizer)")
     p.add_argument("--router", choices=ROUTERS, default=GatewayConfig.router,
                    help="the gateway's prefill router (as laps gateway --router)")

@@ -147,8 +147,8 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection. Raises
     NoEndpointError when no pod is usable."""
     pooled = not groups.get(LONG)
-    measured = [c for eps in groups.values() for e in eps if (c := cost(e.name)) is not None]
-    stand_in = measured[0] if measured else UNMEASURED
+    costs = {e.name: cost(e.name) for eps in groups.values() for e in eps}   # asked once per pod
+    stand_in = next((c for c in costs.values() if c is not None), UNMEASURED)
     candidates: list[_Candidate] = []
     for group in (SHORT, LONG):
         for ep in groups.get(group, ()):
@@ -158,7 +158,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
             got = held(ep) if held is not None else 0
             work = max(1, tokens - got)
             cls = length_class(work, threshold)
-            pod_cost = cost(ep.name) or stand_in
+            pod_cost = costs[ep.name] or stand_in
             batch = batch_tokens(ep.name) or DEFAULT_BATCH_TOKENS
             predicted = predicted_seconds(load, pod_cost, cls, work, batch)
             candidates.append(_Candidate(ep, group, cls, work, got, predicted,

@@ -54,10 +54,10 @@ def test_a_short_burst_uses_every_pod_and_is_refused_only_where_none_is_idle(lap
     assert served_there >= 1   # shorts used the long-group pod: the groups are a preference
     gateway = httpx.get(stack.base + "/metrics").text
     assert metric_value(gateway, "laps_gateway_requests_total", **{"class": "short", "group": "long"}) >= 1
-    again = asyncio.run(_burst_of(stack.base, 2))
+    again = asyncio.run(_one_by_one(stack.base, 2))
     assert [r.status_code for r in again] == [200, 200]
 
 
-async def _burst_of(base: str, n: int) -> list[httpx.Response]:
+async def _one_by_one(base: str, n: int) -> list[httpx.Response]:
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
         return [await client.post("/v1/completions", json=_body(1000 + i)) for i in range(n)]

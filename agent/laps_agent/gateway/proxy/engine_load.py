@@ -169,18 +169,14 @@ class EngineLoads:
 
     def _others(self, pod: _Pod, now: float) -> tuple[int, int]:
         """(requests, tokens) other gateway replicas had on the pod at its last fresh answer."""
-        if not self._fresh(pod, now):
-            return 0, 0
-        return (max(0, pod.reported[0] - pod.own_then[0]), max(0, pod.reported[1] - pod.own_then[1]))
+        return _excess(pod.reported, pod.own_then) if self._fresh(pod, now) else (0, 0)
 
     @staticmethod
     def _others_short(pod: _Pod) -> tuple[int, int]:
         """Of the other replicas' work on a freshly answered pod, the queued shorts (none where
         the pod does not report them: their work then counts as long, the cautious guess for a
         short request, which waits behind long work only while a batch of it runs)."""
-        if pod.short is None:
-            return 0, 0
-        return max(0, pod.short[0] - pod.own_short_then[0]), max(0, pod.short[1] - pod.own_short_then[1])
+        return (0, 0) if pod.short is None else _excess(pod.short, pod.own_short_then)
 
     def merged(self, own: Mapping[str, EndpointLoad]) -> Mapping[str, EndpointLoad]:
         """The load routing sees: `own` where no answer adds to it (then `own` itself)."""
@@ -211,6 +207,12 @@ class EngineLoads:
         if pod.capacity is not None:
             report["max_pending_tokens"] = pod.capacity
         return report
+
+
+def _excess(reported: tuple[int, int], own_then: tuple[int, int]) -> tuple[int, int]:
+    """(requests, tokens) a pod reported beyond this gateway's own work when it asked: the
+    other replicas' (never below zero: this gateway's own may have ended meanwhile)."""
+    return max(0, reported[0] - own_then[0]), max(0, reported[1] - own_then[1])
 
 
 def _own_part(then: OwnHeld, now: OwnHeld) -> dict[str, int]:

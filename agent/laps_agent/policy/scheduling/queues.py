@@ -12,7 +12,7 @@ Requests are classified by their *uncached* prompt tokens (what prefill really c
    window is cut and the short batch runs now: the device never idles while a long request
    waits. `long_in_window="always"`: the reference's rule (the long batch always runs).
 4. Otherwise long requests if any; else, when another short arrival is expected before the
-   window ends (the mean gap between short arrivals, window.py), an empty Decision with
+   window ends (by the mean and the last gap between short arrivals, window.py), an empty Decision with
    `wake_at` = the window's end; when none is, the short batch now: a window that cannot merge
    anything only delays.
 Rule 1 is a tested guarantee: with batches of at most D seconds, a long request with k ahead of
