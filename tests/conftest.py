@@ -13,8 +13,9 @@ pytest_plugins = sorted(f"tests.support.{p.stem}" for p in _SUPPORT.glob("fixtur
 
 # Each directory under tests/ is a tier, and a marker of the same name selects it
 # (`pytest -m unit`, `-m "not sglang"`): unit starts no process and no server (tests/unit/conftest.py
-# enforces it), integration runs real servers on loopback, e2e whole stacks, sglang real SGLang.
-TIERS = ("unit", "integration", "e2e", "sglang")
+# enforces it), integration runs real servers on loopback, e2e whole stacks, sglang real SGLang,
+# cluster a real Kubernetes control plane built from Go modules (tests/cluster/README.md).
+TIERS = ("unit", "integration", "e2e", "sglang", "cluster")
 
 
 def pytest_collection_modifyitems(items):

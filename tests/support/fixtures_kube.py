@@ -14,12 +14,8 @@ Usage (sync or async tests alike; the server runs in its own thread and event lo
   location point at it during the test; $KUBECACHEDIR is a temp dir).
 - In-process code that calls `kubernetes.config.load_kube_config()` with no arguments gets
   this server too (the client's default Configuration is restored afterwards).
-- `.http`: an `httpx.Client` sending the admin token (raw requests; `.admin_headers` for others).
-- `.token_for(namespace, service_account)`: a token from the TokenRequest API, as the kubelet
-  mounts one in a pod; `.kubeconfig_for(namespace, service_account)` a kubeconfig file with it.
-- `.require_credentials()`: from now on a request without a token is system:anonymous (until
-  then it counts as the admin: Helm's Go client sends no token over plain HTTP).
-- `.audit`: the access decisions so far (user, Attributes, allowed, purpose), oldest first.
+- `.http`: an `httpx.Client` for raw requests. Every request is the admin's: RBAC, tokens and
+  admission are the real control plane's to show (tests/cluster).
 - `.api_client()`: a configured `kubernetes.client.ApiClient` (closed at teardown).
 - `.apply_crd(path)`: creates (or replaces) the CRDs of a YAML file through the API.
 - `.find(resource, namespace, name)`: a stored object; resource like "apps/v1/statefulsets".
@@ -60,10 +56,10 @@ import pytest
 import yaml
 
 from tests.support.kube_emulator import KubeEmulator
-from tests.support.kube_emulator_access import ADMIN_TOKEN, AuditEntry
 
 T = TypeVar("T")
 _START_TIMEOUT_S = 30.0
+ADMIN_TOKEN = "emulator-token"   # sent, never checked: the emulator authenticates nobody
 
 
 class _ServingThread(threading.Thread):
@@ -98,7 +94,6 @@ class _ServingThread(threading.Thread):
             for namespace in ("default", "kube-system"):
                 emulator.store.create(kmock.resource("", "v1", "namespaces"), None,
                                       {"metadata": {"name": namespace}})
-            emulator.install_bootstrap_policy()
             self.emulator, self.url = emulator, f"http://127.0.0.1:{server.port}"
             self.ready.set()
             await self._stop_requested.wait()
@@ -149,29 +144,6 @@ class KubeApi:
         if self._http is None:
             self._http = httpx.Client(base_url=self.url, headers=self.admin_headers, timeout=30)
         return self._http
-
-    def token_for(self, namespace: str, service_account: str) -> str:
-        """A token of that ServiceAccount from the TokenRequest API (the account must exist)."""
-        response = self.http.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-                                  json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                        "spec": {"audiences": ["https://kubernetes.default.svc"]}})
-        response.raise_for_status()
-        return response.json()["status"]["token"]
-
-    def kubeconfig_for(self, namespace: str, service_account: str) -> pathlib.Path:
-        """A kubeconfig that authenticates as that ServiceAccount (default namespace: its own)."""
-        path = self.kubeconfig.with_name(f"kubeconfig-{namespace}-{service_account}.yaml")
-        text = yaml.safe_load(_kubeconfig_text(self.url, self.token_for(namespace, service_account)))
-        text["contexts"][0]["context"]["namespace"] = namespace
-        path.write_text(yaml.safe_dump(text))
-        return path
-
-    def require_credentials(self) -> None:
-        self.call(self.emulator.access.require_credentials)
-
-    @property
-    def audit(self) -> list[AuditEntry]:
-        return self.call(lambda: list(self.emulator.access.audit))
 
     def api_client(self) -> Any:
         """A `kubernetes.client.ApiClient` for this server (closed at teardown)."""

@@ -1,5 +1,8 @@
-"""A Kubernetes API server for tests: KMock's `KubernetesEmulator` plus what kopf 1.45 and the
-official `kubernetes` client need from a real kube-apiserver.
+"""A Kubernetes API server for fast tests: KMock's `KubernetesEmulator` plus what kopf 1.45 and
+the official `kubernetes` client need from a real kube-apiserver. Where a test asserts how
+Kubernetes itself behaves (RBAC, Pod Security and other admission, garbage collection, the
+controllers, schema and CEL validation as kubectl reports it), it runs on the real control plane
+instead (tests/cluster, tests/support/controlplane.py); this emulator is for speed.
 
 KMock 0.8 keeps objects as plain JSON and lacks much of the API server's behaviour. This subclass keeps KMock's discovery, request log, object history and
 reactions (failure injection: a test's reaction is served before the emulator's own), and
@@ -43,7 +46,8 @@ replaces its object verbs with ones that follow the real API server:
 Not emulated (tests act as these): controllers (a StatefulSet makes no pods; an opt-in
 EndpointSlice controller is in kube_emulator_endpoints.py), scheduling, kubelet (pods are
 deleted at once), namespace lifecycle (any namespace name is accepted; deleting one deletes
-nothing else), admission other than owner references, aggregated ClusterRoles, built-in kinds' defaulting and validation, pagination,
+nothing else), authentication and authorisation (every request is the admin's), admission,
+built-in kinds' defaulting and validation, pagination,
 bookmarks, foreground cascading (treated as background), one storage shared by several
 versions of a resource, the `scale` subresource of custom resources.
 """
@@ -61,10 +65,8 @@ from kmock._internal import parsing, rendering
 
 from tests.support import kube_emulator_quantities as quantities
 from tests.support import kube_emulator_rules as rules
-from tests.support.kube_emulator_access import AccessControl, Forbidden
 from tests.support.kube_emulator_crds import CRDS, CrdRegistry
 from tests.support.kube_emulator_openapi import openapi_group_version, openapi_root
-from tests.support.kube_emulator_rbac import bootstrap_policy, non_resource_attributes, resource_attributes
 from tests.support.kube_emulator_store import ObjectStore, ResourceRef
 from tests.support.kube_emulator_watch import close_all_watches, open_watch
 
@@ -85,10 +87,6 @@ def _status_body(status: int, reason: str, message: str) -> dict:
             "message": message, "reason": reason, "details": {}, "code": status}
 
 
-def name_given(request: rendering.Request) -> bool:
-    return request.name is not None and request.namespace is not None
-
-
 def _parse_path(path: str) -> parsing.ParsedPath:
     # KMock reads `/api/v1/namespaces/<x>` as a namespace with no resource and fails on the bare
     # collection; the API server serves both as the cluster-scoped resource `namespaces`.
@@ -103,7 +101,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     store: ObjectStore = attrs.field(init=False)
     crds: CrdRegistry = attrs.field(init=False)
-    access: AccessControl = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         # Keep KMock's discovery and error rendering but none of its object verbs: all requests
@@ -113,7 +110,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
         for workload in quantities.WORKLOADS:   # stored canonicalised, as kube-apiserver does
             self.store.validators[workload] = quantities.canonicalise_workload
         self.crds = CrdRegistry(self.resources, self.store)
-        self.access = AccessControl(self._lookup, self._find, self._plural_of_kind)
         self.fallback["get /openapi/v3"] << (lambda: openapi_root(self._resources._resources))
         self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi
         self.fallback[lambda request: request.resource is not None
@@ -133,11 +129,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
         try:
             request = self._parse_request(raw_request, body)
             self._requests.append(request)
-            try:
-                self._check_access(request)
-            except Forbidden as denied:
-                return aiohttp.web.json_response(
-                    _status_body(denied.status, denied.reason, denied.message), status=denied.status)
             try:
                 return await self._handle(request)
             except rendering.StreamingError as exc:
@@ -187,71 +178,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         # Skip KubernetesEmulator._handle: it mutates objects before dispatch, the KMock way.
         return await kmock.RawHandler._handle(self, request)
-
-    # --- access control (kube_emulator_access.py) ----------------------------------------------
-
-    def install_bootstrap_policy(self) -> None:
-        """The default ClusterRoles and bindings of a new cluster (discovery for everyone
-        authenticated, cluster-admin for system:masters)."""
-        for plural, obj in bootstrap_policy():
-            self.store.create(kmock.resource("rbac.authorization.k8s.io", "v1", plural), None, obj)
-
-    def _check_access(self, request: rendering.Request) -> None:
-        identity = self.access.authenticate(request.headers.get("Authorization"))
-        resource = request.resource
-        if resource is None or resource.plural is None:
-            self.access.authorize_request(request.id, identity,
-                                          non_resource_attributes(request.method, request.url.path))
-            return
-        attrs = resource_attributes(request.method, request.params, group=resource.group,
-                                    plural=resource.plural, namespace=request.namespace,
-                                    name=request.name, subresource=request.subresource)
-        self.access.authorize_request(request.id, identity, attrs)
-        # Only a write by someone the checks apply to costs the prospective object.
-        if request.method in ("POST", "PUT", "PATCH") and "dryRun" not in request.params \
-                and self.access.checks_writes_of(identity):
-            old, new = self._prospective(request)
-            self.access.admit_write(request.id, identity, attrs, old, new)
-
-    def _prospective(self, request: rendering.Request) -> tuple[dict | None, dict | None]:
-        """(stored, what the write would store) for the admission checks; (x, None) when the
-        write is malformed (the handler then answers with the error)."""
-        resource, ns, name = request.resource, request.namespace, request.name
-        old = self.store.find(resource, ns, name) if name else None
-        try:
-            if request.method == "PATCH":
-                change, applied = self._patch_function(request, self.crds.is_custom(resource))
-                return old, (applied if old is None else change(old))
-            return old, self._body(request, dict)
-        except Exception:
-            return old, None
-
-    def _lookup(self, plural: str, namespace: str | None) -> list[dict]:
-        ref = kmock.resource("rbac.authorization.k8s.io", "v1", plural)
-        return list(self.store.list(ref, namespace, lambda obj: True)["items"])
-
-    def _find(self, group: str, plural: str, namespace: str, name: str | None) -> dict | None:
-        for ref in self._resources._resources:
-            if ref.group == group and ref.plural == plural and name:
-                return self.store.find(ref, namespace, name)
-        return None
-
-    def _plural_of_kind(self, api_version: str, kind: str) -> str | None:
-        group, _, version = api_version.rpartition("/")
-        for ref, info in self._resources._resources.items():
-            if ref.group == group and ref.version == version and info.kind == kind:
-                return ref.plural
-        return None
-
-    def _token_request(self, request: rendering.Request) -> tuple[int, dict]:
-        """TokenRequest (`POST .../serviceaccounts/<name>/token`): a token for that account."""
-        account = self.store.get(request.resource, request.namespace, request.name)
-        spec = request.data.get("spec") if isinstance(request.data, dict) else None
-        token = self.access.issue_token(request.namespace, request.name, account["metadata"]["uid"])
-        return 201, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                     "metadata": {"name": request.name, "namespace": request.namespace},
-                     "spec": spec or {"audiences": ["https://kubernetes.default.svc"]},
-                     "status": {"token": token, "expirationTimestamp": "2099-01-01T00:00:00Z"}}
 
     # --- discovery ----------------------------------------------------------------------------
 
@@ -325,9 +251,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if not info.namespaced and request.namespace is not None:
             raise rules.ApiRuleError(404, "NotFound", f"{resource.plural} are not namespaced")
         sub = request.subresource
-        if sub == "token" and resource.group == "" and resource.plural == "serviceaccounts" \
-                and request.method == "POST" and name_given(request):
-            return self._token_request(request)
         if sub not in (None, "status", "scale") or (sub == "scale" and self.crds.is_custom(resource)):
             raise rules.ApiRuleError(404, "NotFound", f"subresource {sub!r} is not emulated")
         if sub is not None and sub not in info.subresources:

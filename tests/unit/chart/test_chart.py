@@ -64,7 +64,7 @@ def test_default_install_watches_all_namespaces_with_cluster_rbac():
     (binding,) = by_kind(docs, "ClusterRoleBinding")
     (role,) = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == binding["roleRef"]["name"]]
     # Which rules, and why each: the least-privilege e2e test derives them from what the
-    # operator does (tests/e2e/operator/test_least_privilege_e2e.py). Both modes grant the same
+    # operator does (tests/cluster/test_least_privilege.py). Both modes grant the same
     # rules: the operator needs nothing cluster-scoped (kopf's namespace/CRD scanning is off).
     (namespaced,) = by_kind(render({"watchNamespaces": ["team-a"]}), "Role")
     assert role["rules"] == namespaced["rules"]

@@ -118,14 +118,13 @@ MANAGE = READ | {("laps.io", "lapsclusters", v) for v in ("create", "update", "p
 def _aggregated(docs: list[dict]) -> dict[str, set]:
     """The built-in role each aggregated ClusterRole feeds ("view", "edit", "admin") -> the
     (group, resource, verb) it adds there."""
-    from tests.support.kube_emulator_rbac import expand_rules
-
     into: dict[str, set] = {}
     for role in by_kind(docs, "ClusterRole"):
         for label, value in role["metadata"]["labels"].items():
             if label.startswith(AGGREGATE) and value == "true":
                 into.setdefault(label[len(AGGREGATE):], set()).update(
-                    (a.group, a.full_resource, a.verb) for a in expand_rules(role["rules"], ""))
+                    (g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+                    for r in rule["resources"] for v in rule["verbs"])
     return into
 
 

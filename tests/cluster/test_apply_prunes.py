@@ -1,5 +1,6 @@
-"""Updates remove what the spec no longer asks for (`kubectl apply` semantics): the real
-operator against the API emulator, driven through the official client as a user would."""
+"""Updates remove what the spec no longer asks for (`kubectl apply` semantics), and what others
+wrote stays: the real operator against the real API server (its merge and strategic-merge patch
+semantics, not an emulation of them), driven through the official client as a user would."""
 from __future__ import annotations
 
 import json
