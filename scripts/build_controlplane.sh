@@ -4,7 +4,7 @@
 # version pinned in tests/cluster/controlplane/kubernetes/go.mod (etcd at the version that module
 # pins), and kwok (fake nodes) from tests/cluster/controlplane/kwok/go.mod. Needs Go >= the go
 # lines of those go.mod files. Output: .cache/controlplane/<hash of the inputs>/, reused while the
-# inputs are unchanged (a second run returns at once). First run: about 25 minutes on 2 cores
+# inputs are unchanged (a second run returns at once). First run: about 10 minutes on 2 cores
 # (module downloads and compiling); a binary that does not build fails the run, naming it.
 # Prints the output directory as its last line.
 set -euo pipefail
@@ -19,7 +19,7 @@ key=$(cat "$0" $src/kubernetes/go.mod $src/kubernetes/go.sum $src/kubernetes/too
 out="$PWD/.cache/controlplane/$key"
 if [ -f "$out/.built" ]; then echo "$out"; exit 0; fi
 version=$(awk '$1 == "k8s.io/kubernetes" {print $2}' $src/kubernetes/go.mod)
-echo "==> building the Kubernetes control plane $version from Go modules into $out (first run: about 25 minutes)" >&2
+echo "==> building the Kubernetes control plane $version from Go modules into $out (first run: about 10 minutes)" >&2
 rm -rf "$out"; mkdir -p "$out/bin"
 minor=${version#v1.}; minor=${minor%%.*}
 # What `kubectl version` and /version report (Helm checks charts' kubeVersion against it); the

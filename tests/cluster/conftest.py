@@ -83,13 +83,30 @@ def programs(tmp_path: pathlib.Path) -> Iterator[tuple[Callable[..., str], Calla
 
 
 class RealKubeApi:
-    """The real control plane under the name and interface (`api_client()`, `kubeconfig`) of the
-    emulator's `kube_api`, so that a test written against the emulator with the official client
-    runs here unchanged (in namespace `default`, as there)."""
+    """The real control plane under the name and interface of the emulator's `kube_api`
+    (`api_client()`, `kubeconfig`, `url`, `http`, `apply_crd`), so that a test written against
+    the emulator with the official client runs here unchanged (in namespace `default`, as there)."""
 
     def __init__(self, control_plane) -> None:
         self.control_plane, self.kubeconfig, self.url = control_plane, control_plane.kubeconfig, control_plane.url
         self._clients: list = []
+        self._http = None
+
+    @property
+    def http(self):
+        import ssl
+
+        from tests.support.controlplane import ADMIN_TOKEN
+
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url, timeout=30,
+                                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                                      verify=ssl.create_default_context(cafile=self.control_plane.ca_file))
+        return self._http
+
+    def apply_crd(self, path) -> None:
+        self.control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        self.control_plane.kubectl("wait", "--for=condition=Established", "-f", str(path))
 
     def api_client(self):
         import kubernetes
@@ -101,6 +118,8 @@ class RealKubeApi:
     def close(self) -> None:
         for client in self._clients:
             client.close()
+        if self._http is not None:
+            self._http.close()
 
 
 @pytest.fixture
@@ -110,6 +129,25 @@ def kube_api(control_plane) -> Iterator[RealKubeApi]:
         yield api
     finally:
         api.close()
+        # What the test left in `default` (the emulator starts empty every test): every kind there.
+        kinds = control_plane.kubectl("api-resources", "--namespaced", "--verbs=delete", "-o", "name").stdout.split()
+        control_plane.kubectl("delete", ",".join(k for k in kinds if k not in ("events", "events.events.k8s.io")),
+                              "-n", "default", "--field-selector", "metadata.name!=default,metadata.name!=kube-root-ca.crt",
+                              "--grace-period=0", "--force", "--timeout=60s", check=False)
+
+
+@pytest.fixture
+def core(kube_api):
+    import kubernetes
+
+    return kubernetes.client.CoreV1Api(kube_api.api_client())
+
+
+@pytest.fixture
+def apps(kube_api):
+    import kubernetes
+
+    return kubernetes.client.AppsV1Api(kube_api.api_client())
 
 
 @pytest.fixture

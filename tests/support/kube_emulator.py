@@ -67,6 +67,7 @@ from tests.support import kube_emulator_quantities as quantities
 from tests.support import kube_emulator_rules as rules
 from tests.support.kube_emulator_crds import CRDS, CrdRegistry
 from tests.support.kube_emulator_openapi import openapi_group_version, openapi_root
+from tests.support.kube_emulator_schema import FIELD_VALIDATION
 from tests.support.kube_emulator_store import ObjectStore, ResourceRef
 from tests.support.kube_emulator_watch import close_all_watches, open_watch
 
@@ -227,6 +228,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     # --- object requests ----------------------------------------------------------------------
 
     async def _serve_resource(self, request: rendering.Request) -> rendering.Response:
+        validation = FIELD_VALIDATION.set(request.params.get("fieldValidation", ""))
         try:
             status, payload = self._dispatch(request)
             if request.resource == CRDS and request.method in ("POST", "PUT", "PATCH") \
@@ -234,6 +236,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 payload = self.crds.sync(payload["metadata"]["name"]) or payload
         except rules.ApiRuleError as exc:
             status, payload = exc.status, _status_body(exc.status, exc.reason, exc.message)
+        finally:
+            FIELD_VALIDATION.reset(validation)
         if isinstance(payload, AsyncIterator):
             return rendering.Response(status=status, payload=payload,
                                       headers={"Content-Type": "application/json"})
@@ -274,9 +278,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if method == "POST" and name is None:
             if info.namespaced and ns is None:
                 raise rules.ApiRuleError(405, "MethodNotAllowed", "POST needs a namespace in the URL")
-            return 201, store.create(resource, ns, self._body(request, dict), dry_run=dry_run)
+            return 201, store.create(resource, ns, self._typed_body(request, info), dry_run=dry_run)
         if method == "PUT" and name is not None:
-            body = self._body(request, dict)
+            body = self._typed_body(request, info)
             return 200, store.replace(resource, ns, name, body, status_only=sub == "status",
                                       dry_run=dry_run)
         if method == "PATCH" and name is not None:
@@ -354,6 +358,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             "metadata": {**obj["metadata"], "resourceVersion": version}}, status_only=False,
             dry_run="dryRun" in request.params)
         return 200, rules.scale_of(updated)
+
+    def _typed_body(self, request: rendering.Request, info: Any) -> dict:
+        """A create or replace body. A custom object must say its kind: kube-apiserver decodes it
+        by `kind`, not by the URL (built-in kinds are decoded by the URL)."""
+        body = self._body(request, dict)
+        if self.crds.is_custom(request.resource) and not body.get("kind"):
+            raise rules.bad_request(f"the object provided is unrecognized (must be of type {info.kind}): "
+                                    f"Object 'Kind' is missing in '{request.text}'")
+        return body
 
     @staticmethod
     def _body(request: rendering.Request, kind: type) -> Any:

@@ -161,21 +161,44 @@ STRATEGIC_MERGE_SETS = frozenset({"finalizers"})
 
 
 def _merge_list_by_key(old: list[Any], patch: list[Any], key: str) -> list[Any]:
-    result = [copy.deepcopy(item) for item in old]
+    """Merge by `key`, in the order kube-apiserver gives (strategicpatch's normalizeElementOrder):
+    the patch's items in patch order and the items only the server had in server order, merged so
+    that two items the server had keep the server's order, and an item new to the server goes
+    before a server-only one."""
+    position = {item[key]: i for i, item in enumerate(old) if isinstance(item, Mapping) and key in item}
+    merged, touched = [], set()
     for item in patch:
         if not isinstance(item, Mapping) or key not in item:
-            result.append(copy.deepcopy(item))
+            merged.append(copy.deepcopy(item))
             continue
-        index = next((i for i, cur in enumerate(result)
-                      if isinstance(cur, Mapping) and cur.get(key) == item[key]), None)
-        if item.get("$patch") == "delete":
-            if index is not None:
-                del result[index]
-        elif index is None:
-            result.append(strategic_merge({}, item))
+        index = position.get(item[key])
+        if index is not None:
+            touched.add(index)
+        if item.get("$patch") != "delete":
+            merged.append(strategic_merge(old[index] if index is not None else {}, item))
+    server_only = [copy.deepcopy(item) for i, item in enumerate(old) if i not in touched]
+
+    def at(item: Any) -> int | None:
+        return position.get(item.get(key)) if isinstance(item, Mapping) else None
+    result: list[Any] = []
+    while merged or server_only:
+        if merged and server_only:
+            mine, theirs = at(merged[0]), at(server_only[0])
+            take_server = mine is not None and theirs is not None and theirs < mine
         else:
-            result[index] = strategic_merge(result[index], item)
+            take_server = not merged
+        result.append((server_only if take_server else merged).pop(0))
     return result
+
+
+def _in_order(items: list[Any], order: Any, key: str) -> list[Any]:
+    """`$setElementOrder/<list>` (what kubectl apply sends): the items it names in its order,
+    then any others as they were."""
+    if not isinstance(order, list):
+        return items
+    rank = {o.get(key): i for i, o in enumerate(order) if isinstance(o, Mapping)}
+    named = sorted((i for i in items if isinstance(i, Mapping) and i.get(key) in rank), key=lambda i: rank[i[key]])
+    return named + [i for i in items if not (isinstance(i, Mapping) and i.get(key) in rank)]
 
 
 def _merge_ports(old: list[Any], patch: list[Any]) -> list[Any]:
@@ -187,8 +210,8 @@ def _merge_ports(old: list[Any], patch: list[Any]) -> list[Any]:
 def strategic_merge(target: Any, patch: Any) -> Any:
     """`application/strategic-merge-patch+json` for built-in kinds: like a merge patch, but
     lists named in STRATEGIC_MERGE_KEYS merge element-wise by their key, `finalizers` merge as
-    a set, `$patch: replace|delete` is honoured on maps, and `$setElementOrder/...` and
-    `$retainKeys` directives are accepted and dropped (order is not emulated)."""
+    a set, `$patch: replace|delete` is honoured on maps, `$setElementOrder/<list>` orders a
+    list merged by key, and `$retainKeys` is accepted and dropped."""
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     directive = patch.get("$patch")
@@ -202,7 +225,9 @@ def strategic_merge(target: Any, patch: Any) -> Any:
         if value is None:
             base.pop(key, None)
         elif isinstance(value, list) and isinstance(old, list) and key in STRATEGIC_MERGE_KEYS:
-            base[key] = _merge_list_by_key(old, value, STRATEGIC_MERGE_KEYS[key])
+            merge_key = STRATEGIC_MERGE_KEYS[key]
+            base[key] = _in_order(_merge_list_by_key(old, value, merge_key),
+                                  patch.get(f"$setElementOrder/{key}"), merge_key)
         elif isinstance(value, list) and isinstance(old, list) and key == "ports":
             base[key] = _merge_ports(old, value)
         elif isinstance(value, list) and isinstance(old, list) and key in STRATEGIC_MERGE_SETS:

@@ -3,7 +3,9 @@ version's `openAPIV3Schema`), on every create and update, main endpoint or /stat
 
 1. pruning: fields the schema does not declare are dropped silently, unless a
    `x-kubernetes-preserve-unknown-fields: true` covers them (an operator that writes an
-   undeclared status field loses it on a real cluster, and here too);
+   undeclared status field loses it on a real cluster, and here too); with
+   `?fieldValidation=Strict` (kubectl's and Helm's default) an undeclared field is instead a
+   400 naming it, as kube-apiserver answers (`strict decoding error: unknown field "spec.x"`);
 2. nulls: a null where the schema does not say `nullable: true` is dropped (then defaulted);
 3. defaulting: an absent property with a `default` gets it, top-down, so defaults inside a
    defaulted `{}` apply as well;
@@ -15,6 +17,7 @@ list-type uniqueness, formats.
 """
 from __future__ import annotations
 
+import contextvars
 import copy
 from collections.abc import Callable
 from typing import Any
@@ -24,9 +27,12 @@ import jsonschema
 from tests.support import kube_emulator_rules as rules
 
 _ROOT_KEPT = ("apiVersion", "kind", "metadata")  # the server handles these itself
+# The request's `fieldValidation` ("Strict", "Warn", "Ignore" or ""), set by the emulator around
+# each request it serves.
+FIELD_VALIDATION: contextvars.ContextVar[str] = contextvars.ContextVar("field_validation", default="")
 
 
-def _prune_and_default(value: Any, schema: dict) -> Any:
+def _prune_and_default(value: Any, schema: dict, path: str = "", unknown: list[str] | None = None) -> Any:
     if isinstance(value, dict) and schema.get("type", "object") == "object":
         properties = schema.get("properties")
         additional = schema.get("additionalProperties")
@@ -36,19 +42,22 @@ def _prune_and_default(value: Any, schema: dict) -> Any:
             sub = (properties or {}).get(key)
             if sub is None and isinstance(additional, dict):
                 sub = additional
+            where = f"{path}.{key}" if path else key
             if sub is None:
                 if keep_unknown or additional is True:
                     result[key] = item
+                elif unknown is not None:
+                    unknown.append(where)
                 continue
             if item is None and not sub.get("nullable"):
                 continue
-            result[key] = _prune_and_default(item, sub)
+            result[key] = _prune_and_default(item, sub, where, unknown)
         for key, sub in (properties or {}).items():
             if key not in result and "default" in sub:
                 result[key] = _prune_and_default(copy.deepcopy(sub["default"]), sub)
         return result
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        return [_prune_and_default(item, schema["items"]) for item in value]
+        return [_prune_and_default(item, schema["items"], f"{path}[{i}]", unknown) for i, item in enumerate(value)]
     return value
 
 
@@ -86,7 +95,10 @@ def object_checker(open_api_schema: dict) -> Callable[[dict], None]:
 
     def check(obj: dict) -> None:
         kept = {key: obj[key] for key in _ROOT_KEPT if key in obj}
-        shaped = _prune_and_default({k: v for k, v in obj.items() if k not in _ROOT_KEPT}, root)
+        unknown: list[str] = []
+        shaped = _prune_and_default({k: v for k, v in obj.items() if k not in _ROOT_KEPT}, root, "", unknown)
+        if unknown and FIELD_VALIDATION.get() == "Strict":
+            raise rules.bad_request("strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
         obj.clear()
         obj.update(kept | shaped)
         errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))

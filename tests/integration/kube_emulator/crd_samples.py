@@ -6,6 +6,8 @@ from pathlib import Path
 import yaml
 
 GROUP, VERSION, PLURAL, KIND = "test.laps.io", "v1", "widgets", "Widget"
+WIDGET = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND}    # what a custom object's body must say
+GADGET = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Gadget"}
 
 
 def widget_crd() -> dict:

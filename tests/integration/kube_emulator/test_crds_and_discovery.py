@@ -9,7 +9,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from tests.integration.kube_emulator.crd_samples import GROUP, KIND, PLURAL, VERSION, write_widget_crd
+from tests.integration.kube_emulator.crd_samples import GROUP, KIND, PLURAL, VERSION, WIDGET, write_widget_crd
 
 REPO_CRDS = sorted((pathlib.Path(__file__).parents[3] / "charts" / "laps" / "crds").glob("*.yaml"))
 
@@ -18,7 +18,7 @@ def test_applied_crd_serves_its_kind_with_a_status_subresource(kube_api, tmp_pat
     assert kube_api.apply_crd(write_widget_crd(tmp_path)) == [f"{PLURAL}.{GROUP}"]
     objects = kubernetes.client.CustomObjectsApi(kube_api.api_client())
     objects.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
-                                            {"metadata": {"name": "w"}, "spec": {"size": 3}})
+                                            {**WIDGET, "metadata": {"name": "w"}, "spec": {"size": 3}})
     objects.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "w",
                                                   {"status": {"phase": "Ready"}})
     widget = objects.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "w")
@@ -58,7 +58,7 @@ def test_applying_a_crd_twice_replaces_it(kube_api, tmp_path):
 def test_deleting_the_crd_removes_its_resource(kube_api, tmp_path):
     kube_api.apply_crd(write_widget_crd(tmp_path))
     objects = kubernetes.client.CustomObjectsApi(kube_api.api_client())
-    objects.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {"metadata": {"name": "w"}})
+    objects.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {**WIDGET, "metadata": {"name": "w"}})
     kubernetes.client.ApiextensionsV1Api(kube_api.api_client()).delete_custom_resource_definition(
         f"{PLURAL}.{GROUP}")
     with pytest.raises(ApiException) as err:

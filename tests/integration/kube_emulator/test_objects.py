@@ -26,11 +26,11 @@ def test_create_answers_201_and_sets_server_fields(kube_api):
 
 
 def test_custom_object_create_returns_the_object(kube_api, tmp_path):
-    from tests.integration.kube_emulator.crd_samples import GROUP, PLURAL, VERSION, write_widget_crd
+    from tests.integration.kube_emulator.crd_samples import GROUP, PLURAL, VERSION, WIDGET, write_widget_crd
     kube_api.apply_crd(write_widget_crd(tmp_path))
     objects = kubernetes.client.CustomObjectsApi(kube_api.api_client())
     created = objects.create_namespaced_custom_object(
-        GROUP, VERSION, "default", PLURAL, {"metadata": {"name": "w"}, "spec": {"size": 1}})
+        GROUP, VERSION, "default", PLURAL, {**WIDGET, "metadata": {"name": "w"}, "spec": {"size": 1}})
     assert created["metadata"]["name"] == "w" and created["kind"] == "Widget"
 
 

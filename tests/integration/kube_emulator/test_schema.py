@@ -5,7 +5,7 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
-from tests.integration.kube_emulator.crd_samples import GADGETS, GROUP, VERSION, write_gadget_crd
+from tests.integration.kube_emulator.crd_samples import GADGET, GADGETS, GROUP, VERSION, write_gadget_crd
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def gadgets(kube_api, tmp_path):
     class Gadgets:
         def create(self, spec: dict) -> dict:
             return api.create_namespaced_custom_object(GROUP, VERSION, "default", GADGETS,
-                                                       {"metadata": {"name": "g"}, "spec": spec})
+                                                       {**GADGET, "metadata": {"name": "g"}, "spec": spec})
 
         def patch_status(self, status: dict) -> dict:
             return api.patch_namespaced_custom_object_status(GROUP, VERSION, "default", GADGETS, "g",
@@ -37,6 +37,18 @@ def test_defaults_apply_top_down_and_unknown_fields_are_pruned(gadgets):
     created = gadgets.create({"size": 2, "typo": 1, "extra": {"anything": {"goes": True}}})
     assert created["spec"] == {"size": 2, "mode": "fast", "tuning": {"window": 5.0},
                                "extra": {"anything": {"goes": True}}}
+
+
+def test_with_strict_field_validation_an_unknown_field_is_a_400_naming_it(kube_api, gadgets):
+    # What kubectl and Helm send (the real API server refuses the typo; pruning would hide it).
+    response = kube_api.http.post(f"/apis/{GROUP}/{VERSION}/namespaces/default/{GADGETS}",
+                                  params={"fieldValidation": "Strict"},
+                                  json={**GADGET, "metadata": {"name": "g"},
+                                        "spec": {"size": 2, "typo": 1, "tuning": {"windw": 1}}})
+    assert response.status_code == 400, response.text
+    assert response.json()["message"] == ('strict decoding error: unknown field "spec.typo", '
+                                          'unknown field "spec.tuning.windw"')
+    assert kube_api.http.get(f"/apis/{GROUP}/{VERSION}/namespaces/default/{GADGETS}").json()["items"] == []
 
 
 def test_undeclared_status_fields_are_dropped(gadgets):

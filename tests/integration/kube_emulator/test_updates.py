@@ -5,7 +5,7 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
-from tests.integration.kube_emulator.crd_samples import GROUP, PLURAL, VERSION, write_widget_crd
+from tests.integration.kube_emulator.crd_samples import GROUP, PLURAL, VERSION, WIDGET, write_widget_crd
 
 
 @pytest.fixture
@@ -32,7 +32,8 @@ def test_strategic_merge_merges_containers_by_name(apps):
     containers = {c.name: c for c in patched.spec.template.spec.containers}
     assert set(containers) == {"engine", "sidecar"}
     assert containers["engine"].image == "laps:2"
-    assert [e.name for e in containers["engine"].env] == ["A", "B"]
+    # The API server's order (as a real one gives it): an item new to the list before the old ones.
+    assert [e.name for e in containers["engine"].env] == ["B", "A"]
 
 
 def test_pod_labels_patch_keeps_other_labels(core):
@@ -45,7 +46,7 @@ def test_pod_labels_patch_keeps_other_labels(core):
 
 
 def test_strategic_merge_on_a_custom_resource_is_415(kube_api, widgets):
-    widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {"metadata": {"name": "w"}})
+    widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {**WIDGET, "metadata": {"name": "w"}})
     response = kube_api.http.patch(f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/w",
                            json={"spec": {"size": 2}},
                            headers={"Content-Type": "application/strategic-merge-patch+json"})
@@ -54,7 +55,7 @@ def test_strategic_merge_on_a_custom_resource_is_415(kube_api, widgets):
 
 def test_merge_patch_replaces_lists_and_deletes_nulls(widgets):
     widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
-        "metadata": {"name": "w"}, "spec": {"items": [1, 2], "drop": "me", "keep": True}})
+        **WIDGET, "metadata": {"name": "w"}, "spec": {"items": [1, 2], "drop": "me", "keep": True}})
     patched = widgets.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "w",
                                                      {"spec": {"items": [3], "drop": None}})
     assert patched["spec"] == {"items": [3], "keep": True}
@@ -105,7 +106,7 @@ def test_a_no_op_patch_keeps_the_resource_version(core):
 
 def test_status_patch_changes_only_status_and_bumps_no_generation(widgets):
     widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
-        "metadata": {"name": "w"}, "spec": {"size": 1}, "status": {"ignored": "on create"}})
+        **WIDGET, "metadata": {"name": "w"}, "spec": {"size": 1}, "status": {"ignored": "on create"}})
     created = widgets.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "w")
     assert "status" not in created and created["metadata"]["generation"] == 1
 
@@ -118,7 +119,7 @@ def test_status_patch_changes_only_status_and_bumps_no_generation(widgets):
 
 def test_main_endpoint_ignores_status_and_spec_changes_bump_generation(widgets):
     widgets.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
-        "metadata": {"name": "w"}, "spec": {"size": 1}})
+        **WIDGET, "metadata": {"name": "w"}, "spec": {"size": 1}})
     widgets.patch_namespaced_custom_object_status(GROUP, VERSION, "default", PLURAL, "w",
                                                   {"status": {"ready": 1}})
     patched = widgets.patch_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "w", {
