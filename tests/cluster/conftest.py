@@ -91,6 +91,7 @@ class RealKubeApi:
         self.control_plane, self.kubeconfig, self.url = control_plane, control_plane.kubeconfig, control_plane.url
         self._clients: list = []
         self._http = None
+        self._crds: list = []
 
     @property
     def http(self):
@@ -105,8 +106,11 @@ class RealKubeApi:
         return self._http
 
     def apply_crd(self, path) -> None:
+        """As the emulator's; the CRD is deleted after the test (its kinds would outlive it here:
+        the samples' category `laps` would even turn `kubectl get laps` into a list of them)."""
         self.control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
         self.control_plane.kubectl("wait", "--for=condition=Established", "-f", str(path))
+        self._crds.append(path)
 
     def api_client(self):
         import kubernetes
@@ -120,6 +124,8 @@ class RealKubeApi:
             client.close()
         if self._http is not None:
             self._http.close()
+        for path in self._crds:
+            self.control_plane.kubectl("delete", "--ignore-not-found", "--timeout=60s", "-f", str(path), check=False)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import yaml
 
 from laps_agent.policy.classes import CLASSES
 from tests.support.controlplane import ControlPlane
+from tests.support.fixtures_cluster import report
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "laps"
@@ -113,7 +114,6 @@ class Story:
     example: str = "lapscluster.yaml"
     step: str = "install"
     steps_done: list[str] = field(default_factory=list)
-    printed: list[str] = field(default_factory=list)
     _audit_seen: int = 0
 
     def __post_init__(self) -> None:
@@ -299,8 +299,8 @@ class Story:
         """`kubectl get laps`: the CRD's printer columns, as a user sees them."""
         out = self.kubectl("get", "laps", "-n", self.namespace)
         wide = self.kubectl("get", "laps", "-n", self.namespace, "-o", "wide")
-        self.printed += [f"$ kubectl get laps -n {self.namespace}", out, f"$ kubectl get laps -n {self.namespace} -o wide", wide]
-        print("\n".join(self.printed[-4:]))
+        report(f"$ kubectl get laps -n {self.namespace}", *out.splitlines(),
+               f"$ kubectl get laps -n {self.namespace} -o wide", *wide.splitlines())
         self.table = out
 
     def edit(self) -> None:

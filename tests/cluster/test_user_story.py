@@ -20,6 +20,9 @@ CHILD_KINDS = [("", "configmaps"), ("", "serviceaccounts"), ("", "services"), ("
 INDIRECT = {("laps.io", "lapsclusters/finalizers", "update"),
             ("discovery.k8s.io", "endpointslices", "list"), ("discovery.k8s.io", "endpointslices", "watch"),
             *((group, kind, "delete") for group, kind in CHILD_KINDS)}
+# Used when the story's pods are slow to come up: the Ready condition reads their workload's
+# Events to say why (the emulator tier's test_pod_problems_e2e.py shows it).
+SITUATIONAL = {("", "events", "list")}
 
 
 def test_helm_install_kubectl_apply_serve_move_edit_and_delete(control_plane, cluster_namespace, programs):
@@ -38,7 +41,7 @@ def test_helm_install_kubectl_apply_serve_move_edit_and_delete(control_plane, cl
         granted, used = triples(chart_rules()), story.used(OPERATOR_USER)
         print(f"{OPERATOR_USER} used:", *sorted(used), sep="\n  ")
         assert not used - granted
-        assert granted - used <= INDIRECT, sorted(granted - used - INDIRECT)
+        assert granted - used <= INDIRECT | SITUATIONAL, sorted(granted - used - INDIRECT - SITUATIONAL)
         # The gateway asked for exactly what the Role the operator makes for it grants.
         assert story.used(story.gateway_user) == triples(_gateway_role()["rules"])
     finally:

@@ -26,6 +26,13 @@ from tests.support.controlplane import ControlPlane, build
 
 _started: list[ControlPlane] = []
 _namespaces = itertools.count()
+_reported: list[str] = []
+
+
+def report(*lines: str) -> None:
+    """Lines for the end of the test run's output, passed or not (what a reviewer should see,
+    such as `kubectl get laps` as a user sees it)."""
+    _reported.extend(lines)
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +67,8 @@ def cluster_namespace(control_plane: ControlPlane, request: pytest.FixtureReques
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    for line in _reported:
+        terminalreporter.write_line(line)
     for plane in _started:
         terminalreporter.write_line(f"real control plane: Kubernetes {plane.version} "
                                     f"(etcd, kube-apiserver, controller-manager, scheduler, kwok) "

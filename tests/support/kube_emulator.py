@@ -324,6 +324,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return lambda obj: rules.merge_patch(obj, merge), None
         if content_type == "application/strategic-merge-patch+json" and not custom:
             strategic = self._body(request, dict)
+            if request.resource.plural in rules.ATOMIC_LIST_KINDS:   # no list of theirs merges by key
+                return lambda obj: rules.merge_patch(obj, strategic), None
             return lambda obj: rules.strategic_merge(obj, strategic), None
         if content_type == "application/apply-patch+yaml":
             # Field ownership is not emulated: an apply merges like the matching patch.

@@ -158,6 +158,9 @@ STRATEGIC_MERGE_KEYS: dict[str, str] = {
 }
 # Lists of scalars with patchStrategy=merge: union instead of replace.
 STRATEGIC_MERGE_SETS = frozenset({"finalizers"})
+# Kinds whose lists are all atomic (`+listType=atomic`): a strategic merge patch replaces them,
+# as a merge patch does (an EndpointSlice's `ports` are not a Service's, merged by port).
+ATOMIC_LIST_KINDS = frozenset({"endpointslices", "endpoints"})
 
 
 def _merge_list_by_key(old: list[Any], patch: list[Any], key: str) -> list[Any]:
