@@ -142,19 +142,6 @@ def kube_api(control_plane) -> Iterator[RealKubeApi]:
                               "--grace-period=0", "--force", "--timeout=60s", check=False)
 
 
-@pytest.fixture
-def core(kube_api):
-    import kubernetes
-
-    return kubernetes.client.CoreV1Api(kube_api.api_client())
-
-
-@pytest.fixture
-def apps(kube_api):
-    import kubernetes
-
-    return kubernetes.client.AppsV1Api(kube_api.api_client())
-
 
 @pytest.fixture
 def start_operator(control_plane, programs):

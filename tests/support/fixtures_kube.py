@@ -256,3 +256,17 @@ def kube_api(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         warnings.warn(f"the Kubernetes emulator answered 500 (an emulator bug?): {error!r}",
                       stacklevel=1)
 
+
+# Clients of whichever `kube_api` the test has: the emulator's, or tests/cluster's real one.
+@pytest.fixture
+def core(kube_api):
+    import kubernetes
+
+    return kubernetes.client.CoreV1Api(kube_api.api_client())
+
+
+@pytest.fixture
+def apps(kube_api):
+    import kubernetes
+
+    return kubernetes.client.AppsV1Api(kube_api.api_client())
