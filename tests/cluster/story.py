@@ -13,6 +13,7 @@ processes and asks for an answer).
 """
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import time
@@ -25,6 +26,7 @@ import httpx
 import yaml
 
 from laps_agent.policy.classes import CLASSES
+from tests.support import waiting
 from tests.support.controlplane import ControlPlane
 from tests.support.fixtures_cluster import report
 
@@ -90,19 +92,8 @@ def rule_label(rule: dict) -> str:
     return json.dumps({k: rule[k] for k in ("apiGroups", "resources", "verbs")}, separators=(",", ":"))
 
 
-def wait_for(probe: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except Exception as exc:  # not there yet
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.2)  # poll interval, bounded by the deadline
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last saw: {last!r}")
+# Each probe here runs kubectl: half the e2e tier's polling rate.
+wait_for = functools.partial(waiting.wait_for, interval=0.2)
 
 
 @dataclass

@@ -16,6 +16,23 @@ def poll(condition, timeout: float = 15.0, interval: float = 0.02, message: str 
         time.sleep(interval)  # poll interval, bounded by the deadline above
 
 
+def wait_for(probe, what: str, timeout: float = 60.0, interval: float = 0.1):
+    """Poll `probe` until it returns something truthy, counting an exception as "not yet" (the
+    object may not exist yet); fail with `what` and the last value or exception seen."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except Exception as exc:  # the object may not exist yet
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)  # poll interval, bounded by the deadline
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last saw: {last!r}")
+
+
 async def poll_async(condition, timeout: float, message: str, interval: float = 0.02):
     """`poll` for a coroutine condition, inside a test's event loop."""
     import asyncio

@@ -6,38 +6,19 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import httpx
 import pytest
 
 from laps_agent.local.engines import free_ports
-from tests.support.waiting import stop_process
+from tests.support.waiting import stop_process, wait_for  # noqa: F401 - the e2e tests import it from here
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CRD = REPO / "charts" / "laps" / "crds" / "lapscluster.yaml"
-T = TypeVar("T")
 
 
-
-
-def wait_for(probe: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.1) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-        except Exception as exc:  # the object may not exist yet
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last saw: {last!r}")
 
 
 @dataclass
