@@ -21,7 +21,7 @@ from laps_agent.lab.matrix.report import summarize as summarize_matrix
 from laps_agent.lab.matrix.spec import MatrixError, load_matrix
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
-from laps_agent.lab.sim import allocation
+from laps_agent.lab.sim import allocation, sizing
 from laps_agent.lab.sim.cluster import HOP_S
 from laps_agent.lab.sim.matrix import MatrixRun, run_matrix
 from laps_agent.lab.sim.run import ORACLE, mean_rate, measure_capacity, sim_system, simulate
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-s", type=non_negative(float), default=0.0,
                    help="replay the first phase this long first, as `laps bench compare` does")
     allocation.add_flags(p)
+    sizing.add_flags(p)
     return p
 
 
@@ -80,6 +81,10 @@ _CELL_FLAGS = ("--profile", "--prefill", "--decode", "--threshold", "--load", "-
 
 def _main(args: argparse.Namespace, engine_args: list[str], argv: list[str] | None = None) -> int:
     if args.matrix is not None:
+        if args.autoscale:
+            print("laps sim: error: --autoscale sizes the pools of one workload's run: give --workload, "
+                  "not --matrix", file=sys.stderr)
+            return 2
         return _main_matrix(args, engine_args, sys.argv[1:] if argv is None else argv)
     try:
         spec = load_workload(args.workload)
@@ -115,6 +120,16 @@ def _main(args: argparse.Namespace, engine_args: list[str], argv: list[str] | No
     except WorkloadError as exc:
         print(f"laps sim: error: {exc}", file=sys.stderr)
         return 2
+    if args.autoscale:
+        if len(systems) != 1:
+            print("laps sim: error: --autoscale runs one system under each scaler: give one in --systems",
+                  file=sys.stderr)
+            return 2
+        try:
+            return sizing.run_sizing(args, engine_args, plan, profile, systems[0], threshold, out)
+        except ValueError as exc:   # limits the planner refuses (a budget below the minimum pools)
+            print(f"laps sim: error: {exc}", file=sys.stderr)
+            return 2
     labelled, turns = [], []
     try:
         _simulate_all(args, engine_args, plan, warmup, profile, systems, threshold, out, labelled, turns)

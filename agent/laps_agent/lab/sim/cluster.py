@@ -36,6 +36,7 @@ from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.lab.results.records import TimelineSample
 from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
+from laps_agent.lab.sim.autoscale import Scaling, SimFleet, SimScaler, join_group, keep_both_groups, pod_costs
 from laps_agent.lab.sim.prefix import SimPrefixes
 from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
 from laps_agent.policy.allocation import AllocationConfig
@@ -43,10 +44,11 @@ from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
 from laps_agent.policy.placement import ArrivalMix, PrefillCost, place
+from laps_agent.policy.planner import Pools
 from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
-_ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM = 0, 1, 2, 3, 4, 5
+_ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM, _SCALE = 0, 1, 2, 3, 4, 5, 6
 HOP_S = 0.001
 
 
@@ -81,6 +83,8 @@ class SimOutcome:
     prefill_busy: list[float] = field(default_factory=list)   # modelled busy seconds per pod
     prefill_warm: list[float] = field(default_factory=list)   # of which prefix warms
     decode_busy: list[float] = field(default_factory=list)
+    fleet: SimFleet | None = None      # a sized run's pods over time (autoscale.py)
+    scaler: SimScaler | None = None
 
 
 class SimCluster:
@@ -90,7 +94,7 @@ class SimCluster:
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
                  interval_s: float = INTERVAL_S, hop_s: float = HOP_S,
                  max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None,
-                 oracle: bool = False) -> None:
+                 oracle: bool = False, scaling: Scaling | None = None) -> None:
         if prefill < 1 or decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
@@ -102,13 +106,17 @@ class SimCluster:
         running = args.max_running_requests or profile.engine.max_running_requests
         self.batch_tokens = sched.max_prefill_tokens
 
+        # A sized cluster has an engine for every pod it may run (autoscale.py: the fleet says
+        # which exist); `prefill` and `decode` are the pods serving from the start.
+        all_prefill = max(prefill, scaling.config.max_prefill) if scaling else prefill
+        all_decode = max(decode, scaling.config.max_decode) if scaling else decode
         # Prefix caches (None: the profile's KV capacity; 0: none) and the gateway's record;
         # `oracle`: one unlimited cache all pods share, known to the router (prefix.py).
-        self.prefixes = SimPrefixes(profile, prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens,
+        self.prefixes = SimPrefixes(profile, all_prefill, affinity=system.affinity, cache_tokens=prefix_cache_tokens,
                                     oracle=oracle, tree=system.router == "cache_aware")
         # cache_aware's tree sizes: prompt tokens sent to each pod that its tree did not match
         # (every prompt's text goes into the router's tree, a conversation's or not).
-        self.tree_tokens = [0] * prefill
+        self.tree_tokens = [0] * all_prefill
 
         def model(role: str, cache=None) -> EngineModel:
             engine = EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
@@ -118,20 +126,22 @@ class SimCluster:
             return engine
 
         self.profile, self.system = profile, system
-        self.prefill = [model("prefill", self.prefixes.caches[i]) for i in range(prefill)]
-        self.decode = [model("decode") for _ in range(decode)]
-        self.prefill_eps = [Endpoint(f"prefill-{i}", f"sim://prefill-{i}", f"prefill-{i}", 0) for i in range(prefill)]
-        self.decode_eps = [Endpoint(f"decode-{i}", f"sim://decode-{i}", f"decode-{i}", 0) for i in range(decode)]
+        self.prefill = [model("prefill", self.prefixes.caches[i]) for i in range(all_prefill)]
+        self.decode = [model("decode") for _ in range(all_decode)]
+        self.prefill_eps = [Endpoint(f"prefill-{i}", f"sim://prefill-{i}", f"prefill-{i}", 0)
+                            for i in range(all_prefill)]
+        self._decode_all = [Endpoint(f"decode-{i}", f"sim://decode-{i}", f"decode-{i}", 0) for i in range(all_decode)]
+        self.decode_eps = tuple(self._decode_all[:decode])   # those routed to
         self._prefill_index = {ep.name: i for i, ep in enumerate(self.prefill_eps)}
-        self._decode_index = {ep.name: i for i, ep in enumerate(self.decode_eps)}
+        self._decode_index = {ep.name: i for i, ep in enumerate(self._decode_all)}
         if system.groups:
             short = short_pods if short_pods is not None else initial_short_count(prefill)
             if not 1 <= short <= prefill:
                 raise ValueError(f"short_pods must be in 1..{prefill}, got {short}")
-            self.groups = {"short": tuple(self.prefill_eps[:short]), "long": tuple(self.prefill_eps[short:])}
+            self.groups = {"short": tuple(self.prefill_eps[:short]), "long": tuple(self.prefill_eps[short:prefill])}
             self.threshold = threshold
         else:
-            self.groups = {"short": tuple(self.prefill_eps), "long": ()}
+            self.groups = {"short": tuple(self.prefill_eps[:prefill]), "long": ()}
             # One pool: no classes when routed least-loaded (vanilla PD); routed by prediction,
             # the classes still say what each engine's dual queue serves first.
             self.threshold = threshold if system.router == "predicted" else SINGLE_POOL_THRESHOLD
@@ -150,6 +160,12 @@ class SimCluster:
         self.moves = self.allocator.moves  # (time, move) of every pod moved between groups
         self._seq = itertools.count()
         self._tiebreak = itertools.count()
+        self.scaling = scaling
+        self.fleet = self.scaler = None
+        if scaling is not None:
+            self.fleet = SimFleet({"prefill": [ep.name for ep in self.prefill_eps],
+                                   "decode": [ep.name for ep in self._decode_all]}, Pools(prefill, decode), scaling.config)
+            self.scaler = SimScaler(scaling, self.fleet)
 
     # ---- the run -------------------------------------------------------------------------------
     def run(self, at: Sequence[float], prompt_tokens: Sequence[int], output_tokens: Sequence[int],
@@ -168,10 +184,12 @@ class SimCluster:
         self._engines = self.prefill + self.decode
         timeline: list[TimelineSample] = []
         allocating = runs_loop(self.system)
-        if n and (self.sample_every_s > 0 or allocating):
+        if n and (self.sample_every_s > 0 or allocating or self.scaler):
             heapq.heappush(heap, (float(at[0]), next(self._seq), _SAMPLE, None))
         if n and allocating:
             heapq.heappush(heap, (float(at[0]) + self.interval_s, next(self._seq), _REBALANCE, None))
+        if n and self.scaler:
+            heapq.heappush(heap, (float(at[0]) + self.scaling.config.interval_s, next(self._seq), _SCALE, None))
         nxt, now = 0, 0.0
         self._finished, self._last_end = 0, 0.0
         while nxt < n or heap:
@@ -195,20 +213,75 @@ class SimCluster:
             elif kind == _SAMPLE:  # the timeline, and the allocation's pressure samples (1 s)
                 timeline.append(timeline_sample(now, self.groups, self.tracker))
                 self.allocator.observe(self.tracker)
+                if self.fleet is not None:
+                    self._fleet_tick(now)
                 if self._finished < n:
                     heapq.heappush(heap, (now + (self.sample_every_s or 1.0), next(self._seq), _SAMPLE, None))
             elif kind == _REBALANCE:
                 self.groups = self.allocator.rebalance(now, self.groups, self.tracker)
                 if self._finished < n:
                     heapq.heappush(heap, (now + self.interval_s, next(self._seq), _REBALANCE, None))
+            elif kind == _SCALE:
+                self._scale(now)
+                if self._finished < n:
+                    heapq.heappush(heap, (now + self.scaling.config.interval_s, next(self._seq), _SCALE, None))
+        if self.fleet is not None:
+            self.fleet.advance(self._last_end)
         return SimOutcome(reqs, timeline, self._last_end,
                           prefill_busy=[e.busy_seconds for e in self.prefill],
                           decode_busy=[e.busy_seconds for e in self.decode],
-                          prefill_warm=[e.warm_seconds for e in self.prefill])
+                          prefill_warm=[e.warm_seconds for e in self.prefill], fleet=self.fleet, scaler=self.scaler)
+
+    # ---- sizing (autoscale.py) -----------------------------------------------------------------
+    def _scale(self, now: float) -> None:
+        """One scaler decision: pods ordered, or taken out of routing to drain."""
+        serving_decode = [self.decode[self._decode_index[n]] for n in self.fleet.serving("decode")]
+        busy = {"prefill": sum(e.busy_seconds for e in self.prefill), "decode": sum(e.busy_seconds for e in self.decode)}
+        serving_prefill = [ep.name for eps in self.groups.values() for ep in eps]
+        costs = pod_costs(self.prefill[self._prefill_index[serving_prefill[0]]], self.profile) if serving_prefill else None
+        loads = self.tracker.loads()
+        prefill_loads = [loads[ep.name] for ep in self.prefill_eps if ep.name in loads]
+        short = sum(x.short_requests for x in prefill_loads)
+        waiting = {SHORT: float(short), LONG: float(sum(x.pending_requests for x in prefill_loads) - short)}
+        decode_held = sum(len(e.running) + len(e.imports) for e in serving_decode)
+        pools = self.scaler.decide(now, costs, float(decode_held), waiting, busy)
+        if pools is None:
+            return
+
+        def in_flight(name: str) -> float:
+            load = loads.get(name)
+            return float(load.pending_requests) if load else 0.0
+
+        for name in self.fleet.resize("prefill", pools.prefill, now, in_flight):
+            self.groups = {g: tuple(ep for ep in eps if ep.name != name) for g, eps in self.groups.items()}
+        if self.system.groups:
+            self.groups = keep_both_groups(self.groups)
+        gone = set(self.fleet.resize("decode", pools.decode, now, in_flight))
+        self.decode_eps = tuple(ep for ep in self.decode_eps if ep.name not in gone)
+
+    def _fleet_tick(self, now: float) -> None:
+        loads = self.tracker.loads()
+
+        def idle(pool: str, name: str) -> bool:
+            load = loads.get(name)
+            engine = (self.prefill[self._prefill_index[name]] if pool == "prefill"
+                      else self.decode[self._decode_index[name]])
+            return not engine.requests and (load is None or load.pending_requests == 0)
+
+        for pool, name in self.fleet.tick(now, idle):
+            if pool == "decode":
+                self.decode_eps = (*self.decode_eps, self._decode_all[self._decode_index[name]])
+                continue
+            ep = self.prefill_eps[self._prefill_index[name]]
+            group = join_group(self.groups, self.scaler.short_target) if self.system.groups else SHORT
+            self.groups = {**self.groups, group: (*self.groups[group], ep)}
 
     def _route(self, r: SimRequest, now: float) -> None:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
         loads = self.tracker.loads()
+        if self.scaler is not None:   # demand as the gateway counts it, refused requests too
+            self.scaler.arrived(length_class(r.routed_tokens, self.class_threshold), r.routed_tokens,
+                                r.prompt_tokens, r.output_tokens)
         if self.system.router == "predicted":
             self._place(r, now, loads)
             return
@@ -264,7 +337,7 @@ class SimCluster:
     def _cache_aware_route(self, r: SimRequest, loads: dict) -> RouteDecision:
         """SGLang's router, cache_aware (policy/cache_aware.py) for the prefill pod, the least
         loaded decode pod (choose_route over that one pod, so decode is chosen as for every system)."""
-        choice = cache_aware_choice(r.routed_tokens, self.prefill_eps, loads,
+        choice = cache_aware_choice(r.routed_tokens, [ep for eps in self.groups.values() for ep in eps], loads,
                                     self.prefixes.matched(r.conversation, r.prompt_tokens),
                                     lambda ep: self.tree_tokens[self._prefill_index[ep.name]])
         if choice is None:
@@ -337,7 +410,7 @@ class SimCluster:
                 if ev.finished:
                     r.done, r.status, r.tokens = ev.time + 2 * self.hop_s, 200, ev.tokens
                     self._last_end = max(self._last_end, r.done)
-                    self.tracker.end_decode(self.decode_eps[r.decode].name)
+                    self.tracker.end_decode(self._decode_all[r.decode].name)
                     self._finished += 1
                     if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
                         heapq.heappush(self._heap, (ev.time + self.hop_s, next(self._seq), _WARM, r.index))
@@ -348,7 +421,7 @@ class SimCluster:
         if r.ticket is not None:
             r.ticket.done()
         if r.decode >= 0:
-            self.tracker.end_decode(self.decode_eps[r.decode].name)
+            self.tracker.end_decode(self._decode_all[r.decode].name)
         self._finished += 1
 
 

@@ -15,6 +15,7 @@ from laps_agent.lab.results import (
 )
 from laps_agent.lab.results.turns import ORACLE_LABEL, pod_load
 from laps_agent.lab.sim import allocation
+from laps_agent.lab.sim.autoscale import Scaling, sizing_meta
 from laps_agent.lab.sim.cluster import HOP_S, SimCluster, chars4_estimate
 from laps_agent.lab.workload.conversations import oracle_cached_tokens
 from laps_agent.lab.workload.plan import Plan, plan_requests, require_requests
@@ -40,7 +41,7 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
              threshold: int, engine_args: tuple[str, ...] = (), label: str | None = None,
              chars_per_token: float | None = None, warmup: Plan | None = None,
              hop_s: float = HOP_S, allocation_config: allocation.AllocationConfig | None = None,
-             interval_s: float = allocation.INTERVAL_S) -> RunResult:
+             interval_s: float = allocation.INTERVAL_S, scaling: Scaling | None = None) -> RunResult:
     """One simulated run of `plan` on a cluster running `sys_config`, after `warmup` (requests
     replayed first on the same cluster and left out of the result, as `laps bench compare` warms
     each system up). `chars_per_token`: of the load generator's prompt text, for the reference's
@@ -51,8 +52,7 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
         estimate = chars4_estimate(chars_per_token or default_chars_per_token())
     cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
                          engine_args=engine_args, estimate=estimate, hop_s=hop_s, allocation=allocation_config,
-                         interval_s=interval_s,
-                         oracle=sys_config.name == ORACLE.name)
+                         interval_s=interval_s, oracle=sys_config.name == ORACLE.name, scaling=scaling)
     skip, offset = 0, 0.0
     at, prompts, outputs_all, convs = plan.at, plan.prompt_tokens, plan.output_tokens, plan.conversation
     if warmup is not None and len(warmup):
@@ -106,6 +106,10 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
             "duration_s": outcome.duration, "sim_wall_s": wall,
             "prefill_utilisation": utilisation, "prefix": _prefix_meta(plan, cluster, outcome), "moves": [
                 {"t": t - offset, "pod": m.pod, "from": m.source, "to": m.target} for t, m in cluster.moves]}
+    if outcome.fleet is not None:
+        meta["sizing"] = sizing_meta(outcome.fleet, outcome.scaler)
+        for item in (*meta["sizing"]["decisions"], *meta["sizing"]["pods"]):
+            item["t"] -= offset
     return RunResult(meta, table, outcome.timeline)
 
 
