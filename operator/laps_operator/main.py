@@ -21,6 +21,7 @@ from laps_agent.policy.groups import GroupPlan
 from laps_operator import metrics
 from laps_operator.allocation.tick import AllocationLoop
 from laps_operator.naming import CLUSTER_LABEL, MANAGER, ROLE_LABEL
+from laps_operator.planner.tick import PlannerLoop
 from laps_operator.reconcile import writers
 from laps_operator.reconcile.cycle import cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
 from laps_operator.reconcile.kube import Kube, KubeError
@@ -177,6 +178,8 @@ def cluster_seen(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: An
         "allocation": Ticker(f"allocation {namespace}/{name}",
                              _allocation_tick(kube, AllocationLoop(kube, namespace, name, uid)), 0.0),
         "status": Ticker(f"status {namespace}/{name}", _status_tick(kube, namespace, name, uid), IDLE_SECONDS),
+        "planner": Ticker(f"planner {namespace}/{name}",
+                          _planner_tick(kube, PlannerLoop(kube, namespace, name, uid)), 0.0),
     }):
         metrics.start_cluster(namespace, name, uid)
 
@@ -249,6 +252,34 @@ def _allocation_tick(kube: Kube, loop: AllocationLoop) -> Callable[[], float | N
             kopf.event(live, type="Warning", reason="PressureUnavailable", message=reading.message[:500])
         if outcome.recovered:
             kopf.event(live, type="Normal", reason="PressureRecovered", message="pressure is known again")
+        return delay
+    return tick
+
+
+def _planner_tick(kube: Kube, loop: PlannerLoop) -> Callable[[], float | None]:
+    """The planner's step, then, when it changed the counts, a reconcile that applies them (the
+    workloads' replicas are the planner's while autoscaling is on: spec/replicas.py)."""
+    def tick() -> float | None:
+        try:
+            delay, outcome = _guarded(kube, loop.namespace, loop.name, loop.tick)
+            if outcome is not None and outcome.changed:
+                _guarded(kube, loop.namespace, loop.name,
+                         lambda: reconcile(kube, loop.namespace, loop.name, skip_invalid=True, uid=loop.uid))
+        except KubeError as exc:
+            log.warning("planner step of %s/%s failed: %s", loop.namespace, loop.name, exc)
+            return _retry_delay(exc)
+        if not LOOPS.current(loop.namespace, loop.name, loop.uid):
+            return None
+        if outcome is None or outcome.cluster is None or outcome.decision is None:
+            return delay
+        live, decision = outcome.cluster, outcome.decision
+        if outcome.changed:
+            kopf.event(live, type="Normal", reason="Scaled", message=decision.reason[:500])
+            log.info("%s/%s: %s", loop.namespace, loop.name, decision.reason)
+        if outcome.became_frozen:
+            kopf.event(live, type="Warning", reason="AutoscalingFrozen", message=decision.reason[:500])
+        if outcome.resumed:
+            kopf.event(live, type="Normal", reason="AutoscalingResumed", message="the planner has what it needs again")
         return delay
     return tick
 

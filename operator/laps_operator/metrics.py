@@ -25,9 +25,17 @@ DECISIONS = Counter("laps_operator_allocation_decisions_total", "Decisions of th
                     "moved, held (pressure known, no move) or unknown (pressure unknown: no move)",
                     ["cluster", "result"])
 RECONCILES = Counter("laps_operator_reconciles_total", "LAPSCluster reconciles by result", ["result"])
+PLANNER_REPLICAS = Gauge("laps_operator_planner_replicas", "The planner's pod counts per pool: kind=desired (set), "
+                         "need (what the SLOs need now, before limits and budget), actual (pods that exist)",
+                         ["cluster", "pool", "kind"])
+PLANNER_DECISIONS = Counter("laps_operator_planner_decisions_total", "Decisions of the planner by reason: "
+                            "scaled_up, scaled_down, held, budget (held back by the GPU budget), frozen (metrics "
+                            "missing or stale, costs unknown)", ["cluster", "reason"])
 
 DIRECTIONS = tuple(f"{g}_to_{OTHER[g]}" for g in CLASSES)   # allocation.Move.direction
 RESULTS = ("moved", "held", "unknown")
+PLANNER_REASONS = ("scaled_up", "scaled_down", "held", "budget", "frozen")
+PLANNER_KINDS = tuple((pool, kind) for pool in ("prefill", "decode") for kind in ("desired", "need", "actual"))
 
 for _result in ("ok", "invalid", "error"):
     RECONCILES.labels(result=_result)
@@ -53,6 +61,8 @@ def start_cluster(namespace: str, name: str, uid: str) -> None:
             REBALANCES.labels(cluster=key, direction=direction)
         for result in RESULTS:
             DECISIONS.labels(cluster=key, result=result)
+        for reason in PLANNER_REASONS:
+            PLANNER_DECISIONS.labels(cluster=key, reason=reason)
 
 
 def forget_cluster(namespace: str, name: str, uid: str | None = None) -> None:
@@ -67,12 +77,18 @@ def forget_cluster(namespace: str, name: str, uid: str | None = None) -> None:
 
 
 def _remove(key: str) -> None:
-    for metric, values in ((GROUP_SIZE, CLASSES), (PRESSURE, CLASSES), (REBALANCES, DIRECTIONS), (DECISIONS, RESULTS)):
+    for metric, values in ((GROUP_SIZE, CLASSES), (PRESSURE, CLASSES), (REBALANCES, DIRECTIONS), (DECISIONS, RESULTS),
+                           (PLANNER_DECISIONS, PLANNER_REASONS)):
         for value in values:
             try:
                 metric.remove(key, value)
             except KeyError:
                 pass
+    for pool, kind in PLANNER_KINDS:
+        try:
+            PLANNER_REPLICAS.remove(key, pool, kind)
+        except KeyError:
+            pass
 
 
 def record_groups(namespace: str, name: str, uid: str, sizes: dict[str, int]) -> None:
@@ -109,6 +125,25 @@ def record_decision(namespace: str, name: str, uid: str, result: str, direction:
         DECISIONS.labels(cluster=key, result=result).inc()
         if direction is not None:
             REBALANCES.labels(cluster=key, direction=direction).inc()
+
+
+def record_plan(namespace: str, name: str, uid: str, reason: str, counts: dict[tuple[str, str], int] | None) -> None:
+    """One planner decision (`reason`: PLANNER_REASONS) and its counts, (pool, kind) -> pods;
+    None: autoscaling off, the gauges removed."""
+    key = cluster_key(namespace, name)
+    with _lock:
+        if _incarnations.get(key) != uid:
+            return
+        if counts is None:
+            for pool, kind in PLANNER_KINDS:
+                try:
+                    PLANNER_REPLICAS.remove(key, pool, kind)
+                except KeyError:
+                    pass
+            return
+        PLANNER_DECISIONS.labels(cluster=key, reason=reason).inc()
+        for (pool, kind), value in counts.items():
+            PLANNER_REPLICAS.labels(cluster=key, pool=pool, kind=kind).set(value)
 
 
 def serve(port: int, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> None:

@@ -101,6 +101,12 @@ class EngineMetrics(EngineSeries):
             "laps_engine_prefill_in_time_tokens", "Uncached prompt tokens this prefill engine expects to prefill "
             "within half its KV hand-off timeout at its measured speed; the gateway admits to it up to this",
             registry=r) if role == "prefill" else None
+        # The prefill engine's own cost fit (a batch of T uncached tokens takes overhead + per_token
+        # x T seconds): what the gateway predicts with, and the planner sizes the pool from.
+        self.prefill_cost = Gauge(
+            "laps_engine_prefill_cost_seconds", "This prefill engine's measured cost of a prefill batch: "
+            "term=overhead (seconds a batch) and term=per_token (seconds an uncached token); NaN until measured",
+            ["term"], registry=r) if role == "prefill" else None
         for queue in CLASSES:
             self.queue_requests.labels(queue)
             self.queue_tokens.labels(queue)
@@ -154,6 +160,10 @@ class EngineMetrics(EngineSeries):
         if self.prefill_in_time is not None:
             figure = in_time_tokens(self.role, snapshot.get("prefill_cost"), self.bootstrap_timeout_s)
             self.prefill_in_time.set(math.nan if figure is None else figure)  # NaN: not measured yet
+        if self.prefill_cost is not None:
+            cost = snapshot.get("prefill_cost") or (math.nan, math.nan)
+            self.prefill_cost.labels("overhead").set(cost[0])
+            self.prefill_cost.labels("per_token").set(cost[1])
         # The group label changes under a running pod (operator relabels): re-read every scrape.
         self.info.clear()
         self.info.labels(self.role, read_group(self.labels_file) or "", self.model).set(1)

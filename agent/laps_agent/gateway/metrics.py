@@ -25,6 +25,15 @@ class GatewayMetrics:
         self.requests = Counter(
             "laps_gateway_requests", "Requests routed, by length class and prefill group",
             ["class", "group"], registry=r)
+        # Demand, as the planner sizes the pools from it: every request that arrived (routed or
+        # refused), its estimated prompt tokens and the answer tokens it asked for (max_tokens).
+        self.arrivals = Counter(
+            "laps_gateway_arrivals", "Requests that arrived, routed or refused, by length class", ["class"],
+            registry=r)
+        self.arrival_tokens = Counter(
+            "laps_gateway_arrival_tokens", "Tokens of the requests that arrived, by length class: kind=prompt "
+            "(the estimated prompt), kind=output (the max_tokens asked for, where given)", ["class", "kind"],
+            registry=r)
         self.fallbacks = Counter(
             "laps_gateway_fallbacks", "Requests served by a pod of the other group (the router "
             "predicted it faster, or their own had no usable pod)", ["class"], registry=r)
@@ -85,6 +94,8 @@ class GatewayMetrics:
         self.pending_tokens_of = {g: self.pending_tokens.labels(g) for g in CLASSES}
         self.requests_of = {(c, g): self.requests.labels(c, g) for c in CLASSES for g in CLASSES}
         self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
+        self.arrivals_of = {c: self.arrivals.labels(c) for c in CLASSES}
+        self.arrival_tokens_of = {(c, k): self.arrival_tokens.labels(c, k) for c in CLASSES for k in ("prompt", "output")}
         self.rejected_of = {c: self.rejected.labels(c) for c in CLASSES}
         for pool in POOLS:
             for outcome in ("ejected", "capped", "draining"):

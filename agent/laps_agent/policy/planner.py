@@ -35,9 +35,13 @@ from dataclasses import dataclass, field, replace
 
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
 
-# The quantile the SLOs are stated at (spec.slo: TTFT p90, ITL p90).
+# The quantile the SLOs are stated at (spec.slo: TTFT p90, ITL p90), and their defaults.
 SLO_QUANTILE = 0.9
+DEFAULT_TTFT_SLO_S = {SHORT: 0.5, LONG: 3.0}
+DEFAULT_ITL_SLO_S = 0.05
 POOLS = ("prefill", "decode")
+# A decode pod's slots where its engines report none (the builtin engine's --max-running-requests).
+DEFAULT_DECODE_SLOTS = 32
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from laps_operator.render.builders import build_children, optional_children
 from laps_operator.render.network_policy import network_policy_refs
 from laps_operator.render.overrides import parse_checked_spec
 from laps_operator.spec.cluster import ClusterSpec, InvalidSpecError
+from laps_operator.spec.replicas import replicas_in_force
 from laps_operator.status.conditions import (
     CHILD_REFUSED,
     INVALID_SPEC,
@@ -57,11 +58,13 @@ def cluster_ref(body: dict[str, Any]) -> ClusterRef:
 
 def parse_cluster(body: dict[str, Any]) -> ClusterSpec:
     """The typed spec of a LAPSCluster whose children can exist: its name must fit their names
-    (naming.cluster_name_problem) and its spec must be valid; InvalidSpecError otherwise."""
+    (naming.cluster_name_problem) and its spec must be valid; InvalidSpecError otherwise. With
+    autoscaling on, its replica counts are the planner's (spec/replicas.py): every reader of
+    the spec in force (the workloads, the group sync, readiness) sees the counts the pools run."""
     problem = cluster_name_problem(body["metadata"]["name"])
     if problem:
         raise InvalidSpecError(problem)
-    return parse_checked_spec(body.get("spec"))
+    return replicas_in_force(parse_checked_spec(body.get("spec")), body.get("status"))
 
 
 def own_namespace() -> str | None:

@@ -26,7 +26,8 @@ from pydantic import (
 )
 
 from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig
-from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
+from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, PlannerConfig
 from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, url_problem
@@ -54,6 +55,7 @@ PLURAL = "lapsclusters"
 # the plugin and the allocation policy as `laps engine`, `laps local` and `laps sim` do.
 _SCHEDULER = SchedulerConfig()
 _ALLOCATION = AllocationConfig()
+_PLANNER = PlannerConfig()
 
 
 # What a drained process keeps of its pod's grace period to exit (the engine loop's last
@@ -119,9 +121,26 @@ QUERY_NEEDS_PROMETHEUS = Rule(
     "monitoring.pressureQuery is a Prometheus query: it needs monitoring.prometheusURL (without it "
     "the allocation loop reads the gateways' /metrics)",
     ".monitoring.pressureQuery")
+AUTOSCALING_NEEDS_PROMETHEUS = Rule(
+    "!self.autoscaling.enabled || self.monitoring.prometheusURL != ''",
+    "autoscaling.enabled needs monitoring.prometheusURL (the planner reads the gateways' arrivals and the "
+    "engines' costs from Prometheus)",
+    ".autoscaling.enabled")
+AUTOSCALING_PREFILL_RANGE = Rule(
+    "self.autoscaling.prefill.min <= self.autoscaling.prefill.max",
+    "autoscaling.prefill.min must be <= autoscaling.prefill.max", ".autoscaling.prefill.min")
+AUTOSCALING_DECODE_RANGE = Rule(
+    "self.autoscaling.decode.min <= self.autoscaling.decode.max",
+    "autoscaling.decode.min must be <= autoscaling.decode.max", ".autoscaling.decode.min")
+AUTOSCALING_KEEPS_GROUPS = Rule(
+    "!self.autoscaling.enabled || !self.laps.allocation.enabled || "
+    "self.autoscaling.prefill.min >= 2 * self.laps.allocation.minPerGroup",
+    "with laps.allocation.enabled, autoscaling.prefill.min must be at least 2 * laps.allocation.minPerGroup "
+    "(the planner never leaves a group short of its pods)", ".autoscaling.prefill.min")
 RULES = (ALLOCATION_NEEDS_TWO, ALLOCATION_MIN_PER_GROUP, TENSOR_PARALLEL_NEEDS_SGLANG, GRACE_COVERS_PRE_STOP,
          PREFIX_AFFINITY_NEEDS_CACHE, PREFIX_WARM_NEEDS_BUILTIN, PREFIX_WARM_NEEDS_AFFINITY, RATE_NEEDS_KEYS,
-         QUEUE_NEEDS_BUILTIN, QUERY_NEEDS_PROMETHEUS)
+         QUEUE_NEEDS_BUILTIN, QUERY_NEEDS_PROMETHEUS, AUTOSCALING_NEEDS_PROMETHEUS, AUTOSCALING_PREFILL_RANGE,
+         AUTOSCALING_DECODE_RANGE, AUTOSCALING_KEEPS_GROUPS)
 
 
 class SchedulerSpec(_Model):
@@ -318,6 +337,42 @@ class MonitoringSpec(_Model):
         return url
 
 
+class TtftSloSpec(_Model):
+    short: float = Field(default=DEFAULT_TTFT_SLO_S[SHORT], ge=0.001, le=3600, description="seconds, short prompts")
+    long: float = Field(default=DEFAULT_TTFT_SLO_S[LONG], ge=0.001, le=3600, description="seconds, long prompts")
+
+
+class SloSpec(_Model):
+    ttft_p90_seconds: TtftSloSpec = Field(default=TtftSloSpec(), description="time to first token, p90, per class")
+    itl_p90_seconds: float = Field(default=DEFAULT_ITL_SLO_S, ge=0.001, le=60,
+                                   description="inter-token latency, p90")
+
+
+class PoolRangeSpec(_Model):
+    min: int = Field(default=1, ge=1, le=1024, description="fewest pods")
+    max: int = Field(default=_PLANNER.max_prefill, ge=1, le=1024, description="most pods")
+
+
+class AutoscalingSpec(_Model):
+    # Off unless asked for: with it on, the pools' replica counts are the planner's, not the spec's.
+    enabled: bool = Field(default=False, description="size the prefill and decode pools from the SLOs (off: the "
+                                                     "spec's replicas, untouched)")
+    interval_seconds: float = Field(default=_PLANNER.interval_s, ge=5, le=3600,
+                                    description="one decision per interval, on the arrivals of the last one")
+    gpu_budget: int | None = Field(default=None, ge=1, le=100000,
+                                   description="GPUs of both pools together, never exceeded (pods still draining "
+                                               "count); unset: no budget")
+    prefill: PoolRangeSpec = Field(default=PoolRangeSpec(), description="the prefill pool's range")
+    decode: PoolRangeSpec = Field(default=PoolRangeSpec(max=_PLANNER.max_decode), description="the decode pool's range")
+    max_step: int = Field(default=_PLANNER.max_step, ge=1, le=1024, description="pods per pool per decision, each way")
+    scale_down_stabilization_seconds: float = Field(
+        default=_PLANNER.scale_down_stabilization_s, ge=0, le=86400,
+        description="a pool shrinks only to the highest need of this window")
+    startup_seconds: float = Field(default=_PLANNER.startup_s, ge=0, le=7200,
+                                   description="from ordering a pod to its serving (model load): a rising load is "
+                                               "planned this far ahead")
+
+
 class ClusterSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": r.cel, "message": r.message, "fieldPath": r.field} for r in RULES]})
@@ -330,6 +385,11 @@ class ClusterSpec(_Model):
     laps: LapsSpec = Field(default=LapsSpec(), description="Length-Aware Prefill Scheduling: the classes, the "
                                                            "scheduler, the allocation loop")
     gateway: GatewaySpec = Field(default=GatewaySpec(), description="the gateway pods and their Service")
+    slo: SloSpec = Field(default=SloSpec(), description="the service level the planner sizes the pools for")
+    autoscaling: AutoscalingSpec = Field(
+        default=AutoscalingSpec(),
+        description="the planner: prefill and decode replica counts from the SLOs, within a GPU budget (off by "
+                    "default; on, the spec's replicas are where it starts)")
     drain: DrainSpec = Field(
         default=DrainSpec(),
         description="graceful shutdown of engine and gateway pods: a preStop delay while the pod is taken out of "
@@ -373,6 +433,11 @@ class ClusterSpec(_Model):
                 self.prefill.tensor_parallel_size != 1 or self.decode.tensor_parallel_size != 1)),
             (QUEUE_NEEDS_BUILTIN, self.engine.max_queued_requests is not None and self.engine.backend == "sglang"),
             (QUERY_NEEDS_PROMETHEUS, self.monitoring.pressure_query is not None and not self.monitoring.prometheus_url),
+            (AUTOSCALING_NEEDS_PROMETHEUS, self.autoscaling.enabled and not self.monitoring.prometheus_url),
+            (AUTOSCALING_PREFILL_RANGE, self.autoscaling.prefill.min > self.autoscaling.prefill.max),
+            (AUTOSCALING_DECODE_RANGE, self.autoscaling.decode.min > self.autoscaling.decode.max),
+            (AUTOSCALING_KEEPS_GROUPS, self.autoscaling.enabled and alloc.enabled
+             and self.autoscaling.prefill.min < 2 * alloc.min_per_group),
         ]  # and RATE_NEEDS_KEYS, in GatewaySpec
         for rule, is_broken in broken:
             if is_broken:

@@ -65,12 +65,43 @@ class AllocationStatus(TypedDict, total=False):
     history: Annotated[list[Move], Field(max_length=HISTORY, description="the latest moves, oldest first")]
 
 
+class PoolCounts(TypedDict, total=False):
+    prefill: int
+    decode: int
+
+
+class PlannedNeed(TypedDict, total=False):
+    t: Annotated[float, Field(description="when (Unix seconds)")]
+    prefill: int
+    decode: int
+
+
+class PlannerMemory(TypedDict, total=False):
+    needs: Annotated[list[PlannedNeed], Field(
+        max_length=1000, description="the needs of the stabilisation window (a pool shrinks only to their highest)")]
+    lastRate: Annotated[float | None, Field(description="the total arrival rate of the last decision (requests/s)")]
+    lastRateTime: Annotated[float | None, Field(description="when it was observed (Unix seconds)")]
+    trend: Annotated[float, Field(description="the rate's smoothed slope (requests/s per second)")]
+    directions: Annotated[PoolCounts, Field(description="each pool's last change: +1 up, -1 down")]
+    changes: Annotated[int, Field(description="direction changes so far")]
+
+
+class AutoscalingStatus(TypedDict, total=False):
+    desired: Annotated[PoolCounts, Field(description="the replica counts the planner set (the pools run these)")]
+    actual: Annotated[PoolCounts, Field(description="the pods that exist, draining ones included")]
+    lastDecision: Annotated[str, Field(description="what the latest interval decided, and why")]
+    lastDecisionTime: datetime
+    planner: Annotated[PlannerMemory, Field(
+        description="what the planner remembers between intervals (kept here so a restarted operator goes on)")]
+
+
 class ClusterStatus(TypedDict, total=False):
     phase: Literal["Pending", "Progressing", "Ready", "Invalid"]
     observedGeneration: Annotated[int, Field(description="the generation of the spec the status is of")]
     conditions: Annotated[list[Condition], Field(
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="Ready, Progressing, InvalidSpec, PressureUnavailable, WritesFailing (docs/contracts.md)")]
+        description="Ready, Progressing, InvalidSpec, PressureUnavailable, AutoscalingFrozen, WritesFailing "
+                    "(docs/contracts.md)")]
     groups: Annotated[GroupMembers, Field(
         description="the prefill pods of each group (a recreated pod gets its group back from here)")]
     groupSizes: Annotated[GroupSizes, Field(description="prefill pods in each group")]
@@ -78,3 +109,5 @@ class ClusterStatus(TypedDict, total=False):
         description="the latest pressure reading (group totals; unset while unknown)")]
     lastRebalanceTime: Annotated[datetime | None, Field(description="when the allocation loop last moved a pod")]
     allocation: Annotated[AllocationStatus, Field(description="the allocation loop's memory and its latest moves")]
+    autoscaling: Annotated[AutoscalingStatus | None, Field(
+        description="the planner's counts, its latest decision and its memory (unset while autoscaling is off)")]

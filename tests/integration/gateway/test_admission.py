@@ -83,6 +83,14 @@ def test_a_full_long_group_refuses_long_requests_at_once_and_serves_short_ones(h
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert 'laps_gateway_rejected_total{class="long"} 1.0' in metrics
     assert 'laps_gateway_rejected_total{class="short"} 0.0' in metrics
+    # Demand counts every arrival, the refused one too (what the planner sizes the pools for).
+    assert 'laps_gateway_arrivals_total{class="long"} 3.0' in metrics
+    assert 'laps_gateway_arrivals_total{class="short"} 5.0' in metrics
+    assert 'laps_gateway_arrival_tokens_total{class="short",kind="output"} 0.0' in metrics   # no max_tokens asked
+    reply = httpx.post(f"{gateway.url}/v1/completions", json={**SHORT, "max_tokens": 7})
+    assert reply.status_code == 200
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'laps_gateway_arrival_tokens_total{class="short",kind="output"} 7.0' in metrics
     assert 'laps_gateway_errors_total{reason="overloaded"} 1.0' in metrics
     gate.set()  # the held ones finish: the group drains and takes long requests again
     poll(lambda: _status(gateway)["groups"]["long"]["pending_tokens"] == 0, message="the long group to drain")

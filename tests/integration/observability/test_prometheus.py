@@ -198,6 +198,8 @@ def operator_metrics_url():
         metrics.start_cluster(namespace, name, uid)
         metrics.record_groups(namespace, name, uid, {"short": 2, "long": 2})
         metrics.record_pressure(namespace, name, uid, {"short": 300.0, "long": 40.0})
+        metrics.record_plan(namespace, name, uid, "held", {(pool, kind): 2 for pool in ("prefill", "decode")
+                                                           for kind in ("desired", "need", "actual")})
     server, thread = start_http_server(0, addr="127.0.0.1", registry=REGISTRY)
     try:
         yield f"http://127.0.0.1:{server.server_port}"

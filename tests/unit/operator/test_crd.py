@@ -172,6 +172,12 @@ CROSS_FIELD = [
      "engine.maxQueuedRequests bounds the builtin engine's queue: it needs engine.backend builtin"),
     ({"monitoring": {"pressureQuery": "sum by (group) (laps_pending)"}},
      "monitoring.pressureQuery is a Prometheus query: it needs monitoring.prometheusURL"),
+    ({"autoscaling": {"enabled": True}}, "autoscaling.enabled needs monitoring.prometheusURL"),
+    ({"autoscaling": {"prefill": {"min": 5, "max": 4}}}, "autoscaling.prefill.min must be <= autoscaling.prefill.max"),
+    ({"autoscaling": {"decode": {"min": 3, "max": 2}}}, "autoscaling.decode.min must be <= autoscaling.decode.max"),
+    ({"autoscaling": {"enabled": True, "prefill": {"min": 1}}, "monitoring": {"prometheusURL": "http://p:9090"},
+      "laps": {"allocation": {"enabled": True}}},
+     "with laps.allocation.enabled, autoscaling.prefill.min must be at least 2 * laps.allocation.minPerGroup"),
 ]
 
 

@@ -186,7 +186,8 @@ async def _serve(gateway: Gateway, request: Request, model: type[BaseModel], kin
     # The prompt's block chain, for cache affinity (gateway/prefix.py): hashes, no tokenizer.
     chain = prefix_chain(body, kind, tokens) if gateway.proxy.affinity.record is not None else None
     call = ProxyCall(path=request.scope["path"], body=PDPayload(raw, body), stream=bool(parsed.stream),
-                     tokens=tokens, request_id=request.scope[SCOPE_KEY], prefix=chain)
+                     tokens=tokens, output_tokens=getattr(parsed, "max_tokens", None) or 0,
+                     request_id=request.scope[SCOPE_KEY], prefix=chain)
     reply = None
     async with HangupGuard(request.receive) as guard:  # a hang-up cancels both upstream calls
         reply = await gateway.proxy.forward(call)

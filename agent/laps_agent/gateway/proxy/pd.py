@@ -57,6 +57,7 @@ class ProxyCall:
     stream: bool
     tokens: int               # estimated prompt tokens
     request_id: bytes         # to both pods as X-Request-ID (payload.upstream_headers)
+    output_tokens: int = 0    # the answer tokens asked for (max_tokens; 0: not given)
     started: float = field(default_factory=time.monotonic)
     prefix: PrefixChain | None = None    # the prompt's block chain (cache affinity)
     engine_checked: bool = False         # an engine's answer said how much it found cached
@@ -153,6 +154,10 @@ class PDProxy:
         failure: GatewayError | None = None
         all_busy = True   # every attempt so far was refused, none failed (GatewayError.busy)
         held = self.affinity.held(call.prefix)
+        cls = length_class(call.tokens, self._config.length_threshold)
+        self._metrics.arrivals_of[cls].inc()   # demand, refused or not (the planner's input)
+        self._metrics.arrival_tokens_of[cls, "prompt"].inc(call.tokens)
+        self._metrics.arrival_tokens_of[cls, "output"].inc(call.output_tokens)
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
             self.affinity.follow(membership)   # all three forget departed pods

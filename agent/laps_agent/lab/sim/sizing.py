@@ -27,12 +27,18 @@ from laps_agent.lab.sim.cluster import SimCluster
 from laps_agent.lab.sim.run import simulate
 from laps_agent.lab.workload.plan import Plan
 from laps_agent.policy.classes import CLASSES, LONG, SHORT, is_short
-from laps_agent.policy.planner import ClassLoad, PlannerConfig, Slo, direction_changes_per_hour, need
+from laps_agent.policy.planner import (
+    DEFAULT_ITL_SLO_S,
+    DEFAULT_TTFT_SLO_S,
+    ClassLoad,
+    PlannerConfig,
+    Slo,
+    direction_changes_per_hour,
+    need,
+)
 from laps_agent.policy.systems import SystemConfig
 from laps_agent.serving.flag_types import names, non_negative, positive
 
-DEFAULT_ITL_SLO_S = 0.05
-DEFAULT_TTFT_SLO_S = {SHORT: 0.5, LONG: 3.0}
 FLASH_STEP = 2.0                 # a phase change multiplying the rate by this much is a flash crowd
 
 

@@ -1,0 +1,226 @@
+"""The planner's step on Kubernetes, free of kopf: an observation in, the pools' counts out.
+
+With `spec.autoscaling.enabled`, once per interval: read what Prometheus observed (observe.py),
+ask `policy.planner.plan` (the policy `laps sim --autoscale` runs), and write status.autoscaling
+(desired and actual counts per pool, the decision and its reason, the planner's memory, so a
+restarted operator goes on where it was) and the AutoscalingFrozen condition, conditionally on
+the version read. The pools run the desired counts: `replicas_in_force` puts them in the spec
+every reader parses (reconcile/cycle.parse_cluster), and the caller reconciles at once when they
+changed. Scale-down goes through the workloads' own controllers: the StatefulSet removes its
+highest ordinals and the decode Deployment's ReplicaSet its pods, each drained as it terminates
+(spec.drain: out of the Services first, the held requests finished, new ones retried elsewhere).
+With autoscaling off nothing is planned, no count is written, and the replicas are the spec's,
+exactly as without a planner; status.autoscaling is removed once.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from laps_agent.policy.classes import LONG, SHORT
+from laps_agent.policy.planner import POOLS, Plan, PlannerConfig, PlannerState, Pools, Slo, plan
+from laps_operator import metrics
+from laps_operator.allocation.tick import rfc3339
+from laps_operator.naming import ClusterRef, role_selector
+from laps_operator.planner import observe
+from laps_operator.reconcile.cycle import cluster_ref, is_gone, spec_in_force
+from laps_operator.reconcile.kube import Kube, Ref
+from laps_operator.reconcile.writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
+from laps_operator.spec.cluster import ClusterSpec
+from laps_operator.spec.gpus import engine_gpus
+from laps_operator.status.conditions import condition, set_condition
+
+FROZEN = "AutoscalingFrozen"
+OFF_RECHECK_S = 10.0
+# The needs kept for the stabilisation window at most (status stays small: 1000 x 3 numbers).
+MAX_NEEDS = 1000
+
+
+def config_of(spec: ClusterSpec) -> PlannerConfig:
+    """The planner's limits from spec.autoscaling; ValueError naming what cannot hold (a budget
+    below the minimum pools' GPUs)."""
+    a = spec.autoscaling
+    return PlannerConfig(min_prefill=a.prefill.min, max_prefill=a.prefill.max, min_decode=a.decode.min,
+                         max_decode=a.decode.max, gpu_budget=a.gpu_budget,
+                         gpus_per_prefill=engine_gpus(spec.engine, spec.prefill) or 0,
+                         gpus_per_decode=engine_gpus(spec.engine, spec.decode) or 0, interval_s=a.interval_seconds,
+                         max_step=a.max_step, scale_down_stabilization_s=a.scale_down_stabilization_seconds,
+                         startup_s=a.startup_seconds)
+
+
+def slo_of(spec: ClusterSpec) -> Slo:
+    return Slo({SHORT: spec.slo.ttft_p90_seconds.short, LONG: spec.slo.ttft_p90_seconds.long},
+               spec.slo.itl_p90_seconds)
+
+
+def state_from_status(status: Mapping[str, Any] | None) -> PlannerState:
+    raw = (((status or {}).get("autoscaling") or {}).get("planner")) or {}
+    needs = tuple((float(n["t"]), int(n["prefill"]), int(n["decode"])) for n in raw.get("needs") or ()
+                  if isinstance(n, dict) and {"t", "prefill", "decode"} <= set(n))
+    last = ((float(raw["lastRateTime"]), float(raw["lastRate"]))
+            if isinstance(raw.get("lastRate"), (int, float)) and isinstance(raw.get("lastRateTime"), (int, float))
+            else None)
+    directions = {p: int(v) for p, v in (raw.get("directions") or {}).items() if p in POOLS and v in (1, -1)}
+    return PlannerState(needs, last, float(raw.get("trend") or 0.0), directions, int(raw.get("changes") or 0))
+
+
+def state_to_status(state: PlannerState) -> dict[str, Any]:
+    return {"needs": [{"t": round(t, 3), "prefill": p, "decode": d} for t, p, d in state.needs[-MAX_NEEDS:]],
+            "lastRate": None if state.last_rate is None else round(state.last_rate[1], 4),
+            "lastRateTime": None if state.last_rate is None else round(state.last_rate[0], 3),
+            "trend": round(state.trend, 6), "directions": dict(state.directions), "changes": state.changes}
+
+
+def frozen_reason(decision: Plan, reading: observe.Reading, limits_problem: str | None) -> str:
+    if limits_problem:
+        return "InvalidLimits"
+    if reading.reason:
+        return reading.reason
+    if decision.reason.startswith("metrics stale"):
+        return "MetricsStale"
+    return "CostsUnknown" if decision.reason.startswith("costs unknown") else "MetricsMissing"
+
+
+def decision_kind(decision: Plan, desired: Pools) -> str:
+    """The decision-reason label of laps_operator_planner_decisions_total."""
+    if decision.frozen:
+        return "frozen"
+    if decision.prefill > desired.prefill or decision.decode > desired.decode:
+        return "scaled_up"
+    if decision.prefill < desired.prefill or decision.decode < desired.decode:
+        return "scaled_down"
+    return "budget" if "budget" in decision.reason else "held"
+
+
+def planner_status(old: Mapping[str, Any] | None, decision: Plan, existing: Pools, reason: str, now: float
+                   ) -> dict[str, Any]:
+    """status.autoscaling and the AutoscalingFrozen condition after one decision (pure)."""
+    old = old or {}
+    stamp = rfc3339(now)
+    autoscaling = {"desired": {"prefill": decision.prefill, "decode": decision.decode},
+                   "actual": {"prefill": existing.prefill, "decode": existing.decode},
+                   "lastDecision": decision.reason, "lastDecisionTime": stamp,
+                   "planner": state_to_status(decision.state)}
+    if decision.frozen:
+        conditions = set_condition(old.get("conditions"), FROZEN, True, reason, decision.reason,
+                                   generation=None, now=stamp)
+    else:
+        conditions = set_condition(old.get("conditions"), FROZEN, False, "Planning", "the planner has what it needs",
+                                   generation=None, now=stamp)
+    return {"autoscaling": autoscaling, "conditions": conditions}
+
+
+@dataclass
+class StepOutcome:
+    cluster: dict[str, Any] | None = None
+    decision: Plan | None = None
+    changed: bool = False            # the desired counts changed: the pools must follow
+    became_frozen: bool = False
+    resumed: bool = False
+
+
+def existing_pods(kube: Kube, ref: ClusterRef) -> Pools:
+    """The engine pods of each pool that exist, terminating ones too (they hold their GPUs)."""
+    return Pools(*(len(kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, pool))) for pool in POOLS))
+
+
+def step(kube: Kube, namespace: str, name: str, reading: observe.Reading, now: float, uid: str | None = None
+         ) -> StepOutcome:
+    def attempt() -> StepOutcome:
+        live = kube.get(cr_ref(namespace, name))
+        if is_gone(live, uid):
+            return StepOutcome()
+        spec = spec_in_force(live)
+        if spec is None or not spec.autoscaling.enabled:
+            return StepOutcome(live)
+        return _step(kube, live, spec, reading, now)
+
+    with cluster_lock(namespace, name):
+        return retry_on_conflict(attempt)
+
+
+def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.Reading, now: float) -> StepOutcome:
+    ref = cluster_ref(live)
+    old = live.get("status") or {}
+    desired = Pools(spec.prefill.replicas, spec.decode.replicas)   # in force: the planner's last
+    existing = existing_pods(kube, ref)
+    state = state_from_status(old)
+    problem = None
+    try:
+        config = config_of(spec)
+    except ValueError as exc:
+        problem = f"spec.autoscaling: {exc}"
+    if problem is not None:
+        decision = Plan(desired.prefill, desired.decode, -1, problem, True, state)
+    else:
+        decision = plan(reading.observation, reading.costs, slo_of(spec), desired, existing, state, now, config)
+        if decision.frozen and reading.message:
+            decision = Plan(desired.prefill, desired.decode, -1, f"{decision.reason}: {reading.message}", True, state)
+    reason = frozen_reason(decision, reading, problem)
+    status = planner_status(old, decision, existing, reason, now)
+    patch_status(kube, ref.namespace, ref.name, status, live["metadata"].get("resourceVersion"))
+    counts = {(p, "desired"): getattr(decision, p) for p in POOLS}
+    counts.update({(p, "actual"): getattr(existing, p) for p in POOLS})
+    if decision.need is not None:
+        counts.update({(p, "need"): getattr(decision.need, p) for p in POOLS})
+    metrics.record_plan(ref.namespace, ref.name, ref.uid, decision_kind(decision, desired), counts)
+    was = condition(old.get("conditions"), FROZEN)
+    was_frozen = bool(was and was.get("status") == "True")
+    return StepOutcome(live, decision, (decision.prefill, decision.decode) != (desired.prefill, desired.decode),
+                       became_frozen=decision.frozen and not was_frozen, resumed=was_frozen and not decision.frozen)
+
+
+def stand_down(kube: Kube, namespace: str, name: str, uid: str | None, now: float) -> None:
+    """Autoscaling was turned off: status.autoscaling goes, and the condition says it is off."""
+    def write() -> None:
+        live = kube.get(cr_ref(namespace, name))
+        if is_gone(live, uid):
+            return
+        old = live.get("status") or {}
+        if not old.get("autoscaling") and condition(old.get("conditions"), FROZEN) is None:
+            return
+        conditions = set_condition(old.get("conditions"), FROZEN, False, "AutoscalingOff", "autoscaling is off",
+                                   generation=None, now=rfc3339(now))
+        patch_status(kube, namespace, name, {"autoscaling": None, "conditions": conditions},
+                     live["metadata"].get("resourceVersion"))
+
+    with cluster_lock(namespace, name):
+        retry_on_conflict(write)
+
+
+class PlannerLoop:
+    """One cluster's planner: `tick()` runs when due and returns the seconds until it is due again."""
+
+    def __init__(self, kube: Kube, namespace: str, name: str, uid: str, clock=time.monotonic, wall=time.time,
+                 read=observe.read) -> None:
+        self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
+        self.clock, self.wall, self.read = clock, wall, read
+        self.last_decision: float | None = None
+
+    def tick(self) -> tuple[float | None, StepOutcome | None]:
+        live = self.kube.get(cr_ref(self.namespace, self.name))
+        if is_gone(live, self.uid):
+            return None, None
+        spec = spec_in_force(live)
+        if spec is None:
+            return OFF_RECHECK_S, None
+        if not spec.autoscaling.enabled:
+            self.last_decision = None
+            status = live.get("status") or {}
+            if status.get("autoscaling") or (condition(status.get("conditions"), FROZEN) or {}).get("status") == "True":
+                stand_down(self.kube, self.namespace, self.name, self.uid, self.wall())
+                metrics.record_plan(self.namespace, self.name, self.uid, "held", None)
+            return OFF_RECHECK_S, None
+        interval = spec.autoscaling.interval_seconds
+        now = self.clock()
+        if self.last_decision is None:
+            self.last_decision = now     # the first decision one interval after the planner starts
+        due = self.last_decision + interval
+        if now < due:
+            return due - now, None
+        reading = self.read(spec.monitoring.prometheus_url, cluster_ref(live), interval, self.wall())
+        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid)
+        self.last_decision = max(due, now - interval)
+        return max(0.0, self.last_decision + interval - self.clock()), outcome
