@@ -5,6 +5,7 @@ from typing import Callable
 
 from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
 from laps_agent.local.engines import EngineChild
+from laps_agent.policy.classes import LONG
 
 
 class LocalDiscovery(StaticDiscovery):
@@ -23,6 +24,27 @@ class LocalDiscovery(StaticDiscovery):
         self._say = say
         self.unservable: str | None = None
         self.on_unservable: Callable[[], None] = lambda: None
+
+    async def adopt(self, child: EngineChild) -> None:
+        """A new engine (`laps local --autoscale` started it): in the membership, routed to once
+        it answers (StaticDiscovery), followed like the others."""
+        self._children[child.url] = child
+        spec = self.spec
+        if child.role == "decode":
+            spec = StaticSpec(spec.prefill_short, spec.prefill_long, (*spec.decode, child.url))
+        elif child.group == LONG:
+            spec = StaticSpec(spec.prefill_short, (*spec.prefill_long, child.url), spec.decode)
+        else:
+            spec = StaticSpec((*spec.prefill_short, child.url), spec.prefill_long, spec.decode)
+        await self.update(spec)
+
+    async def retire(self, url: str) -> None:
+        """An engine leaving (a scale-down): out of the membership now, so nothing new goes to
+        it; its exit, which follows, is not a failure."""
+        self._children.pop(url, None)
+        spec = self.spec
+        await self.update(StaticSpec(*(tuple(u for u in urls if u != url)
+                                       for urls in (spec.prefill_short, spec.prefill_long, spec.decode))))
 
     async def _refresh(self) -> None:
         gone = {url for url, child in self._children.items() if child.process.poll() is not None}

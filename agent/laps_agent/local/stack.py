@@ -16,8 +16,11 @@ import json
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from laps_agent.gateway.allocator import StaticAllocator
@@ -38,11 +41,13 @@ from laps_agent.local.engines import (
     wait_until_loaded,
     write_labels,
 )
+from laps_agent.local.planner import LocalPlanner
 from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
+from laps_agent.policy.planner import DEFAULT_TTFT_SLO_S, Slo
 from laps_agent.policy.systems import (
     ALLOCATION_DEFAULTS,
     ESTIMATORS,
@@ -51,8 +56,9 @@ from laps_agent.policy.systems import (
     moves_pods,
     policy_config,
 )
-from laps_agent.serving.flag_types import non_negative
+from laps_agent.serving.flag_types import non_negative, slo_seconds
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
+from laps_agent.serving.planner_flags import add_planner_flags, planner_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     alloc.add_argument("--allocation-ratio", type=float, default=ALLOCATION_DEFAULTS["allocation_ratio"],
                        help="per-pod pressure ratio that triggers a move")
     alloc.add_argument("--min-per-group", type=int, default=ALLOCATION_DEFAULTS["min_per_group"])
+    scale = p.add_argument_group("autoscaling (the planner starting and stopping engines: local/planner.py)")
+    scale.add_argument("--autoscale", action="store_true",
+                       help="size the prefill and decode pools from the SLOs (--prefill/--decode: where they start)")
+    scale.add_argument("--slo", type=slo_seconds, default=None, help="TTFT p90 SLOs, e.g. short=0.5,long=3")
+    add_planner_flags(scale, budget_help="GPUs of both pools together (one an engine with --device cuda)")
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--workdir", type=Path, help="labels files and engine logs (default: a temp dir)")
@@ -133,7 +144,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, str | None]]:
     return plan + [(f"decode-{i}", "decode", None) for i in range(args.decode)]
 
 
-def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_args: list[str]) -> int:
+def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_args: list[str],
+                   spawn: Callable[[str, str | None], EngineChild], loaded_s: float) -> int:
     # lazy: fastapi (the serve extra) only once the stack serves, not for `bench compare`'s flag checks
     from laps_agent.gateway.http.app import create_app
 
@@ -160,7 +172,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_ar
                            router=args.router, **overrides)
     discovery = LocalDiscovery(spec, children, _say)
     app = create_app(config, discovery, TokenEstimator(tokenizer, args.estimator),
-                     allocator=_allocator(args, children))
+                     allocator=_allocator(args, children), planner=_planner(args, discovery, children, spawn, loaded_s))
     discovery.on_unservable = app.state.gateway.drain.begin  # answer what is in flight, then stop
     host, port = sock.getsockname()[:2]
     pool = (f"{len(spec.prefill_short)} prefill (one pool)" if args.single_pool else
@@ -184,12 +196,54 @@ def _example_curl(url: str, model: str, api_keys_file: str | None) -> str:
     return f"curl -s {url}/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}"
 
 
+class _LabelsFiles(Mapping):
+    """URL -> labels file of the prefill engines running now (the planner adds engines)."""
+
+    def __init__(self, children: list[EngineChild]) -> None:
+        self._children = children
+
+    def _files(self) -> dict:
+        return {c.url: c.labels_path for c in self._children if c.role == "prefill"}
+
+    def __getitem__(self, url: str):
+        return self._files()[url]
+
+    def __iter__(self):
+        return iter(self._files())
+
+    def __len__(self) -> int:
+        return len(self._files())
+
+
+def _planner(args, discovery: LocalDiscovery, children: list[EngineChild], spawn, loaded_s: float):
+    """The gateway's planner over these engines (--autoscale), or None."""
+    if not args.autoscale:
+        return None
+    config = planner_config(args, gpus_per_pod=0 if args.device == "cpu" else 1, startup_s=loaded_s)
+    ttft = {**DEFAULT_TTFT_SLO_S, **{c: v for c, v in (args.slo or {}).items() if c in (SHORT, LONG)}}
+    if args.slo and "all" in args.slo:
+        ttft = {c: args.slo.get(c, args.slo["all"]) for c in (SHORT, LONG)}
+    slo = Slo(ttft, args.itl_slo)
+    return lambda gateway: LocalPlanner(gateway, discovery, spawn, _stop_engine, children, config, slo, _say)
+
+
+def _stop_engine(child: EngineChild, grace_s: float = 30.0) -> None:
+    """SIGTERM one engine (it finishes what it holds), SIGKILL if it is still there after `grace_s`."""
+    child.told_to_stop = True
+    child.process.terminate()
+    try:
+        child.process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        child.process.kill()
+        child.process.wait(5)
+
+
 def _allocator(args, children: list[EngineChild]):
     """The gateway's allocation loop over these engines, or None (see --allocation)."""
     if not moves_pods(args.allocation, args.single_pool, args.prefill):
         return None
     config = policy_config(args)
-    labels = {c.url: c.labels_path for c in children if c.role == "prefill"}
+    labels = _LabelsFiles(children)
 
     def relabel(path, group: str) -> None:
         write_labels(path, "prefill", group)
@@ -215,6 +269,11 @@ def args_problem(args: argparse.Namespace, engine_args: list[str]) -> str | None
     if args.allocation not in (None, "none") and args.prefill < 2 * args.min_per_group:
         return (f"--allocation {args.allocation} needs at least {2 * args.min_per_group} prefill engines "
                 f"(--min-per-group {args.min_per_group} in each group), got --prefill {args.prefill}")
+    if args.autoscale:
+        try:
+            planner_config(args, gpus_per_pod=0 if args.device == "cpu" else 1, startup_s=0.0)
+        except ValueError as exc:
+            return f"--autoscale: {exc}"
     # Before minutes of loading, not after (and in every system of `bench compare`).
     return auth_args_problem(args) or unknown_engine_args(engine_args)
 
@@ -251,28 +310,34 @@ def main(argv: list[str] | None = None) -> int:
             # loads in 0.1 s, instead of every engine parsing the model file.
             engine_model = str(save_tokenizer(tokenizer, workdir / "tokenizer"))
         plan = _plan(args)
-        gpu_split, gpu_line = (shared_gpu_args(args.device, engine_args, len(plan)) if args.engine == "builtin"
-                               else ([], None))
+        # With --autoscale, the GPU split makes room for the most engines the planner may run.
+        most = args.prefill_max + args.decode_max if args.autoscale else len(plan)
+        gpu_split, gpu_line = (shared_gpu_args(args.device, engine_args, max(most, len(plan)))
+                               if args.engine == "builtin" else ([], None))
         _say(f"starting {args.prefill} prefill + {args.decode} decode {args.engine} engines on {model} "
              f"(logs in {workdir})")
         if gpu_line:
             _say(gpu_line)
-        # Every engine's ports at once, distinct (free_ports): an API port, and a bootstrap
-        # (KV hand-off) port for a prefill engine.
-        ports = iter(free_ports(len(plan) + sum(role == "prefill" for _, role, _ in plan)))
+        common = [*backend, "--device", args.device, "--length-threshold", str(args.length_threshold),
+                  "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args, *gpu_split,
+                  *(["--served-model-name", args.served_model_name] if args.served_model_name else [])]
+        counts = {"prefill": args.prefill, "decode": args.decode}
+
+        def spawn(role: str, group: str | None, name: str | None = None) -> EngineChild:
+            """One engine with ports of its own (free_ports): an API port, and a bootstrap (KV
+            hand-off) port for a prefill engine; the planner's get the next free name."""
+            if name is None:
+                name, counts[role] = f"{role}-{counts[role]}", counts[role] + 1
+            ports = iter(free_ports(2 if role == "prefill" else 1))
+            return spawn_engine(name, role, group, model=engine_model, workdir=workdir, port=next(ports),
+                                bootstrap_port=next(ports) if role == "prefill" else None, common_args=common)
+
+        started = time.monotonic()
         with SignalsDeferred():   # every engine forked is in `children`, for stop_all
             for name, role, group in plan:
-                children.append(spawn_engine(
-                    name, role, group, model=engine_model, workdir=workdir, port=next(ports),
-                    bootstrap_port=next(ports) if role == "prefill" else None,
-                    common_args=[*backend, "--device", args.device, "--length-threshold",
-                                 str(args.length_threshold),
-                                 "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args,
-                                 *gpu_split,
-                                 *(["--served-model-name", args.served_model_name]
-                                   if args.served_model_name else [])]))
+                children.append(spawn(role, group, name))
         wait_until_loaded(children, args.startup_timeout, _say)
-        code = _serve_gateway(args, children, tokenizer, sock, engine_args)
+        code = _serve_gateway(args, children, tokenizer, sock, engine_args, spawn, time.monotonic() - started)
     except KeyboardInterrupt:
         code = 0
     except RuntimeError as exc:

@@ -433,3 +433,21 @@ def drain_order(names: Sequence[str], in_flight: Mapping[str, float], ordinals: 
     if ordinals:
         return sorted(names, key=ordinal, reverse=True)
     return sorted(names, key=lambda n: (in_flight.get(n, 0.0), -ordinal(n)))
+
+
+def join_group(groups: Mapping[str, Sequence], short_target: int | None) -> str:
+    """The group a prefill pod that starts serving joins: short until the planner's short need
+    is met (half the pods without one), then long."""
+    total = sum(len(g) for g in groups.values()) + 1
+    want_short = short_target if short_target is not None else total // 2
+    want_short = min(max(want_short, 1), max(total - 1, 1))
+    return SHORT if len(groups[SHORT]) < want_short else LONG
+
+
+def keep_both_groups(groups: dict[str, tuple]) -> dict[str, tuple]:
+    """After pods leave: a group left empty while the other has two or more takes one of them
+    (the allocation loop moves pods only between groups that both serve)."""
+    for empty, full in ((SHORT, LONG), (LONG, SHORT)):
+        if not groups[empty] and len(groups[full]) >= 2:
+            return {empty: groups[full][-1:], full: groups[full][:-1]}
+    return groups

@@ -38,27 +38,32 @@ _ERROR_STATUSES = (400, 401, 404, 408, 413, 415, 429, 502, 503, 504)
 
 
 def create_app(config: GatewayConfig, discovery: Discovery, estimator: TokenEstimator,
-               allocator: Callable[[Gateway], Any] | None = None) -> FastAPI:
+               allocator: Callable[[Gateway], Any] | None = None,
+               planner: Callable[[Gateway], Any] | None = None) -> FastAPI:
     """`allocator(gateway)` builds a component with start()/stop()/status() that moves pods
-    between the groups (`laps local`'s allocation loop; on Kubernetes the operator does it)."""
+    between the groups (`laps local`'s allocation loop; on Kubernetes the operator does it);
+    `planner(gateway)` one that sizes the pools (`laps local --autoscale`)."""
     metrics = GatewayMetrics()
     tracker = LoadTracker(metrics, config.proxy)
     gateway = Gateway(config, discovery, estimator, metrics, tracker,
                       PDProxy(config, discovery, tracker, metrics), drain=Drain(config.drain_grace_s))
     if allocator is not None:
         gateway.allocator = allocator(gateway)
+    if planner is not None:
+        gateway.planner = planner(gateway)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         await discovery.start()
         await gateway.proxy.start()
-        if gateway.allocator is not None:
-            await gateway.allocator.start()
+        loops = [loop for loop in (gateway.allocator, gateway.planner) if loop is not None]
+        for loop in loops:
+            await loop.start()
         try:
             yield
         finally:
-            if gateway.allocator is not None:
-                await gateway.allocator.stop()
+            for loop in loops:
+                await loop.stop()
             await gateway.proxy.aclose()
             await discovery.stop()
 

@@ -23,4 +23,5 @@ class Gateway:
     tracker: LoadTracker
     proxy: PDProxy
     allocator: Any = None
+    planner: Any = None            # laps local --autoscale (local/planner.py)
     drain: Drain = field(default_factory=Drain)   # SIGTERM: laps_agent/serving/drain.py

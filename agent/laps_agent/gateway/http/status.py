@@ -74,4 +74,5 @@ def laps_status(gateway: Gateway) -> dict:
             # Longer prompts (counted exactly) are refused here, before admission (context.py).
             "max_prompt_tokens": limit.tokens if limit is not None else None,
             "decode": _decode(gateway, membership, loads),
-            "allocation": allocation}
+            "allocation": allocation,
+            "autoscaling": gateway.planner.status() if gateway.planner is not None else {"enabled": False}}

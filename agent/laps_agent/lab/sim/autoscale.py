@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from laps_agent.emulated.core import EngineModel
 from laps_agent.emulated.profile import Profile
-from laps_agent.policy.classes import CLASSES, LONG, SHORT
+from laps_agent.policy.classes import CLASSES
 from laps_agent.policy.planner import (
     POOLS,
     ClassLoad,
@@ -239,21 +239,3 @@ def sizing_meta(fleet: SimFleet, scaler: SimScaler) -> dict:
             "over_budget": len(fleet.over_budget), "direction_changes": scaler.direction_changes,
             "end": [fleet.desired["prefill"], fleet.desired["decode"]],
             "decisions": scaler.decisions, "pods": [asdict(e) for e in fleet.events]}
-
-
-def join_group(groups: dict[str, tuple], short_target: int | None) -> str:
-    """The group a prefill pod that starts serving joins: short until the planner's short need
-    is met (half the pods without one), then long."""
-    total = sum(len(g) for g in groups.values()) + 1
-    want_short = short_target if short_target is not None else total // 2
-    want_short = min(max(want_short, 1), max(total - 1, 1))
-    return SHORT if len(groups[SHORT]) < want_short else LONG
-
-
-def keep_both_groups(groups: dict[str, tuple]) -> dict[str, tuple]:
-    """After pods leave: a group left empty while the other has two or more takes one of them
-    (the allocation loop moves pods only between groups that both serve)."""
-    for empty, full in ((SHORT, LONG), (LONG, SHORT)):
-        if not groups[empty] and len(groups[full]) >= 2:
-            return {empty: groups[full][-1:], full: groups[full][:-1]}
-    return groups

@@ -36,7 +36,7 @@ from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.lab.results.records import TimelineSample
 from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
-from laps_agent.lab.sim.autoscale import Scaling, SimFleet, SimScaler, join_group, keep_both_groups, pod_costs
+from laps_agent.lab.sim.autoscale import Scaling, SimFleet, SimScaler, pod_costs
 from laps_agent.lab.sim.prefix import SimPrefixes
 from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
 from laps_agent.policy.allocation import AllocationConfig
@@ -44,7 +44,7 @@ from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
 from laps_agent.policy.placement import ArrivalMix, PrefillCost, place
-from laps_agent.policy.planner import Pools
+from laps_agent.policy.planner import Pools, join_group, keep_both_groups
 from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 

@@ -28,7 +28,6 @@ from laps_agent.lab.sim.run import simulate
 from laps_agent.lab.workload.plan import Plan
 from laps_agent.policy.classes import CLASSES, LONG, SHORT, is_short
 from laps_agent.policy.planner import (
-    DEFAULT_ITL_SLO_S,
     DEFAULT_TTFT_SLO_S,
     ClassLoad,
     PlannerConfig,
@@ -37,7 +36,8 @@ from laps_agent.policy.planner import (
     need,
 )
 from laps_agent.policy.systems import SystemConfig
-from laps_agent.serving.flag_types import names, non_negative, positive
+from laps_agent.serving.flag_types import names
+from laps_agent.serving.planner_flags import add_planner_flags, planner_config
 
 FLASH_STEP = 2.0                 # a phase change multiplying the rate by this much is a flash crowd
 
@@ -47,27 +47,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--autoscale", type=names, default=None,
                    help=f"comma-separated scalers run side by side, the last the baseline of the GPU-seconds "
                         f"ratio ({', '.join(SCALERS)})")
-    g.add_argument("--itl-slo", type=positive(float), default=DEFAULT_ITL_SLO_S, help="ITL p90 SLO, seconds")
-    g.add_argument("--gpu-budget", type=positive(int), default=None, help="GPUs of both pools together")
-    defaults = PlannerConfig()
-    for pool in ("prefill", "decode"):
-        g.add_argument(f"--{pool}-min", type=positive(int), default=getattr(defaults, f"min_{pool}"))
-        g.add_argument(f"--{pool}-max", type=positive(int), default=getattr(defaults, f"max_{pool}"))
-    g.add_argument("--scale-interval", type=positive(float), default=defaults.interval_s,
-                   help="seconds between scaling decisions")
-    g.add_argument("--startup", type=non_negative(float), default=defaults.startup_s,
-                   help="seconds from ordering a pod to its serving (model load)")
-    g.add_argument("--max-step", type=positive(int), default=defaults.max_step, help="pods per pool per decision")
-    g.add_argument("--scale-down-stabilization", type=non_negative(float),
-                   default=defaults.scale_down_stabilization_s,
-                   help="seconds of needs a scale-down waits out (the highest of them is kept)")
-
-
-def scaling_config(args: argparse.Namespace) -> PlannerConfig:
-    return PlannerConfig(min_prefill=args.prefill_min, max_prefill=args.prefill_max, min_decode=args.decode_min,
-                         max_decode=args.decode_max, gpu_budget=args.gpu_budget, interval_s=args.scale_interval,
-                         max_step=args.max_step, scale_down_stabilization_s=args.scale_down_stabilization,
-                         startup_s=args.startup)
+    add_planner_flags(g, budget_help="GPUs of both pools together (one a pod)")
 
 
 def phase_loads(plan: Plan, threshold: int) -> list[dict[str, ClassLoad]]:
@@ -149,7 +129,7 @@ def run_sizing(args: argparse.Namespace, engine_args: list[str], plan: Plan, pro
     if args.slo and "all" in args.slo:
         ttft = {c: (args.slo or {}).get(c, args.slo["all"]) for c in CLASSES}
     slo = Slo(ttft, args.itl_slo)
-    config = scaling_config(args)
+    config = planner_config(args)
     peak = peak_pools(plan, profile, system, threshold, slo, config)
     lag_s = config.startup_s + config.interval_s
     lag = lag_windows(plan, lag_s)
