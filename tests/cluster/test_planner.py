@@ -1,7 +1,8 @@
 """The planner scales real workloads: with `spec.autoscaling` on, the real `laps operator` (the
 chart's ServiceAccount) sets the prefill StatefulSet's and the decode Deployment's replicas, the
 real controllers make and remove the pods (the scheduler places them on the fake nodes' GPUs, kwok
-runs them), a scale-down removes the StatefulSet's highest ordinals, and the GPUs held by the pods
+runs them), a scale-down first takes the StatefulSet's highest ordinals out of routing (labelled
+draining) and then lowers the count, which removes exactly those, and the GPUs held by the pods
 that exist never pass the budget at any moment the test looks.
 
 What this cannot show: the demand comes from a stand-in for the gateway's /metrics (rates the test
@@ -82,12 +83,24 @@ def test_the_planner_scales_real_statefulsets_within_the_gpu_budget(control_plan
                  ["autoscaling"]["actual"]["prefill"] == auto["desired"]["prefill"],
                  "status.autoscaling.actual following the pods", timeout=30)
 
-        # Demand goes: the StatefulSet removes its highest ordinals; pod 0 stays.
+        # Demand goes: the highest ordinals are taken out of routing first (labelled draining:
+        # their group Service no longer selects them), then the StatefulSet removes them; pod 0 stays.
         demand.set("short", 0.0, 136, 150)
         demand.set("long", 0.0, 1800, 150)
-        wait_for(lambda: held_gpus() and ready("prefill") == ["sized-prefill-0"] and len(engine_pods("prefill")) == 1,
-                 "back to one prefill pod", timeout=90)
+        seen_draining: list[tuple[int, list[str]]] = []
+
+        def scaled_down() -> bool:
+            pods = engine_pods("prefill")
+            replicas = control_plane.kubectl_json("get", "statefulset", "sized-prefill", "-n", ns)["spec"]["replicas"]
+            seen_draining.append((replicas, sorted(p["metadata"]["name"] for p in pods
+                                                   if p["metadata"]["labels"].get("laps.io/prefill-group") == "draining")))
+            return held_gpus() and ready("prefill") == ["sized-prefill-0"] and len(pods) == 1
+
+        wait_for(scaled_down, "back to one prefill pod", timeout=90)
         assert max(gpus_seen) <= BUDGET, gpus_seen
+        drained_first = [names for replicas, names in seen_draining if replicas == len(grown) and names]
+        assert drained_first and drained_first[0] == grown[1:], seen_draining
+
     finally:
         demand.http.close()
         prefill_engine.close()

@@ -4,6 +4,9 @@ Membership is planned by pod *name*: a StatefulSet's pod names are stable, so th
 ordinals 0..replicas-1 whether or not their pods exist now. It is recorded in the LAPSCluster's
 status, which gives a recreated pod its group back and keeps a restarted operator from changing
 any label. Rules, in order:
+0. A pod labelled DRAINING is in no group: the planner is taking it away (its Services no longer
+   select it, so the gateway sends it nothing new) and it keeps that label until it is gone or
+   the planner gives it back (it then joins as rule 4 says).
 1. A name recorded in status keeps its recorded group.
 2. Else a pod with a valid group label keeps it (status lost, or written by an older operator:
    the label is the truth the gateway already routes by).
@@ -22,6 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from laps_agent.policy.classes import CLASSES, LONG, OTHER, SHORT
+
+# The group label value of a prefill pod the planner is taking away (rule 0).
+DRAINING = "draining"
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ def plan_groups(
     unassigned: list[str] = []
     for name in names:
         label = by_name[name].group_label if name in by_name else None
+        if label == DRAINING:
+            continue
         if name in recorded_group:
             assignment[name] = recorded_group[name]
         elif label in CLASSES:

@@ -98,6 +98,20 @@ def instant(body: Any, status_code: int) -> Samples:
     return out
 
 
+def queued(url: str, cluster: ClusterRef, pods: list[str], *, timeout_s: float = TIMEOUT_S) -> float | None:
+    """Requests waiting in the prefill queues of `pods` (laps_engine_queue_requests), None when
+    Prometheus cannot say; pods without series (not made, or gone) hold none."""
+    names = "|".join(p.replace(".", "\\\\.") for p in pods)
+    query = f'sum(laps_engine_queue_requests{{namespace="{cluster.namespace}",pod=~"{names}"}})'
+    try:
+        response = httpx.get(url.rstrip("/") + "/api/v1/query", params={"query": query}, timeout=timeout_s,
+                             trust_env=False)
+        samples = instant(response.json(), response.status_code)
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeError, ValueError):
+        return None
+    return sum(v for _, v in samples)
+
+
 def read(url: str, cluster: ClusterRef, window_s: float, now: float, *, timeout_s: float = TIMEOUT_S) -> Reading:
     results: dict[str, Samples] = {}
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:

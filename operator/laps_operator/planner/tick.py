@@ -6,9 +6,14 @@ ask `policy.planner.plan` (the policy `laps sim --autoscale` runs), and write st
 restarted operator goes on where it was) and the AutoscalingFrozen condition, conditionally on
 the version read. The pools run the desired counts: `replicas_in_force` puts them in the spec
 every reader parses (reconcile/cycle.parse_cluster), and the caller reconciles at once when they
-changed. Scale-down goes through the workloads' own controllers: the StatefulSet removes its
-highest ordinals and the decode Deployment's ReplicaSet its pods, each drained as it terminates
-(spec.drain: out of the Services first, the held requests finished, new ones retried elsewhere).
+changed. A prefill scale-down moves the work off the ordinals the StatefulSet will remove (its
+highest) first (`drain_step`): those pods are labelled `laps.io/prefill-group=draining`, which
+takes them out of the group Services (the gateway sends them nothing new) and out of the groups
+(policy.groups rule 0); once Prometheus shows their queues empty (or after DRAIN_DEADLINE
+intervals) the count is lowered, and each pod finishes what is left as it terminates (spec.drain).
+Wanted back meanwhile, they lose the label and rejoin the groups. The decode Deployment's pods
+are drained as they terminate (out of the Service first, the held requests finished, new ones
+retried elsewhere).
 With autoscaling off nothing is planned, no count is written, and the replicas are the spec's,
 exactly as without a planner; status.autoscaling is removed once.
 """
@@ -16,17 +21,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from laps_agent.policy.classes import LONG, SHORT
+from laps_agent.policy.groups import DRAINING
 from laps_agent.policy.planner import POOLS, Plan, PlannerConfig, PlannerState, Pools, Slo, plan
 from laps_operator import metrics
 from laps_operator.allocation.tick import rfc3339
-from laps_operator.naming import ClusterRef, role_selector
+from laps_operator.naming import GROUP_LABEL, ClusterRef, role_selector
 from laps_operator.planner import observe
 from laps_operator.reconcile.cycle import cluster_ref, is_gone, spec_in_force
-from laps_operator.reconcile.kube import Kube, Ref
+from laps_operator.reconcile.kube import Kube, KubeError, Ref
 from laps_operator.reconcile.writers import cluster_lock, cr_ref, patch_status, retry_on_conflict
 from laps_operator.spec.cluster import ClusterSpec
 from laps_operator.spec.gpus import engine_gpus
@@ -34,6 +40,9 @@ from laps_operator.status.conditions import condition, set_condition
 
 FROZEN = "AutoscalingFrozen"
 OFF_RECHECK_S = 10.0
+# A prefill pod taken out of routing for a scale-down goes at the latest after this many
+# intervals, its queue empty or not (what is left, it finishes as it terminates).
+DRAIN_DEADLINE = 4
 # The needs kept for the stabilisation window at most (status stays small: 1000 x 3 numbers).
 MAX_NEEDS = 1000
 
@@ -112,6 +121,30 @@ def planner_status(old: Mapping[str, Any] | None, decision: Plan, existing: Pool
     return {"autoscaling": autoscaling, "conditions": conditions}
 
 
+@dataclass(frozen=True)
+class DrainStep:
+    prefill: int                        # the StatefulSet's replicas now
+    draining: dict[str, Any] | None     # status.autoscaling.draining after this step
+    relabel: dict[str, str | None]      # pod -> group label to write (None: remove it)
+
+
+def drain_step(statefulset: str, current: int, wanted: int, draining: Mapping[str, Any] | None, now: float,
+               drained: bool, deadline_s: float) -> DrainStep:
+    """The prefill count to set when the planner wants `wanted` pods and `current` run (pure):
+    down only once the departing ordinals (wanted..current-1) were out of routing and `drained`
+    (their queues empty), or `deadline_s` after they were taken out."""
+    before = list((draining or {}).get("pods") or ())
+    if wanted >= current:
+        return DrainStep(wanted, None, dict.fromkeys(before))   # none leaves: any draining pod comes back
+    departing = [f"{statefulset}-{i}" for i in range(wanted, current)]
+    relabel: dict[str, str | None] = {p: DRAINING for p in departing if p not in before}
+    relabel.update({p: None for p in before if p not in departing})
+    since = float((draining or {}).get("since") or now) if not relabel else now
+    if not relabel and (drained or now - since >= deadline_s):
+        return DrainStep(wanted, None, {})
+    return DrainStep(current, {"pods": departing, "target": wanted, "since": round(since, 3)}, relabel)
+
+
 @dataclass
 class StepOutcome:
     cluster: dict[str, Any] | None = None
@@ -126,8 +159,10 @@ def existing_pods(kube: Kube, ref: ClusterRef) -> Pools:
     return Pools(*(len(kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, pool))) for pool in POOLS))
 
 
-def step(kube: Kube, namespace: str, name: str, reading: observe.Reading, now: float, uid: str | None = None
-         ) -> StepOutcome:
+def step(kube: Kube, namespace: str, name: str, reading: observe.Reading, now: float, uid: str | None = None,
+         drained: bool = False) -> StepOutcome:
+    """One decision under the cluster's lock. `drained`: the prefill pods status says are
+    draining hold no queued work (read from Prometheus by the caller, outside the lock)."""
     def attempt() -> StepOutcome:
         live = kube.get(cr_ref(namespace, name))
         if is_gone(live, uid):
@@ -135,13 +170,14 @@ def step(kube: Kube, namespace: str, name: str, reading: observe.Reading, now: f
         spec = spec_in_force(live)
         if spec is None or not spec.autoscaling.enabled:
             return StepOutcome(live)
-        return _step(kube, live, spec, reading, now)
+        return _step(kube, live, spec, reading, now, drained)
 
     with cluster_lock(namespace, name):
         return retry_on_conflict(attempt)
 
 
-def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.Reading, now: float) -> StepOutcome:
+def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.Reading, now: float,
+          drained: bool) -> StepOutcome:
     ref = cluster_ref(live)
     old = live.get("status") or {}
     desired = Pools(spec.prefill.replicas, spec.decode.replicas)   # in force: the planner's last
@@ -159,8 +195,24 @@ def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.
         if decision.frozen and reading.message:
             decision = Plan(desired.prefill, desired.decode, -1, f"{decision.reason}: {reading.message}", True, state)
     reason = frozen_reason(decision, reading, problem)
+    draining = (old.get("autoscaling") or {}).get("draining")
+    relabel: dict[str, str | None] = {}
+    if not decision.frozen:
+        drain = drain_step(ref.prefill, desired.prefill, decision.prefill, draining, now, drained,
+                           DRAIN_DEADLINE * spec.autoscaling.interval_seconds)
+        draining, relabel = drain.draining, drain.relabel
+        if drain.prefill != decision.prefill:
+            decision = replace(decision, prefill=drain.prefill, reason=f"{decision.reason}; the work moves off "
+                               f"{', '.join(draining['pods'])} before the prefill pods go to {draining['target']}")
     status = planner_status(old, decision, existing, reason, now)
+    status["autoscaling"]["draining"] = draining
     patch_status(kube, ref.namespace, ref.name, status, live["metadata"].get("resourceVersion"))
+    for pod, group in relabel.items():   # after status: a restarted operator finds what it meant
+        try:
+            kube.patch(Ref("v1", "Pod", ref.namespace, pod), {"metadata": {"labels": {GROUP_LABEL: group}}})
+        except KubeError as exc:
+            if exc.status != 404:   # not made yet, or gone: nothing routes to it
+                raise
     counts = {(p, "desired"): getattr(decision, p) for p in POOLS}
     counts.update({(p, "actual"): getattr(existing, p) for p in POOLS})
     if decision.need is not None:
@@ -194,9 +246,9 @@ class PlannerLoop:
     """One cluster's planner: `tick()` runs when due and returns the seconds until it is due again."""
 
     def __init__(self, kube: Kube, namespace: str, name: str, uid: str, clock=time.monotonic, wall=time.time,
-                 read=observe.read) -> None:
+                 read=observe.read, queued=observe.queued) -> None:
         self.kube, self.namespace, self.name, self.uid = kube, namespace, name, uid
-        self.clock, self.wall, self.read = clock, wall, read
+        self.clock, self.wall, self.read, self.queued = clock, wall, read, queued
         self.last_decision: float | None = None
 
     def tick(self) -> tuple[float | None, StepOutcome | None]:
@@ -220,7 +272,10 @@ class PlannerLoop:
         due = self.last_decision + interval
         if now < due:
             return due - now, None
-        reading = self.read(spec.monitoring.prometheus_url, cluster_ref(live), interval, self.wall())
-        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid)
+        url, ref = spec.monitoring.prometheus_url, cluster_ref(live)
+        reading = self.read(url, ref, interval, self.wall())
+        draining = (((live.get("status") or {}).get("autoscaling") or {}).get("draining") or {}).get("pods")
+        drained = bool(draining) and self.queued(url, ref, draining) == 0
+        outcome = step(self.kube, self.namespace, self.name, reading, self.wall(), self.uid, drained)
         self.last_decision = max(due, now - interval)
         return max(0.0, self.last_decision + interval - self.clock()), outcome

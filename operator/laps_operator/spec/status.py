@@ -86,11 +86,19 @@ class PlannerMemory(TypedDict, total=False):
     changes: Annotated[int, Field(description="direction changes so far")]
 
 
+class PrefillDraining(TypedDict, total=False):
+    pods: Annotated[list[str], Field(description="the prefill pods taken out of routing before a scale-down")]
+    target: Annotated[int, Field(description="the prefill count once they are drained")]
+    since: Annotated[float, Field(description="when they were taken out (Unix seconds)")]
+
+
 class AutoscalingStatus(TypedDict, total=False):
     desired: Annotated[PoolCounts, Field(description="the replica counts the planner set (the pools run these)")]
     actual: Annotated[PoolCounts, Field(description="the pods that exist, draining ones included")]
     lastDecision: Annotated[str, Field(description="what the latest interval decided, and why")]
     lastDecisionTime: datetime
+    draining: Annotated[PrefillDraining | None, Field(
+        description="a prefill scale-down under way: its pods out of routing, the count lowered once they are drained")]
     planner: Annotated[PlannerMemory, Field(
         description="what the planner remembers between intervals (kept here so a restarted operator goes on)")]
 

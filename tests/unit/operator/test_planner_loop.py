@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from laps_agent.policy.groups import DRAINING, PodView, plan_groups
 from laps_agent.policy.planner import Pools
 from laps_operator import metrics
 from laps_operator.naming import ClusterRef
@@ -15,12 +16,14 @@ from laps_operator.planner.tick import (
     FROZEN,
     PlannerLoop,
     config_of,
+    drain_step,
     slo_of,
     state_from_status,
     state_to_status,
     step,
 )
 from laps_operator.reconcile.cycle import parse_cluster
+from laps_operator.reconcile.kube import Ref
 from laps_operator.reconcile.writers import cr_ref
 from laps_operator.spec.cluster import parse_spec
 from laps_operator.spec.replicas import replicas_in_force
@@ -171,3 +174,50 @@ def test_the_first_decision_comes_one_interval_after_the_loop_starts():
     _, outcome = loop.tick()
     assert outcome is not None and outcome.decision is not None
     assert Pools(outcome.decision.prefill, outcome.decision.decode) != Pools(0, 0)
+
+
+def test_a_prefill_scale_down_takes_the_highest_ordinals_out_of_routing_before_the_count_drops():
+    # Wanted 2 of 4: c-prefill-2 and -3 leave routing first; the count stays until they drained.
+    first = drain_step("c-prefill", 4, 2, None, NOW, drained=False, deadline_s=120)
+    assert first.prefill == 4 and first.relabel == {"c-prefill-2": "draining", "c-prefill-3": "draining"}
+    assert first.draining == {"pods": ["c-prefill-2", "c-prefill-3"], "target": 2, "since": NOW}
+    waiting = drain_step("c-prefill", 4, 2, first.draining, NOW + 30, drained=False, deadline_s=120)
+    assert waiting.prefill == 4 and waiting.relabel == {}
+    done = drain_step("c-prefill", 4, 2, first.draining, NOW + 30, drained=True, deadline_s=120)
+    assert done.prefill == 2 and done.draining is None
+    late = drain_step("c-prefill", 4, 2, first.draining, NOW + 120, drained=False, deadline_s=120)
+    assert late.prefill == 2   # what is left, each finishes as it terminates
+    # Wanted back meanwhile: the label goes, the pods rejoin the groups.
+    back = drain_step("c-prefill", 4, 4, first.draining, NOW + 30, drained=False, deadline_s=120)
+    assert back.prefill == 4 and back.draining is None and back.relabel == {"c-prefill-2": None, "c-prefill-3": None}
+    # Wanted even fewer: one more pod leaves, and the wait starts again.
+    fewer = drain_step("c-prefill", 4, 1, first.draining, NOW + 30, drained=True, deadline_s=120)
+    assert fewer.prefill == 4 and fewer.relabel == {"c-prefill-1": "draining"} and fewer.draining["target"] == 1
+
+
+def test_a_draining_pod_is_in_no_group_and_keeps_its_label():
+    pods = [PodView(f"c-prefill-{i}", g, ready=True) for i, g in enumerate(("short", "short", "long", DRAINING))]
+    planned = plan_groups("c-prefill", 4, pods, {"short": ["c-prefill-0", "c-prefill-1"],
+                                                 "long": ["c-prefill-2", "c-prefill-3"]})
+    assert planned.groups == {"short": ["c-prefill-0", "c-prefill-1"], "long": ["c-prefill-2"]}
+    assert "c-prefill-3" not in planned.label_changes
+
+
+def test_a_step_drains_before_it_lowers_the_statefulset():
+    kube = FakeKube()
+    kube.add(lapscluster({"autoscaling": {"desired": {"prefill": 4, "decode": 1}}}, scaleDownStabilizationSeconds=0))
+    for i in range(4):
+        kube.add({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"c-prefill-{i}", "namespace": "ns",
+            "labels": {"laps.io/cluster": "c", "laps.io/role": "prefill", "laps.io/prefill-group": "short"}}})
+    idle = observe.observation(answers(rate=(0.5, 0.1), decode=0.0), NOW)
+    outcome = step(kube, "ns", "c", idle, NOW, "uid-1")
+    auto = kube.get(cr_ref("ns", "c"))["status"]["autoscaling"]
+    assert auto["desired"]["prefill"] == 4 and auto["draining"]["target"] < 4 and not outcome.changed
+    leaving = auto["draining"]["pods"]
+    assert leaving[-1] == "c-prefill-3"
+    assert {kube.get(Ref("v1", "Pod", "ns", p))["metadata"]["labels"]["laps.io/prefill-group"] for p in leaving} == \
+        {DRAINING}
+    outcome = step(kube, "ns", "c", idle, NOW + 30, "uid-1", drained=True)
+    auto = kube.get(cr_ref("ns", "c"))["status"]["autoscaling"]
+    assert outcome.changed and auto["desired"]["prefill"] == 4 - len(leaving) and auto.get("draining") is None
