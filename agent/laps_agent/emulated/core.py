@@ -38,6 +38,7 @@ from laps_agent.modelio.prompt_rules import over_context_message
 from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
 from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
+from laps_agent.policy.scheduling.window import PrefillCostModel
 
 _IDLE, _PREFILL, _DECODE, _WARM = 0, 1, 2, 3
 
@@ -71,6 +72,7 @@ class EngineModel:
         self.busy_until: float | None = None
         self.wake_at: float | None = None
         self.busy_seconds = 0.0                             # modelled compute time, for utilisation
+        self.decode_cost = PrefillCostModel()               # its decode steps, fitted as the builtin's
         self.warm_seconds = 0.0                             # of which prefix warms (no request waits on them)
 
     @property
@@ -227,7 +229,9 @@ class EngineModel:
     def _start_decode(self, t: float) -> None:
         n = len(self.running)
         context = self._sum_prompt + n * (1 + self.step) - self._sum_start
-        self._begin(_DECODE, t, self.profile.decode_seconds(n, context))
+        seconds = self.profile.decode_seconds(n, context)
+        self.decode_cost.observe(n, seconds)
+        self._begin(_DECODE, t, seconds)
 
     def _begin(self, stage: int, t: float, seconds: float) -> None:
         self._stage, self.busy_until = stage, t + seconds
@@ -303,4 +307,5 @@ class EngineModel:
                 "kv_usage": 1.0 - self.free_pages / self.num_pages, "waiting_kv": len(self.imports),
                 "prefix_cache_pages": len(self.prefix_cache) if self.prefix_cache is not None else 0,
                 "live": len(self.requests), "prefill_cost": self.scheduler.prefill_cost(),
+                "decode_cost": self.decode_cost.linear(),
                 "max_prefill_tokens": self.scheduler.config.max_prefill_tokens}

@@ -107,6 +107,12 @@ class EngineMetrics(EngineSeries):
             "laps_engine_prefill_cost_seconds", "This prefill engine's measured cost of a prefill batch: "
             "term=overhead (seconds a batch) and term=per_token (seconds an uncached token); NaN until measured",
             ["term"], registry=r) if role == "prefill" else None
+        # A decode engine's fit of its steps (overhead + per request x requests in the step): the
+        # planner's decode cost, against the ITL SLO.
+        self.decode_cost = Gauge(
+            "laps_engine_decode_cost_seconds", "This decode engine's measured cost of a decode step: term=overhead "
+            "(seconds a step) and term=per_request (seconds a request in it); NaN until measured",
+            ["term"], registry=r) if role == "decode" else None
         for queue in CLASSES:
             self.queue_requests.labels(queue)
             self.queue_tokens.labels(queue)
@@ -164,6 +170,10 @@ class EngineMetrics(EngineSeries):
             cost = snapshot.get("prefill_cost") or (math.nan, math.nan)
             self.prefill_cost.labels("overhead").set(cost[0])
             self.prefill_cost.labels("per_token").set(cost[1])
+        if self.decode_cost is not None:
+            cost = snapshot.get("decode_cost") or (math.nan, math.nan)
+            self.decode_cost.labels("overhead").set(cost[0])
+            self.decode_cost.labels("per_request").set(cost[1])
         # The group label changes under a running pod (operator relabels): re-read every scrape.
         self.info.clear()
         self.info.labels(self.role, read_group(self.labels_file) or "", self.model).set(1)

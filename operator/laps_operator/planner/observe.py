@@ -7,10 +7,11 @@ One instant query per figure (`queries`), each over the cluster's own pods (the 
 - tokens: rate of `laps_gateway_arrival_tokens_total` by class and kind (prompt, output);
 - waiting: `laps_gateway_pending_requests` by group (dispatched, not yet prefilled);
 - decode: `laps_engine_running_requests` summed over the decode pods;
-- cost: `laps_engine_prefill_cost_seconds` by term, averaged over the prefill pods.
+- cost: `laps_engine_prefill_cost_seconds` by term, averaged over the prefill pods;
+- decode_cost: `laps_engine_decode_cost_seconds` by term, averaged over the decode pods.
 A figure that cannot be read makes the observation missing, with the reason (the planner freezes
-and says so); costs not measured yet are "unknown" (also a freeze). The decode pods' step cost
-is not measured by the engines: decode is sized by its slots and its observed concurrency
+and says so); a prefill cost not measured yet is "unknown" (also a freeze). Without a decode cost
+(SGLang engines do not export one) decode is sized by its slots and its observed concurrency
 (policy.planner.DEFAULT_DECODE_SLOTS). The pure part (`observation`) does no I/O.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
         "waiting": f"sum by (group) (laps_gateway_pending_requests{{{gateways}}})",
         "decode": f'sum(laps_engine_running_requests{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
         "cost": f'avg by (term) (laps_engine_prefill_cost_seconds{{{ns},pod=~"{cluster.prefill}-[0-9]+"}})',
+        "decode_cost": f'avg by (term) (laps_engine_decode_cost_seconds{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
     }
 
 
@@ -76,9 +78,14 @@ def observation(results: Mapping[str, Samples], now: float) -> Reading:
     overhead, per_token = cost.get("overhead", math.nan), cost.get("per_token", math.nan)
     if not (math.isfinite(overhead) and math.isfinite(per_token)):
         return Reading(observed, None)
+    step = {s.get("term"): v for s, v in results.get("decode_cost", ())}
+    step_overhead, per_request = step.get("overhead", math.nan), step.get("per_request", math.nan)
+    if not (math.isfinite(step_overhead) and math.isfinite(per_request)):   # not measured: sized by slots
+        step_overhead = per_request = 0.0
     return Reading(observed, PodCosts(prefill_overhead_s=overhead, prefill_per_token_s=per_token,
-                                      decode_overhead_s=0.0, decode_per_request_s=0.0, decode_per_context_token_s=0.0,
-                                      decode_max_running=DEFAULT_DECODE_SLOTS, decode_kv_tokens=2**62))
+                                      decode_overhead_s=step_overhead, decode_per_request_s=per_request,
+                                      decode_per_context_token_s=0.0, decode_max_running=DEFAULT_DECODE_SLOTS,
+                                      decode_kv_tokens=2**62))
 
 
 def instant(body: Any, status_code: int) -> Samples:

@@ -8,9 +8,11 @@ import asyncio
 import threading
 
 import httpx
+import pytest
 import yaml
 
 from tests.support.emulated_profiles import synthetic_profile
+from tests.support.metrics_text import metric_value as _metric
 from tests.support.waiting import poll
 
 PROFILE = synthetic_profile("test-autoscale", served="emulated-test",
@@ -92,6 +94,11 @@ def test_engines_start_with_the_load_and_drain_away_without_a_failed_request(lap
         assert stopped
         poll(lambda: any("drained and stopped" in line for line in stack.read_output()), timeout=30,
              message="an engine stopped after its drain")
+        # The decode engine measured its steps (the planner's decode cost against the ITL SLO).
+        decode = httpx.get(stack.base + "/laps_status").json()["decode"]["pods"][0]["url"]
+        page = httpx.get(decode + "/metrics").text
+        one_request_step = sum(_metric(page, "laps_engine_decode_cost_seconds", term=t) for t in ("overhead", "per_request"))
+        assert one_request_step == pytest.approx(0.005, rel=0.2)   # the profile's step: 5 ms
     finally:
         for load in loads:
             load.stop()

@@ -4,6 +4,7 @@ anything, so the gateway's admission holds for a new pod's first burst; the meas
 KV pool and the prefix cache as they were."""
 from __future__ import annotations
 
+import math
 import queue
 
 import httpx
@@ -71,3 +72,8 @@ def test_a_fresh_prefill_engine_reports_its_figure_before_serving_anything(engin
     # A decode engine prefills nothing: it measures nothing and reports no figure.
     assert "max_pending_tokens" not in httpx.get(decode.url + "/get_load", timeout=10).json()
     assert "laps_engine_prefill_in_time_tokens" not in httpx.get(decode.url + "/metrics", timeout=10).text
+    # Its cost fit too (the planner's prefill cost); a decode engine's step cost waits for its steps.
+    prefill_metrics = httpx.get(prefill.url + "/metrics", timeout=10).text
+    assert metric_value(prefill_metrics, "laps_engine_prefill_cost_seconds", term="per_token") > 0
+    assert math.isnan(metric_value(httpx.get(decode.url + "/metrics", timeout=10).text,
+                                   "laps_engine_decode_cost_seconds", term="overhead"))

@@ -36,7 +36,9 @@ def exported_series() -> set[str]:
     from laps_operator import metrics as operator_metrics
 
     found: set[str] = set()
-    registries = [EngineMetrics("prefill", "m", None).registry, GatewayMetrics().registry]
+    # Each role's engine: some series are a prefill engine's only, some a decode engine's.
+    registries = [EngineMetrics("prefill", "m", None).registry, EngineMetrics("decode", "m", None).registry,
+                  GatewayMetrics().registry]
     for registry in registries:
         for family in families(registry):
             found |= exposed_names(family)
@@ -191,7 +193,8 @@ def documented_names() -> set[str]:
     from laps_operator import metrics as operator_metrics
 
     found = set()
-    collected = [f for r in (EngineMetrics("prefill", "m", None).registry, GatewayMetrics().registry)
+    collected = [f for r in (EngineMetrics("prefill", "m", None).registry, EngineMetrics("decode", "m", None).registry,
+                             GatewayMetrics().registry)
                  for f in families(r)]
     collected += [f for v in vars(operator_metrics).values()
                   if callable(getattr(v, "describe", None)) and getattr(v, "_name", "").startswith("laps_")

@@ -66,6 +66,10 @@ def test_prometheus_answers_become_the_planners_observation_and_costs():
     assert (long_.rate, long_.uncached_tokens, long_.waiting) == (6.0, 1800.0, 3.0)
     assert reading.observation.decode_running == 40.0
     assert (reading.costs.prefill_overhead_s, reading.costs.prefill_per_token_s) == (0.017, 0.0001)
+    assert (reading.costs.decode_overhead_s, reading.costs.decode_per_request_s) == (0.0, 0.0)   # none: by slots
+    measured = observe.observation({**answers(), "decode_cost": [({"term": "overhead"}, 0.017),
+                                                                 ({"term": "per_request"}, 0.0005)]}, NOW)
+    assert (measured.costs.decode_overhead_s, measured.costs.decode_per_request_s) == (0.017, 0.0005)
     unmeasured = observe.observation(answers(cost=(math.nan, math.nan)), NOW)
     assert unmeasured.observation is not None and unmeasured.costs is None
     missing = observe.observation({**answers(), "arrivals": []}, NOW)

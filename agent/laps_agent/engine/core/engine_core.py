@@ -25,6 +25,7 @@ from laps_agent.engine.core.warm_queue import WarmQueue
 from laps_agent.policy.classes import length_class
 from laps_agent.policy.scheduling.buckets import bucket_for_batch
 from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
+from laps_agent.policy.scheduling.window import PrefillCostModel
 
 log = logging.getLogger("laps_agent.engine.engine")
 
@@ -67,6 +68,9 @@ class EngineCore:
         self._live: dict[str, _Live] = {}
         self._running: list[str] = []          # decoding, in admission order
         self.steps = 0
+        # seconds of a decode step ~= overhead + per request x requests in it (the planner's
+        # decode cost): the prefill cost's fit, over the step's requests instead of tokens.
+        self.decode_cost = PrefillCostModel()
 
     def max_prompt_tokens(self) -> int:
         """Longest prompt this engine can take: prompt + completion must fit the context and the
@@ -96,7 +100,7 @@ class EngineCore:
                 "prefilling": prefilling, "kv_usage": self.kv.usage_ratio(),
                 "waiting_kv": len(self.pd.imports), "live": len(self._live),
                 "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms),
-                "prefill_cost": self.scheduler.prefill_cost(),
+                "prefill_cost": self.scheduler.prefill_cost(), "decode_cost": self.decode_cost.linear(),
                 "max_prefill_tokens": self.scheduler.config.max_prefill_tokens}
 
     def accept(self, work: GenerateWork, sink: OutputSink) -> None:
@@ -246,6 +250,7 @@ class EngineCore:
             pos = len(live.work.input_ids) + len(live.stop.output_ids) - 1
             items.append(ForwardItem(token_ids=[live.stop.output_ids[-1]], start_pos=pos,
                                      pages=self.kv.pages_covering(live.work.rid, pos + 1)))
+        started = time.monotonic()
         try:
             logits, _ = self.runner.forward_decode(items)
         except Exception as exc:  # noqa: BLE001
@@ -254,6 +259,7 @@ class EngineCore:
                 self._fail(rid, f"decode failed: {exc}")
             return
         tokens = self.sample(logits, [l.work.params for l in lives], [len(l.stop.output_ids) for l in lives])
+        self.decode_cost.observe(len(items), time.monotonic() - started)
         self.steps += 1
         for live, token in zip(lives, tokens):
             if isinstance(token, Exception):
