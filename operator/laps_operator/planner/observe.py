@@ -29,6 +29,9 @@ from laps_operator.allocation.pressure import GENERATED_NAME_CHARS, TIMEOUT_S, g
 from laps_operator.naming import ClusterRef
 
 Samples = list[tuple[dict[str, str], float]]
+# The rates are taken over the interval, but over at least this many seconds: a few scrapes of the
+# PodMonitor (every second at most), so a short interval still has two samples to take a rate of.
+MIN_WINDOW_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ def _deployment_pods(name: str) -> str:
 def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
     ns = f'namespace="{cluster.namespace}"'
     gateways = f'{ns},pod=~"{gateway_pod_regex(cluster)}"'
-    window = f"[{int(round(window_s * 1000))}ms]"
+    window = f"[{int(round(max(window_s, MIN_WINDOW_S) * 1000))}ms]"
     return {
         "arrivals": f"sum by (class) (rate(laps_gateway_arrivals_total{{{gateways}}}{window}))",
         "tokens": f"sum by (class, kind) (rate(laps_gateway_arrival_tokens_total{{{gateways}}}{window}))",

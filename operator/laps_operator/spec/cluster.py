@@ -357,7 +357,7 @@ class AutoscalingSpec(_Model):
     # Off unless asked for: with it on, the pools' replica counts are the planner's, not the spec's.
     enabled: bool = Field(default=False, description="size the prefill and decode pools from the SLOs (off: the "
                                                      "spec's replicas, untouched)")
-    interval_seconds: float = Field(default=_PLANNER.interval_s, ge=5, le=3600,
+    interval_seconds: float = Field(default=_PLANNER.interval_s, ge=1, le=3600,
                                     description="one decision per interval, on the arrivals of the last one")
     gpu_budget: int | None = Field(default=None, ge=1, le=100000,
                                    description="GPUs of both pools together, never exceeded (pods still draining "
