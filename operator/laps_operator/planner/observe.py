@@ -6,7 +6,7 @@ One instant query per figure (`queries`), each over the cluster's own pods (the 
 - arrivals: rate of `laps_gateway_arrivals_total` by class (demand: refused requests too);
 - tokens: rate of `laps_gateway_arrival_tokens_total` by class and kind (prompt, output);
 - waiting: `laps_gateway_pending_requests` by group (dispatched, not yet prefilled);
-- decode: `laps_engine_running_requests` summed over the decode pods;
+- decode: `laps_engine_running_requests` of each decode pod (their sum; which to let go first);
 - cost: `laps_engine_prefill_cost_seconds` by term, averaged over the prefill pods;
 - decode_cost: `laps_engine_decode_cost_seconds` by term, averaged over the decode pods.
 A figure that cannot be read makes the observation missing, with the reason (the planner freezes
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -40,6 +40,7 @@ class Reading:
     costs: PodCosts | None
     reason: str = ""              # CamelCase, when the observation is missing (a condition's reason)
     message: str = ""
+    decode_held: Mapping[str, float] = field(default_factory=dict)   # decode pod -> its running requests
 
 
 def _deployment_pods(name: str) -> str:
@@ -55,7 +56,7 @@ def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
         "arrivals": f"sum by (class) (rate(laps_gateway_arrivals_total{{{gateways}}}{window}))",
         "tokens": f"sum by (class, kind) (rate(laps_gateway_arrival_tokens_total{{{gateways}}}{window}))",
         "waiting": f"sum by (group) (laps_gateway_pending_requests{{{gateways}}})",
-        "decode": f'sum(laps_engine_running_requests{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
+        "decode": f'sum by (pod) (laps_engine_running_requests{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
         "cost": f'avg by (term) (laps_engine_prefill_cost_seconds{{{ns},pod=~"{cluster.prefill}-[0-9]+"}})',
         "decode_cost": f'avg by (term) (laps_engine_decode_cost_seconds{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
     }
@@ -77,10 +78,11 @@ def observation(results: Mapping[str, Samples], now: float) -> Reading:
         classes[cls] = ClassLoad(rate, prompt, prompt, output, max(0.0, waiting.get(cls, 0.0)))
     running = sum(v for _, v in results["decode"]) if results["decode"] else None
     observed = Observation(now, classes, running)
+    held = {s["pod"]: v for s, v in results["decode"] if s.get("pod")}
     cost = {s.get("term"): v for s, v in results["cost"]}
     overhead, per_token = cost.get("overhead", math.nan), cost.get("per_token", math.nan)
     if not (math.isfinite(overhead) and math.isfinite(per_token)):
-        return Reading(observed, None)
+        return Reading(observed, None, decode_held=held)
     step = {s.get("term"): v for s, v in results.get("decode_cost", ())}
     step_overhead, per_request = step.get("overhead", math.nan), step.get("per_request", math.nan)
     if not (math.isfinite(step_overhead) and math.isfinite(per_request)):   # not measured: sized by slots
@@ -88,7 +90,7 @@ def observation(results: Mapping[str, Samples], now: float) -> Reading:
     return Reading(observed, PodCosts(prefill_overhead_s=overhead, prefill_per_token_s=per_token,
                                       decode_overhead_s=step_overhead, decode_per_request_s=per_request,
                                       decode_per_context_token_s=0.0, decode_max_running=DEFAULT_DECODE_SLOTS,
-                                      decode_kv_tokens=2**62))
+                                      decode_kv_tokens=2**62), decode_held=held)
 
 
 def instant(body: Any, status_code: int) -> Samples:

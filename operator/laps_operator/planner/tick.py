@@ -13,7 +13,8 @@ takes them out of the group Services (the gateway sends them nothing new) and ou
 intervals) the count is lowered, and each pod finishes what is left as it terminates (spec.drain).
 Wanted back meanwhile, they lose the label and rejoin the groups. The decode Deployment's pods
 are drained as they terminate (out of the Service first, the held requests finished, new ones
-retried elsewhere).
+retried elsewhere), and the ReplicaSet removes first the pods holding the fewest requests: the
+planner gives those the lowest `controller.kubernetes.io/pod-deletion-cost` before the count drops.
 With autoscaling off nothing is planned, no count is written, and the replicas are the spec's,
 exactly as without a planner; status.autoscaling is removed once.
 """
@@ -26,7 +27,7 @@ from typing import Any
 
 from laps_agent.policy.classes import LONG, SHORT
 from laps_agent.policy.groups import DRAINING
-from laps_agent.policy.planner import POOLS, Plan, PlannerConfig, PlannerState, Pools, Slo, plan
+from laps_agent.policy.planner import POOLS, Plan, PlannerConfig, PlannerState, Pools, Slo, drain_order, plan
 from laps_operator import metrics
 from laps_operator.allocation.tick import rfc3339
 from laps_operator.naming import GROUP_LABEL, ClusterRef, role_selector
@@ -43,6 +44,7 @@ OFF_RECHECK_S = 10.0
 # A prefill pod taken out of routing for a scale-down goes at the latest after this many
 # intervals, its queue empty or not (what is left, it finishes as it terminates).
 DRAIN_DEADLINE = 4
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"   # the ReplicaSet removes the lowest first
 # The needs kept for the stabilisation window at most (status stays small: 1000 x 3 numbers).
 MAX_NEEDS = 1000
 
@@ -154,6 +156,24 @@ class StepOutcome:
     resumed: bool = False
 
 
+def _mark_decode_leavers(kube: Kube, ref: ClusterRef, count: int, held: Mapping[str, float]) -> None:
+    """Before the decode Deployment shrinks by `count`: its pods holding the fewest requests get
+    the lowest deletion cost, so its ReplicaSet removes those (policy.planner.drain_order)."""
+    pods = [p for p in kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "decode"))
+            if not p["metadata"].get("deletionTimestamp")]
+    leaving = set(drain_order([p["metadata"]["name"] for p in pods], held, ordinals=False)[:count])
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        cost = "-100" if name in leaving else None
+        if (pod["metadata"].get("annotations") or {}).get(DELETION_COST) == cost:
+            continue
+        try:
+            kube.patch(Ref("v1", "Pod", ref.namespace, name), {"metadata": {"annotations": {DELETION_COST: cost}}})
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+
 def existing_pods(kube: Kube, ref: ClusterRef) -> Pools:
     """The engine pods of each pool that exist, terminating ones too (they hold their GPUs)."""
     return Pools(*(len(kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, pool))) for pool in POOLS))
@@ -204,6 +224,8 @@ def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.
         if drain.prefill != decision.prefill:
             decision = replace(decision, prefill=drain.prefill, reason=f"{decision.reason}; the work moves off "
                                f"{', '.join(draining['pods'])} before the prefill pods go to {draining['target']}")
+    if decision.decode < desired.decode:
+        _mark_decode_leavers(kube, ref, desired.decode - decision.decode, reading.decode_held)
     status = planner_status(old, decision, existing, reason, now)
     status["autoscaling"]["draining"] = draining
     patch_status(kube, ref.namespace, ref.name, status, live["metadata"].get("resourceVersion"))

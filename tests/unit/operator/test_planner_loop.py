@@ -225,3 +225,22 @@ def test_a_step_drains_before_it_lowers_the_statefulset():
     outcome = step(kube, "ns", "c", idle, NOW + 30, "uid-1", drained=True)
     auto = kube.get(cr_ref("ns", "c"))["status"]["autoscaling"]
     assert outcome.changed and auto["desired"]["prefill"] == 4 - len(leaving) and auto.get("draining") is None
+
+
+def test_a_decode_scale_down_lets_the_pods_holding_the_fewest_requests_go_first():
+    kube = FakeKube()
+    kube.add(lapscluster({"autoscaling": {"desired": {"prefill": 1, "decode": 3}}}))
+    held = {"c-decode-7c9d5b6f8-b2b2b": 9.0, "c-decode-7c9d5b6f8-c4c4c": 0.0, "c-decode-7c9d5b6f8-d5d5d": 4.0}
+    for name in held:
+        kube.add({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": "ns", "labels": {"laps.io/cluster": "c", "laps.io/role": "decode"},
+            "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-100"} if held[name] == 9.0 else {}}})
+    quiet = observe.observation({**answers(rate=(0.5, 0.1)), "decode": [({"pod": n}, v) for n, v in held.items()]},
+                                NOW)
+    step(kube, "ns", "c", quiet, NOW, "uid-1")
+    decode = kube.get(cr_ref("ns", "c"))["status"]["autoscaling"]["desired"]["decode"]
+    assert decode < 3
+    costs = {n: (kube.get(Ref("v1", "Pod", "ns", n))["metadata"].get("annotations") or {})
+             .get("controller.kubernetes.io/pod-deletion-cost") for n in held}
+    leaving = sorted(held, key=held.get)[:3 - decode]
+    assert {n for n, c in costs.items() if c == "-100"} == set(leaving)   # the busiest one lost its mark
