@@ -84,6 +84,10 @@ def _remove(key: str) -> None:
                 metric.remove(key, value)
             except KeyError:
                 pass
+    _remove_planner_replicas(key)
+
+
+def _remove_planner_replicas(key: str) -> None:
     for pool, kind in PLANNER_KINDS:
         try:
             PLANNER_REPLICAS.remove(key, pool, kind)
@@ -135,11 +139,7 @@ def record_plan(namespace: str, name: str, uid: str, reason: str, counts: dict[t
         if _incarnations.get(key) != uid:
             return
         if counts is None:
-            for pool, kind in PLANNER_KINDS:
-                try:
-                    PLANNER_REPLICAS.remove(key, pool, kind)
-                except KeyError:
-                    pass
+            _remove_planner_replicas(key)
             return
         PLANNER_DECISIONS.labels(cluster=key, reason=reason).inc()
         for (pool, kind), value in counts.items():

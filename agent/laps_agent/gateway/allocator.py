@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
+from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec, endpoint_name
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
 from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig, AllocationDriver, Move
@@ -85,7 +85,7 @@ class StaticAllocator:
         """Pending prefill tokens per member URL (the tracker counts them per endpoint name)."""
         loads = self.tracker.loads()
         return {url: float(loads[name].pending_tokens) for g in CLASSES for url in members[g]
-                if (name := _name(url)) in loads}
+                if (name := endpoint_name(url)) in loads}
 
     async def step(self, now: float) -> Move | None:
         """One decision on the mean pressure since the last one; applies the move if any."""
@@ -111,8 +111,3 @@ class StaticAllocator:
         return {"enabled": True, "mode": self.mode, "interval_s": self.interval_s,
                 "ratio": self.config.ratio, "min_per_group": self.config.min_per_group,
                 "last_decision": self.last, "moves": list(self.moves)}
-
-
-def _name(url: str) -> str:
-    """The endpoint name static discovery gives a URL (its host:port)."""
-    return url.split("://", 1)[-1].rstrip("/")

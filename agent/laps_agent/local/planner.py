@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from laps_agent.gateway.discovery.membership import endpoint_name
 from laps_agent.local.discovery import LocalDiscovery
 from laps_agent.local.engines import EngineChild
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
@@ -42,11 +43,6 @@ from laps_agent.policy.planner import (
 log = logging.getLogger(__name__)
 _HISTORY = 50
 _DRAIN_POLL_S = 0.2
-
-
-def _name(url: str) -> str:
-    """The endpoint name static discovery gives a URL (its host:port)."""
-    return url.split("://", 1)[-1].rstrip("/")
 
 
 class LocalPlanner:
@@ -99,19 +95,17 @@ class LocalPlanner:
         tracker = self.gateway.tracker
         classes = {}
         for cls in CLASSES:
-            n = delta[cls, "requests"]
-            waiting = float(tracker.group_pending(cls)[0])
-            classes[cls] = (ClassLoad(n / span, delta[cls, "prompt"] / n, delta[cls, "prompt"] / n,
-                                      delta[cls, "output"] / n, waiting) if n > 0 else ClassLoad(0.0, waiting=waiting))
+            classes[cls] = ClassLoad.counted(delta[cls, "requests"], delta[cls, "prompt"], delta[cls, "prompt"],
+                                             delta[cls, "output"], span, float(tracker.group_pending(cls)[0]))
         return Observation(now, classes, float(sum(tracker.decode_held(c) for c in CLASSES)))
 
     def costs(self) -> PodCosts | None:
         loads = self.gateway.proxy.engine_loads
         spec = self.discovery.spec
-        measured = [c for url in (*spec.prefill_short, *spec.prefill_long) if (c := loads.cost(_name(url)))]
+        measured = [c for url in (*spec.prefill_short, *spec.prefill_long) if (c := loads.cost(endpoint_name(url)))]
         if not measured:
             return None
-        slots = [s for url in spec.decode if (s := loads.slots(_name(url)))]
+        slots = [s for url in spec.decode if (s := loads.slots(endpoint_name(url)))]
         return PodCosts(prefill_overhead_s=sum(c.overhead_s for c in measured) / len(measured),
                         prefill_per_token_s=sum(c.per_token_s for c in measured) / len(measured),
                         decode_overhead_s=0.0, decode_per_request_s=0.0, decode_per_context_token_s=0.0,
@@ -154,7 +148,7 @@ class LocalPlanner:
     async def _retire(self, pool: str, count: int) -> list[str]:
         loads = self.gateway.tracker.loads()
         members = self._members(pool)
-        in_flight = {url: float(loads[_name(url)].pending_requests) if _name(url) in loads else 0.0
+        in_flight = {url: float(load.pending_requests) if (load := loads.get(endpoint_name(url))) else 0.0
                      for url in members}
         by_url = {c.url: c for c in self.children}
         out = []
@@ -187,7 +181,7 @@ class LocalPlanner:
 
     async def _drain(self, child: EngineChild) -> None:
         """Once the gateway holds nothing on it, SIGTERM: the engine finishes what it holds, exits."""
-        name = _name(child.url)
+        name = endpoint_name(child.url)
         while (load := self.gateway.tracker.loads().get(name)) is not None and load.pending_requests > 0:
             await asyncio.sleep(_DRAIN_POLL_S)
         await asyncio.to_thread(self.stop_engine, child)

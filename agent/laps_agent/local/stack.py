@@ -47,7 +47,6 @@ from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
-from laps_agent.policy.planner import DEFAULT_TTFT_SLO_S, Slo
 from laps_agent.policy.systems import (
     ALLOCATION_DEFAULTS,
     ESTIMATORS,
@@ -58,7 +57,7 @@ from laps_agent.policy.systems import (
 )
 from laps_agent.serving.flag_types import non_negative, slo_seconds
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
-from laps_agent.serving.planner_flags import add_planner_flags, planner_config
+from laps_agent.serving.planner_flags import add_planner_flags, planner_config, planner_slo
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,10 +219,7 @@ def _planner(args, discovery: LocalDiscovery, children: list[EngineChild], spawn
     if not args.autoscale:
         return None
     config = planner_config(args, gpus_per_pod=0 if args.device == "cpu" else 1, startup_s=loaded_s)
-    ttft = {**DEFAULT_TTFT_SLO_S, **{c: v for c, v in (args.slo or {}).items() if c in (SHORT, LONG)}}
-    if args.slo and "all" in args.slo:
-        ttft = {c: args.slo.get(c, args.slo["all"]) for c in (SHORT, LONG)}
-    slo = Slo(ttft, args.itl_slo)
+    slo = planner_slo(args)
     return lambda gateway: LocalPlanner(gateway, discovery, spawn, _stop_engine, children, config, slo, _say)
 
 

@@ -142,14 +142,15 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
     candidates = [p for p in members[source] if now - state.moved_at.get(p, -float("inf")) >= config.pod_cooldown_s]
     if not candidates:
         return Decision(None, f"every {source} pod moved within {config.pod_cooldown_s:g}s", wanting, per_pod)
-    pod = min(candidates, key=lambda p: (in_flight.get(p, 0.0), _descending(p)))
+    pod = min(candidates, key=lambda p: (in_flight.get(p, 0.0), highest_first(p)))
     moved = PolicyState(None, 0, {**state.moved_at, pod: now}, direction)
     return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.0f}, {worse} per pod "
                     f"{per_pod[worse]:.0f}: moving one pod lowers the worse to {after:.0f}", moved, per_pod)
 
 
-def _descending(name: str) -> tuple:
-    """Sort key putting the highest name first (ordinals compared as numbers)."""
+def highest_first(name: str) -> tuple:
+    """Sort key putting the highest name first (ordinals compared as numbers): the tie-break of
+    which pod goes, here and when a pool shrinks (planner.drain_order)."""
     head, _, tail = name.rpartition("-")
     return (0, -int(tail), head) if tail.isdigit() else (1, tuple(-ord(c) for c in name), "")
 

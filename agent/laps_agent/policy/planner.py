@@ -33,6 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from laps_agent.policy.allocation import highest_first
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
 
 # The quantile the SLOs are stated at (spec.slo: TTFT p90, ITL p90), and their defaults.
@@ -52,6 +53,20 @@ class ClassLoad:
     prompt_tokens: float = 0.0       # mean whole prompt (its decode context)
     output_tokens: float = 0.0       # mean tokens each answer has
     waiting: float = 0.0             # requests waiting for their prefill now (the gateway's pending)
+
+    @classmethod
+    def counted(cls, requests: float, uncached_tokens: float, prompt_tokens: float, output_tokens: float,
+                span_s: float, waiting: float = 0.0) -> ClassLoad:
+        """From what arrived over `span_s` seconds (totals: requests and their tokens), as every
+        driver counts it (sim, laps local, the operator's Prometheus rates over 1 s)."""
+        if requests <= 0:
+            return cls(0.0, waiting=waiting)
+        return cls(requests / span_s, uncached_tokens / requests, prompt_tokens / requests, output_tokens / requests,
+                   waiting)
+
+    def demand(self, interval_s: float) -> float:
+        """Requests/s to serve: the arrivals, and what waits now served within the next interval."""
+        return self.rate + self.waiting / interval_s
 
 
 @dataclass(frozen=True)
@@ -189,44 +204,35 @@ def wait_quantile(servers: int, rate: float, service_s: float, q: float = SLO_QU
     return service_s / (servers - offered) * math.log(c / (1 - q))
 
 
-def _prefill_pods(load: ClassLoad, slo_s: float, costs: PodCosts, decode_s: float, config: PlannerConfig
-                  ) -> tuple[int, str]:
-    rate = load.rate + load.waiting / config.interval_s
+def _prefill_pods(loads: Mapping[str, ClassLoad], slo: Slo, costs: PodCosts, decode_s: float,
+                  config: PlannerConfig) -> tuple[int, str]:
+    """The fewest pods serving `loads` as one stream (one class, or both on shared pods behind
+    the mean request) within each class's SLO; 0 without demand. When a class's own prefill
+    alone is over its SLO, the pods that keep up, and why."""
+    rates = {c: x.demand(config.interval_s) for c, x in loads.items()}
+    rate = sum(rates.values())
     if rate <= 0:
         return 0, ""
-    service = costs.prefill_seconds(max(load.uncached_tokens, 1.0))
-    fixed = service + costs.transfer_per_token_s * load.prompt_tokens + decode_s
-    target = config.headroom * slo_s
-    if fixed > target:
-        return max(1, math.ceil(rate * service / 0.9)), (
-            f"one request's own prefill takes {fixed:.2f}s, over {config.headroom:g} x its {slo_s:g}s SLO")
-    n = max(1, math.ceil(rate * service))
-    while n < config.max_prefill and fixed + wait_quantile(n, rate, service) > target:
-        n += 1
-    return n, ""
-
-
-def _pooled_prefill_pods(loads: Mapping[str, ClassLoad], slo: Slo, costs: PodCosts, decode_s: float,
-                        config: PlannerConfig) -> int:
-    """The pods the two classes need as one stream (every pod serving both, each class's SLO
-    met behind the mean request): fewer than a pod per class when the load is light."""
-    rates = {c: x.rate + x.waiting / config.interval_s for c, x in loads.items()}
-    rate = sum(rates.values())
     service = {c: costs.prefill_seconds(max(x.uncached_tokens, 1.0)) for c, x in loads.items()}
     mean = sum(rates[c] * service[c] for c in loads) / rate
     fixed = {c: service[c] + costs.transfer_per_token_s * loads[c].prompt_tokens + decode_s for c in loads}
+    over = [c for c in loads if fixed[c] > config.headroom * slo.ttft_s[c]]
+    if over:
+        return max(1, math.ceil(rate * mean / 0.9)), "; ".join(
+            f"one request's own prefill takes {fixed[c]:.2f}s, over {config.headroom:g} x its {slo.ttft_s[c]:g}s SLO"
+            for c in over)
     n = max(1, math.ceil(rate * mean))
     while n < config.max_prefill and any(fixed[c] + wait_quantile(n, rate, mean) > config.headroom * slo.ttft_s[c]
                                          for c in loads):
         n += 1
-    return n
+    return n, ""
 
 
 def need(classes: Mapping[str, ClassLoad], costs: PodCosts, slo: Slo, config: PlannerConfig,
          decode_running: float | None = None) -> Need:
     """The pods each pool needs for these arrivals (rule 2), before limits and budget."""
     loads = {c: classes.get(c, ClassLoad(0.0)) for c in CLASSES}
-    rate = sum(x.rate + x.waiting / config.interval_s for x in loads.values())
+    rate = sum(x.demand(config.interval_s) for x in loads.values())
     limits = []
     # Decode: the largest batch one pod runs within the ITL SLO, its KV and its slots.
     context = (sum(x.rate * (x.prompt_tokens + x.output_tokens / 2) for x in loads.values()) / rate
@@ -250,12 +256,14 @@ def need(classes: Mapping[str, ClassLoad], costs: PodCosts, slo: Slo, config: Pl
     decode = math.ceil(concurrency / (config.headroom * max(batch, 1)) - 1e-9) if rate > 0 else 0
     per_class = {}
     for c in CLASSES:
-        per_class[c], why = _prefill_pods(loads[c], slo.ttft_s[c], costs, step_s, config)
+        per_class[c], why = _prefill_pods({c: loads[c]}, slo, costs, step_s, config)
         if why:
             limits.append(f"{c}: {why}")
     prefill = per_class[SHORT] + per_class[LONG]
     if per_class[SHORT] and per_class[LONG]:
-        prefill = min(prefill, _pooled_prefill_pods(loads, slo, costs, step_s, config))
+        pooled, over = _prefill_pods(loads, slo, costs, step_s, config)
+        if not over:   # shared pods only where they meet both SLOs
+            prefill = min(prefill, pooled)
     return Need(prefill, decode, min(per_class[SHORT], prefill), "; ".join(limits))
 
 
@@ -291,10 +299,8 @@ def plan(observation: Observation | None, costs: PodCosts | None, slo: Slo, desi
     lead = config.startup_s + config.interval_s
     ahead = rate + max(trend, 0.0) * lead
     upcoming = need(_scaled(observation.classes, ahead / rate), costs, slo, config) if rate > 0 else current
-    # A planner with no history holds what is set for one window (as if it had been needed).
-    history = state.needs or ((now, desired.prefill, desired.decode),)
-    needs = (*[n for n in history if n[0] > now - config.scale_down_stabilization_s],
-             (now, max(current.prefill, upcoming.prefill), max(current.decode, upcoming.decode)))
+    needs = _window(state.needs, desired, now, config.scale_down_stabilization_s,
+                    (max(current.prefill, upcoming.prefill), max(current.decode, upcoming.decode)))
     want = {}
     for i, pool in enumerate(POOLS):
         up = max(getattr(current, pool), getattr(upcoming, pool))
@@ -310,17 +316,32 @@ def plan(observation: Observation | None, costs: PodCosts | None, slo: Slo, desi
     if config.gpu_budget is not None:
         target, waiting = _room(target, desired, existing, config)
         reason_budget = "; ".join(filter(None, (reason_budget, waiting)))
-    directions, changes = dict(state.directions), state.changes
-    for pool in POOLS:
-        delta = target[pool] - getattr(desired, pool)
-        if delta:
-            sign = 1 if delta > 0 else -1
-            changes += directions.get(pool, sign) != sign
-            directions[pool] = sign
+    directions, changes = _directions(state.directions, state.changes, desired, target)
     new_state = PlannerState(needs, (now, rate), trend, directions, changes)
     short = max(0, min(upcoming.short, target["prefill"]))
     reason = _reason(current, upcoming, desired, target, rate, trend, reason_budget)
     return Plan(target["prefill"], target["decode"], short, reason, False, new_state, current)
+
+
+def _window(history: tuple[tuple[float, int, int], ...], desired: Pools, now: float, window_s: float,
+            latest: tuple[int, int]) -> tuple[tuple[float, int, int], ...]:
+    """The (time, prefill, decode) needs of the stabilisation window, with `latest` now. Without
+    history, what is set counts as needed for one window (rule 4)."""
+    history = history or ((now, desired.prefill, desired.decode),)
+    return (*[n for n in history if n[0] > now - window_s], (now, *latest))
+
+
+def _directions(directions: Mapping[str, int], changes: int, before: Pools, after: Mapping[str, int]
+                ) -> tuple[dict[str, int], int]:
+    """Each pool's last change (+1 | -1) and the direction changes counted so far, after `after`."""
+    directions = dict(directions)
+    for pool in POOLS:
+        delta = after[pool] - getattr(before, pool)
+        if delta:
+            sign = 1 if delta > 0 else -1
+            changes += directions.get(pool, sign) != sign
+            directions[pool] = sign
+    return directions, changes
 
 
 def _share_budget(want: dict[str, int], config: PlannerConfig) -> tuple[dict[str, int], str]:
@@ -409,30 +430,24 @@ def utilisation_plan(utilisation: Mapping[str, float] | None, desired: Pools, st
         ratio = u / rule.target
         want = n if abs(ratio - 1) <= rule.tolerance else math.ceil(n * ratio)
         rec[pool] = min(max(want, getattr(config, f"min_{pool}")), getattr(config, f"max_{pool}"))
-    history = state.recommendations or ((now, desired.prefill, desired.decode),)   # as the planner's rule 4
-    recs = (*[r for r in history if r[0] > now - rule.scale_down_stabilization_s],
-            (now, rec["prefill"], rec["decode"]))
-    out, directions, changes = {}, dict(state.directions), state.changes
+    recs = _window(state.recommendations, desired, now, rule.scale_down_stabilization_s,
+                   (rec["prefill"], rec["decode"]))
+    out = {}
     for i, pool in enumerate(POOLS):
         n = getattr(desired, pool)
         out[pool] = rec[pool] if rec[pool] > n else min(n, max(r[i + 1] for r in recs))
-        if out[pool] != n:
-            sign = 1 if out[pool] > n else -1
-            changes += directions.get(pool, sign) != sign
-            directions[pool] = sign
+    directions, changes = _directions(state.directions, state.changes, desired, out)
     return (Pools(out["prefill"], out["decode"]), UtilisationState(recs, directions, changes),
             f"utilisation prefill {utilisation.get('prefill', 0):.0%}, decode {utilisation.get('decode', 0):.0%}")
 
 
 def drain_order(names: Sequence[str], in_flight: Mapping[str, float], ordinals: bool) -> list[str]:
     """The pods to take out first when a pool shrinks: a StatefulSet (`ordinals`) removes its
-    highest ordinals, so those; otherwise the least in-flight work first, ties the highest name."""
-    def ordinal(name: str) -> int:
-        tail = name.rpartition("-")[2]
-        return int(tail) if tail.isdigit() else -1
+    highest ordinals, so those; otherwise the least in-flight work first, ties the highest name (the
+    allocation policy's choice of which pod moves)."""
     if ordinals:
-        return sorted(names, key=ordinal, reverse=True)
-    return sorted(names, key=lambda n: (in_flight.get(n, 0.0), -ordinal(n)))
+        return sorted(names, key=highest_first)
+    return sorted(names, key=lambda n: (in_flight.get(n, 0.0), highest_first(n)))
 
 
 def join_group(groups: Mapping[str, Sequence], short_target: int | None) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, PlannerConfig
+from laps_agent.policy.classes import CLASSES
+from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, PlannerConfig, Slo
 from laps_agent.serving.flag_types import non_negative, positive
 
 
@@ -27,6 +28,14 @@ def add_planner_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser, *, b
     g.add_argument("--scale-down-stabilization", type=non_negative(float),
                    default=defaults.scale_down_stabilization_s,
                    help="seconds of needs a scale-down waits out (the highest of them is kept)")
+
+
+def planner_slo(args: argparse.Namespace) -> Slo:
+    """The SLOs the planner sizes for: --slo's TTFTs (a class without its own takes `all`, then
+    the default) and --itl-slo."""
+    given = args.slo or {}
+    ttft = {c: given.get(c, given.get("all", DEFAULT_TTFT_SLO_S[c])) for c in CLASSES}
+    return Slo(ttft, args.itl_slo)
 
 
 def planner_config(args: argparse.Namespace, *, gpus_per_pod: int = 1, startup_s: float | None = None

@@ -70,10 +70,16 @@ def gateway_pod_regex(cluster: ClusterRef) -> str:
     alphabet Kubernetes generates names in (GENERATED_NAME_CHARS), which has no vowel: with
     [a-z0-9] the pods of a cluster named `<this one>-gateway` (`<...>-gateway-gateway-<hash
     cut><suffix>`, once cut) matched too, and their pending work was counted as this one's."""
+    return deployment_pod_regex(cluster.gateway)
+
+
+def deployment_pod_regex(deployment: str) -> str:
+    """The pods of Deployment `deployment`, as gateway_pod_regex says (the planner selects the
+    decode pods with it)."""
     # Object names hold [a-z0-9.-]; a dot is the one regex character, escaped for the regex
     # (backslash) inside a PromQL string (which needs that backslash doubled).
     chars = f"[{GENERATED_NAME_CHARS}]+"
-    return cluster.gateway.replace(".", "\\\\.") + f"-{chars}(-{chars})?"
+    return deployment.replace(".", "\\\\.") + f"-{chars}(-{chars})?"
 
 
 def default_query(cluster: ClusterRef, window_s: float) -> str:

@@ -25,7 +25,7 @@ import httpx
 
 from laps_agent.policy.classes import CLASSES
 from laps_agent.policy.planner import DEFAULT_DECODE_SLOTS, ClassLoad, Observation, PodCosts
-from laps_operator.allocation.pressure import GENERATED_NAME_CHARS, TIMEOUT_S, gateway_pod_regex
+from laps_operator.allocation.pressure import TIMEOUT_S, deployment_pod_regex, gateway_pod_regex
 from laps_operator.naming import ClusterRef
 
 Samples = list[tuple[dict[str, str], float]]
@@ -43,11 +43,6 @@ class Reading:
     decode_held: Mapping[str, float] = field(default_factory=dict)   # decode pod -> its running requests
 
 
-def _deployment_pods(name: str) -> str:
-    chars = f"[{GENERATED_NAME_CHARS}]+"
-    return name.replace(".", "\\\\.") + f"-{chars}(-{chars})?"
-
-
 def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
     ns = f'namespace="{cluster.namespace}"'
     gateways = f'{ns},pod=~"{gateway_pod_regex(cluster)}"'
@@ -56,9 +51,9 @@ def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
         "arrivals": f"sum by (class) (rate(laps_gateway_arrivals_total{{{gateways}}}{window}))",
         "tokens": f"sum by (class, kind) (rate(laps_gateway_arrival_tokens_total{{{gateways}}}{window}))",
         "waiting": f"sum by (group) (laps_gateway_pending_requests{{{gateways}}})",
-        "decode": f'sum by (pod) (laps_engine_running_requests{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
+        "decode": f'sum by (pod) (laps_engine_running_requests{{{ns},pod=~"{deployment_pod_regex(cluster.decode)}"}})',
         "cost": f'avg by (term) (laps_engine_prefill_cost_seconds{{{ns},pod=~"{cluster.prefill}-[0-9]+"}})',
-        "decode_cost": f'avg by (term) (laps_engine_decode_cost_seconds{{{ns},pod=~"{_deployment_pods(cluster.decode)}"}})',
+        "decode_cost": f'avg by (term) (laps_engine_decode_cost_seconds{{{ns},pod=~"{deployment_pod_regex(cluster.decode)}"}})',
     }
 
 
@@ -71,11 +66,10 @@ def observation(results: Mapping[str, Samples], now: float) -> Reading:
     tokens = {(s.get("class"), s.get("kind")): v for s, v in results["tokens"]}
     waiting = {s.get("group"): v for s, v in results["waiting"]}
     classes = {}
-    for cls in CLASSES:
-        rate = max(0.0, arrivals.get(cls, 0.0))
-        prompt = tokens.get((cls, "prompt"), 0.0) / rate if rate > 0 else 0.0
-        output = tokens.get((cls, "output"), 0.0) / rate if rate > 0 else 0.0
-        classes[cls] = ClassLoad(rate, prompt, prompt, output, max(0.0, waiting.get(cls, 0.0)))
+    for cls in CLASSES:   # rates: what arrived in one second
+        prompt = tokens.get((cls, "prompt"), 0.0)
+        classes[cls] = ClassLoad.counted(arrivals.get(cls, 0.0), prompt, prompt, tokens.get((cls, "output"), 0.0),
+                                         1.0, max(0.0, waiting.get(cls, 0.0)))
     running = sum(v for _, v in results["decode"]) if results["decode"] else None
     observed = Observation(now, classes, running)
     held = {s["pod"]: v for s, v in results["decode"] if s.get("pod")}
@@ -116,12 +110,17 @@ def queued(url: str, cluster: ClusterRef, pods: list[str], *, timeout_s: float =
     names = "|".join(p.replace(".", "\\\\.") for p in pods)
     query = f'sum(laps_engine_queue_requests{{namespace="{cluster.namespace}",pod=~"{names}"}})'
     try:
-        response = httpx.get(url.rstrip("/") + "/api/v1/query", params={"query": query}, timeout=timeout_s,
-                             trust_env=False)
-        samples = instant(response.json(), response.status_code)
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            samples = _query(client, url, query)
     except (httpx.HTTPError, httpx.InvalidURL, UnicodeError, ValueError):
         return None
     return sum(v for _, v in samples)
+
+
+def _query(client: httpx.Client, url: str, query: str) -> Samples:
+    """One instant query; httpx's errors or ValueError (instant) when it cannot be answered."""
+    response = client.get(url.rstrip("/") + "/api/v1/query", params={"query": query})
+    return instant(response.json(), response.status_code)
 
 
 def read(url: str, cluster: ClusterRef, window_s: float, now: float, *, timeout_s: float = TIMEOUT_S) -> Reading:
@@ -129,8 +128,7 @@ def read(url: str, cluster: ClusterRef, window_s: float, now: float, *, timeout_
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         for name, query in queries(cluster, window_s).items():
             try:
-                response = client.get(url.rstrip("/") + "/api/v1/query", params={"query": query})
-                results[name] = instant(response.json(), response.status_code)
+                results[name] = _query(client, url, query)
             except (httpx.HTTPError, httpx.InvalidURL, UnicodeError) as exc:
                 return Reading(None, None, "MetricsMissing", f"cannot query {url}: {type(exc).__name__}: {exc}"[:500])
             except ValueError as exc:

@@ -156,11 +156,11 @@ class StepOutcome:
     resumed: bool = False
 
 
-def _mark_decode_leavers(kube: Kube, ref: ClusterRef, count: int, held: Mapping[str, float]) -> None:
+def _mark_decode_leavers(kube: Kube, ref: ClusterRef, decode_pods: list[dict[str, Any]], count: int,
+                         held: Mapping[str, float]) -> None:
     """Before the decode Deployment shrinks by `count`: its pods holding the fewest requests get
     the lowest deletion cost, so its ReplicaSet removes those (policy.planner.drain_order)."""
-    pods = [p for p in kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, "decode"))
-            if not p["metadata"].get("deletionTimestamp")]
+    pods = [p for p in decode_pods if not p["metadata"].get("deletionTimestamp")]
     leaving = set(drain_order([p["metadata"]["name"] for p in pods], held, ordinals=False)[:count])
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -174,9 +174,9 @@ def _mark_decode_leavers(kube: Kube, ref: ClusterRef, count: int, held: Mapping[
                 raise
 
 
-def existing_pods(kube: Kube, ref: ClusterRef) -> Pools:
+def engine_pods(kube: Kube, ref: ClusterRef) -> dict[str, list[dict[str, Any]]]:
     """The engine pods of each pool that exist, terminating ones too (they hold their GPUs)."""
-    return Pools(*(len(kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, pool))) for pool in POOLS))
+    return {pool: kube.list(Ref("v1", "Pod", ref.namespace), role_selector(ref.name, pool)) for pool in POOLS}
 
 
 def step(kube: Kube, namespace: str, name: str, reading: observe.Reading, now: float, uid: str | None = None,
@@ -201,7 +201,8 @@ def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.
     ref = cluster_ref(live)
     old = live.get("status") or {}
     desired = Pools(spec.prefill.replicas, spec.decode.replicas)   # in force: the planner's last
-    existing = existing_pods(kube, ref)
+    pods = engine_pods(kube, ref)
+    existing = Pools(*(len(pods[pool]) for pool in POOLS))
     state = state_from_status(old)
     problem = None
     try:
@@ -225,7 +226,7 @@ def _step(kube: Kube, live: dict[str, Any], spec: ClusterSpec, reading: observe.
             decision = replace(decision, prefill=drain.prefill, reason=f"{decision.reason}; the work moves off "
                                f"{', '.join(draining['pods'])} before the prefill pods go to {draining['target']}")
     if decision.decode < desired.decode:
-        _mark_decode_leavers(kube, ref, desired.decode - decision.decode, reading.decode_held)
+        _mark_decode_leavers(kube, ref, pods["decode"], desired.decode - decision.decode, reading.decode_held)
     status = planner_status(old, decision, existing, reason, now)
     status["autoscaling"]["draining"] = draining
     patch_status(kube, ref.namespace, ref.name, status, live["metadata"].get("resourceVersion"))

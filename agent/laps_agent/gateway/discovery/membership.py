@@ -93,6 +93,12 @@ def split_urls(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(_check_url(u.strip()) for u in items if u.strip())
 
 
+def endpoint_name(url: str) -> str:
+    """The name static discovery gives the endpoint at `url` (its host:port): what the load
+    tracker and the engines' reports are keyed by."""
+    return urlsplit(url).netloc
+
+
 class StaticDiscovery(Discovery):
     """Fixed URLs. An endpoint joins the membership once its `/get_server_info` answered (that
     also gives a prefill engine's bootstrap port, cached from then on), so engines still loading
@@ -185,6 +191,6 @@ class StaticDiscovery(Discovery):
 
     def _endpoints(self, urls: Sequence[str]) -> tuple[Endpoint, ...]:
         return tuple(
-            Endpoint(name=urlsplit(u).netloc, url=u, bootstrap_host=urlsplit(u).hostname,
+            Endpoint(name=endpoint_name(u), url=u, bootstrap_host=urlsplit(u).hostname,
                      bootstrap_port=self._bootstrap[u])
             for u in urls if u in self._bootstrap)

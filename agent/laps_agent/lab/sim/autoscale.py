@@ -191,9 +191,8 @@ class SimScaler:
 
     def observation(self, now: float, decode_running: float, waiting: dict[str, float]) -> Observation:
         w, span = self._window, max(now - self._since, 1e-9)
-        classes = {c: ClassLoad(w.count[c] / span, w.uncached[c] / w.count[c], w.prompt[c] / w.count[c],
-                                w.output[c] / w.count[c], waiting.get(c, 0.0)) if w.count[c]
-                   else ClassLoad(0.0, waiting=waiting.get(c, 0.0)) for c in CLASSES}
+        classes = {c: ClassLoad.counted(w.count[c], w.uncached[c], w.prompt[c], w.output[c], span, waiting.get(c, 0.0))
+                   for c in CLASSES}
         self._window, self._since = _Window(), now
         return Observation(now, classes, decode_running)
 

@@ -28,7 +28,6 @@ from laps_agent.lab.sim.run import simulate
 from laps_agent.lab.workload.plan import Plan
 from laps_agent.policy.classes import CLASSES, LONG, SHORT, is_short
 from laps_agent.policy.planner import (
-    DEFAULT_TTFT_SLO_S,
     ClassLoad,
     PlannerConfig,
     Slo,
@@ -37,7 +36,7 @@ from laps_agent.policy.planner import (
 )
 from laps_agent.policy.systems import SystemConfig
 from laps_agent.serving.flag_types import names
-from laps_agent.serving.planner_flags import add_planner_flags, planner_config
+from laps_agent.serving.planner_flags import add_planner_flags, planner_config, planner_slo
 
 FLASH_STEP = 2.0                 # a phase change multiplying the rate by this much is a flash crowd
 
@@ -60,9 +59,8 @@ def phase_loads(plan: Plan, threshold: int) -> list[dict[str, ClassLoad]]:
         short = is_short(prompts, threshold)
         loads = {}
         for cls, sel in ((SHORT, short), (LONG, ~short)):
-            n = int(sel.sum())
-            loads[cls] = (ClassLoad(n / span, float(prompts[sel].mean()), float(prompts[sel].mean()),
-                                    float(outputs[sel].mean())) if n else ClassLoad(0.0))
+            prompt = float(prompts[sel].sum())
+            loads[cls] = ClassLoad.counted(int(sel.sum()), prompt, prompt, float(outputs[sel].sum()), span)
         out.append(loads)
     return out
 
@@ -125,10 +123,7 @@ def row(name: str, result, slo: Slo, itl_slo: float, lag: list[tuple[float, floa
 def run_sizing(args: argparse.Namespace, engine_args: list[str], plan: Plan, profile: Profile,
                system: SystemConfig, threshold: int, out: Path) -> int:
     """Simulate `system` under each scaler of --autoscale; print the table, save the results."""
-    ttft = {**DEFAULT_TTFT_SLO_S, **{c: v for c, v in (args.slo or {}).items() if c in CLASSES}}
-    if args.slo and "all" in args.slo:
-        ttft = {c: (args.slo or {}).get(c, args.slo["all"]) for c in CLASSES}
-    slo = Slo(ttft, args.itl_slo)
+    slo = planner_slo(args)
     config = planner_config(args)
     peak = peak_pools(plan, profile, system, threshold, slo, config)
     lag_s = config.startup_s + config.interval_s
