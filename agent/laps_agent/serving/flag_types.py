@@ -120,3 +120,9 @@ def output_file(text: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"{text}: {parent} is not writable")
     return path
+
+
+def flag_given(flag: str, argv: list[str]) -> bool:
+    """Whether `flag` is on the command line (`--flag V` or `--flag=V`): a default and a value
+    the user gave that equals it differ."""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)

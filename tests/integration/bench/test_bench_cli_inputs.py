@@ -106,6 +106,31 @@ def test_compare_refuses_bad_input_before_starting_a_system(workload, a_file, ar
     assert "starting laps local" not in done.stdout
 
 
+@pytest.mark.parametrize("args, line", [
+    # The matrix sets these per cell: given too, one of the two would be silently ignored.
+    (("--prefill", "2"), "--prefill cannot go with --matrix: the matrix sets it per cell"),
+    (("--load", "0.5", "--profile", "cpu-smollm2"),
+     "--profile, --load cannot go with --matrix: the matrix sets them per cell"),
+    (("--engine", "builtin"), "--matrix runs emulated engines (--engine emulated): its cells are sized by the "
+                              "matrix's profiles, which only emulated engines follow"),
+    (("--systems", "vanilla-pd,sglang-cache-aware"),
+     "system sglang-cache-aware exists only in the simulator (laps sim --systems sglang-cache-aware): "
+     "laps local cannot start it"),
+    # small's smallest shape is 4P+4D: the per-group minimum is checked against it, before any cell runs.
+    (("--systems", "vanilla-pd,laps", "--min-per-group", "3"), "system laps: --allocation laps needs at least 6 prefill engines "
+                               "(--min-per-group 3 in each group), got --prefill 4"),
+])
+def test_compare_matrix_refuses_bad_input_before_starting_a_system(args, line):
+    done = _laps("bench", "compare", "--matrix", "small", *args)
+    _refused(done, "laps bench compare: error: " + line)
+    assert "starting laps local" not in done.stdout
+
+
+def test_compare_takes_a_workload_or_a_matrix(workload):
+    done = _laps("bench", "compare", "--workload", workload, "--matrix", "small")
+    _refused(done, "laps bench compare: error: argument --matrix: not allowed with argument --workload")
+
+
 def test_a_workload_that_plans_no_request_is_refused_before_sending(tmp_path, engine):
     """`bench run` used to send nothing, write an empty result and exit 0; `bench compare` started
     every system to measure nothing."""

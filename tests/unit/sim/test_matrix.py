@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from laps_agent.lab.matrix.report import cell_metrics, summarize, verdict, with_ratios
+from laps_agent.lab.matrix.report import agreement, agreement_markdown, cell_metrics, summarize, verdict, with_ratios
 from laps_agent.lab.matrix.spec import MatrixError, cell_setup, load_matrix, parse_matrix, shortened
 from laps_agent.lab.results.records import RequestTable, RunResult
 from laps_agent.lab.sim import main
@@ -180,3 +180,28 @@ def test_ctrl_c_saves_the_cells_done(tmp_path, capsys, monkeypatch):
     assert f"interrupted after 2 cell(s); theirs are saved in {tmp_path}" in capsys.readouterr().err
     report = json.loads((tmp_path / "matrix.json").read_text())
     assert len(report["cells"]) == 2 and report["summary"]["laps"]["cells"] == 2
+
+
+def _metrics(p90_short: float, p90_long: float) -> dict:
+    row = {"sent": 10, "failed": 0, "ttft_p50": 0.05, "attainment": 1.0, "goodput": 1.0}
+    return {"short": {**row, "ttft_p90": p90_short}, "long": {**row, "ttft_p90": p90_long},
+            "all": {**row, "ttft_p90": max(p90_short, p90_long)}}
+
+
+def test_agreement_compares_each_systems_p90_ratios_measured_and_simulated():
+    """`laps bench compare --matrix`: measured over HTTP, laps is 0.5x vanilla-pd's short p90 and
+    1.2x its long; simulated, 0.5x and 1.0x: the short ratio agrees, the long one is 20% off."""
+    systems = ["vanilla-pd", "laps"]
+    cell = with_ratios({"label": "c", "systems": {"vanilla-pd": _metrics(0.2, 1.0), "laps": _metrics(0.1, 1.2)}},
+                       systems)
+    cell["sim"] = with_ratios({"systems": {"vanilla-pd": _metrics(0.3, 1.1), "laps": _metrics(0.15, 1.1)}},
+                              systems)["systems"]
+    agreed = agreement({"systems": systems, "cells": [cell, {"label": "sim-less", "systems": {}}]})
+    rows = {(r["system"], r["class"]): r for r in agreed["rows"]}
+    assert len(rows) == 4                                       # the cell without `sim` is left out
+    assert rows["vanilla-pd", "short"]["deviation"] is None     # the baseline's ratio is 1 by definition
+    assert rows["laps", "short"]["deviation"] == pytest.approx(0.0)
+    assert rows["laps", "long"]["deviation"] == pytest.approx(0.2)
+    assert (agreed["judged"], agreed["met"]) == (2, 1)
+    assert agreed["worst"] is rows["laps", "long"]
+    assert "1/2 p90 ratios agree within 15%" in agreement_markdown(agreed)

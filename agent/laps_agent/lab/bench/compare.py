@@ -17,35 +17,39 @@ current one's partial run included, are saved and compared, and the exit code is
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
-import signal
 import sys
 from pathlib import Path
 
 from laps_agent.emulated.profile import ProfileError, load_profile
-from laps_agent.gateway.http.auth import keys_in
-from laps_agent.lab.bench._runner import probe, run_workload
+from laps_agent.lab.bench._compare_matrix import main_matrix
+from laps_agent.lab.bench._compare_system import run_system, systems_problem
 from laps_agent.lab.bench.run import RESULTS_DIR
+from laps_agent.lab.matrix.spec import available_matrices
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
 from laps_agent.lab.sim.run import mean_rate, measure_capacity
-from laps_agent.lab.workload import Plan, WorkloadError, WorkloadSpec, load_workload, plan_requests
+from laps_agent.lab.workload import WorkloadError, load_workload, plan_requests
 from laps_agent.lab.workload.plan import require_requests, warmup_plan
-from laps_agent.local import stack as local
-from laps_agent.local.process import LocalProcess
-from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer
-from laps_agent.policy.systems import SIM_ONLY, SYSTEMS, SystemConfig, moves_pods, system, unused_allocation_flags
-from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
+from laps_agent.policy.systems import SIM_ONLY, SYSTEMS, system
+from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds
+
+DEFAULT_SYSTEMS = ["vanilla-pd", "reference", "laps"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="laps bench compare", description=__doc__.split("\n\n")[0],
                                 epilog="Other flags are passed to every engine of every system.")
-    p.add_argument("--workload", required=True, help="workload YAML file or built-in name")
-    p.add_argument("--systems", type=names, default=["vanilla-pd", "reference", "laps"],
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload", help="workload YAML file or built-in name")
+    what.add_argument("--matrix", help=f"a matrix YAML file or built-in name ({', '.join(available_matrices())}), "
+                      "as laps sim --matrix: its systems "
+                      "over its cells, on emulated engines of each cell's profile and shape, each cell also "
+                      "simulated and the two compared; --systems, --slo, --max-requests and --seed replace "
+                      "the matrix's")
+    p.add_argument("--systems", type=names, default=DEFAULT_SYSTEMS,
                    help=f"comma-separated; ratios are against the first "
                    f"({', '.join(n for n in SYSTEMS if n not in SIM_ONLY)})")
     p.add_argument("--engine", choices=("emulated", "builtin"), default="emulated")
@@ -67,93 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def local_args(args: argparse.Namespace, sys_config: SystemConfig, engine_args: list[str]) -> list[str]:
-    out = ["--engine", args.engine, "--prefill", str(args.prefill), "--decode", str(args.decode),
-           *sys_config.local_args(), *sys_config.engine_args()]
-    if args.profile and args.engine == "emulated":
-        out += ["--profile", args.profile]
-    if args.model:
-        out += ["--model", args.model]
-    return out + engine_args
-
-
-def local_problem(args: argparse.Namespace, sys_config: SystemConfig, engine_args: list[str]) -> str | None:
-    """Why `laps local` would refuse this system's command line (local.args_problem: `--prefill 1`
-    for a system that moves pods, a flag no engine takes, a bad value of one of `laps local`'s own
-    flags passed through), found before the first system starts, not after the earlier ones ran."""
-
-    parser = local.build_parser()
-    parser.exit_on_error = False  # a bad value raises, rather than printing laps local's usage
-    try:
-        local_ns, rest = parser.parse_known_args(local_args(args, sys_config, engine_args))
-    except argparse.ArgumentError as err:
-        return str(err)
-    return local.args_problem(local_ns, rest)
-
-
-def idle_allocation_problem(args: argparse.Namespace, systems: list[SystemConfig],
-                            engine_args: list[str]) -> str | None:
-    """Allocation flags given when no system compared moves pods: silently ignored, they would
-    read as part of a comparison they took no part in."""
-
-    parser = local.build_parser()
-    for sys_config in systems:
-        ns = parser.parse_known_args(local_args(args, sys_config, engine_args))[0]
-        if moves_pods(ns.allocation, ns.single_pool, ns.prefill):
-            return None
-    return unused_allocation_flags(parser.parse_known_args(engine_args)[0], [s.name for s in systems])
-
-
-def api_key(engine_args: list[str]) -> str | None:
-    """The key the load generator sends: the first in `--api-keys-file`, passed through to every
-    system's gateway (local_problem has checked it holds one)."""
-
-    keys_file = local.build_parser().parse_known_args(engine_args)[0].api_keys_file
-    return keys_in(Path(keys_file))[0] if keys_file else None
-
-
-async def _measure(url: str, spec: WorkloadSpec, plans: tuple[Plan, Plan | None], rate_scale: float, args,
-                   tokenizer, label: str, key: str | None = None):
-    """Warm-up and measured run of one system; None when Ctrl-C/SIGTERM came during the warm-up,
-    a result with meta["interrupted"] when it came during the measured run (kept, as
-    `laps bench run` keeps a partial run). `plans`: the measured run's and the warm-up's; `key`:
-    the API key to send (api_key)."""
-
-    plan, warm_plan = plans
-    target = await probe(url, api_key=key)
-    interrupted, warm_stop = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(*_) -> None:
-        loop.call_soon_threadsafe(interrupted.set)
-        loop.call_soon_threadsafe(warm_stop.set)
-
-    # signal.signal, not the loop's add_signal_handler: the asyncio runner's own SIGINT handler
-    # would win over the latter. Restored after, so a Ctrl-C between systems is a KeyboardInterrupt.
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if warm_plan is not None:
-            print(f"[compare] {label}: warm-up {args.warmup_s:g} s", flush=True)
-            # Conversations' later turns come long after the warm-up phase ends: stop at its end
-            # (what is in flight is cut; the warm-up's results are not kept).
-            if spec.phases[0].conversation is not None:
-                loop.call_later(args.warmup_s, warm_stop.set)
-            await run_workload(url, warm_plan.spec, rate_scale=rate_scale, tokenizer=tokenizer,
-                               timeout=args.timeout, label=f"{label}-warm-up", stop=warm_stop, plan=warm_plan,
-                               target=target)
-            if interrupted.is_set():
-                return None
-        print(f"[compare] {label}: measuring", flush=True)
-        return await run_workload(url, spec, rate_scale=rate_scale, max_requests=args.max_requests,
-                                  tokenizer=tokenizer, timeout=args.timeout, label=label, progress="lines",
-                                  stop=interrupted, plan=plan, target=target)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     args, engine_args = build_parser().parse_known_args(argv)
+    if args.matrix is not None:
+        return main_matrix(args, engine_args, list(sys.argv[1:] if argv is None else argv))
     try:
         spec = load_workload(args.workload)
         if args.seed is not None:
@@ -162,22 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ValueError) as exc:
         print(f"laps bench compare: error: {exc}", file=sys.stderr)
         return 2
-    for sys_config in systems:
-        if sys_config.name in SIM_ONLY:  # no gateway of `laps local` routes as it does
-            print(f"laps bench compare: error: system {sys_config.name} exists only in the simulator "
-                  f"(laps sim --systems {sys_config.name}): laps local cannot start it", file=sys.stderr)
-            return 2
-    for sys_config in systems:
-        if problem := local_problem(args, sys_config, engine_args):
-            print(f"laps bench compare: error: system {sys_config.name}: {problem}", file=sys.stderr)
-            return 2
-    if problem := idle_allocation_problem(args, systems, engine_args):
-        print(f"laps bench compare: error: {problem}", file=sys.stderr)
-        return 2
     out = args.out or RESULTS_DIR / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare")
-    if problem := unwritable_dir(out):  # found now, not after every system has run
-        print(f"laps bench compare: error: cannot write the results to {out}: {problem} (give --out DIR)",
-              file=sys.stderr)
+    if problem := systems_problem(args, systems, engine_args, out):
+        print(f"laps bench compare: error: {problem}", file=sys.stderr)
         return 2
 
     rate_scale = args.rate_scale or 1.0
@@ -207,23 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     labelled, turns = [], []
     for sys_config in systems:
-        local = None
         try:
-            with SignalsDeferred():   # a laps local forked is one stopped below
-                local = LocalProcess(local_args(args, sys_config, engine_args), out / sys_config.name / "local")
-            print(f"[compare] {sys_config.name}: starting laps local", flush=True)
-            local.wait_ready(args.startup_timeout)
-            result = asyncio.run(_measure(local.url, spec, plans, rate_scale, args, tokenizer, sys_config.name,
-                                          api_key(engine_args)))
+            result = run_system(args, sys_config, engine_args, out / sys_config.name, spec, plans, rate_scale,
+                                tokenizer)
         except RuntimeError as exc:
             print(f"laps bench compare: {sys_config.name}: {exc}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:  # while it started: nothing measured on this system
-            result = None
-        finally:
-            if local is not None:
-                local.stop()
-                local.kill()
         if result is None:
             print(f"[compare] interrupted before {sys_config.name} was measured", flush=True)
             return _finish(labelled, turns, out, interrupted=True)

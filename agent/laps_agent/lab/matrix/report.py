@@ -175,6 +175,49 @@ def targets_markdown(rows: list[dict], system: str) -> str:
     return "\n".join(lines)
 
 
+# HTTP against the simulator (`laps bench compare --matrix`): each system's TTFT p90 ratios to the
+# baseline agree when they differ by at most this share.
+AGREEMENT_SHARE = 0.15
+
+
+def agreement(report: dict) -> dict:
+    """Per cell run over HTTP that also holds the simulator's figures of the same plan (`sim`):
+    for each system and class, TTFT p90 measured and simulated, their ratios to the baseline's,
+    and `deviation` = measured ratio / simulated ratio - 1 (None for the baseline itself, whose
+    ratio is 1 by definition); how many agree within AGREEMENT_SHARE, and the worst."""
+    systems, rows = report["systems"], []
+    for cell in report["cells"]:
+        sim = cell.get("sim")
+        if not sim:
+            continue
+        for name in systems:
+            for c in CLASSES:
+                http, simulated = cell["systems"][name], sim[name]
+                r_http, r_sim = http["ratio"][c]["ttft_p90"], simulated["ratio"][c]["ttft_p90"]
+                if r_http is None or r_sim is None:
+                    continue
+                deviation = None if name == systems[0] else ratio(r_http, r_sim) - 1
+                rows.append({"cell": cell["label"], "system": name, "class": c, "p90_http": http[c]["ttft_p90"],
+                             "p90_sim": simulated[c]["ttft_p90"], "ratio_http": r_http, "ratio_sim": r_sim,
+                             "deviation": deviation})
+    judged = [r for r in rows if r["deviation"] is not None]
+    worst = max(judged, key=lambda r: abs(r["deviation"]), default=None)
+    return {"within": AGREEMENT_SHARE, "rows": rows, "judged": len(judged),
+            "met": sum(abs(r["deviation"]) <= AGREEMENT_SHARE for r in judged), "worst": worst}
+
+
+def agreement_markdown(agreed: dict) -> str:
+    lines = [f"## HTTP against the simulator: {agreed['met']}/{agreed['judged']} p90 ratios agree within "
+             f"{agreed['within']:.0%}", "",
+             "| cell | system | class | TTFT p90 HTTP (ms) | simulated | ratio HTTP | simulated | deviation |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in agreed["rows"]:
+        dev = "–" if r["deviation"] is None else f"{r['deviation']:+.1%}"
+        lines.append(f"| {r['cell']} | {r['system']} | {r['class']} | {_num(r['p90_http'], 1000)} | "
+                     f"{_num(r['p90_sim'], 1000)} | {_num(r['ratio_http'])} | {_num(r['ratio_sim'])} | {dev} |")
+    return "\n".join(lines)
+
+
 def _num(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
     if value is None:
         return "–"
@@ -229,6 +272,8 @@ def report_markdown(report: dict) -> str:
              summary_markdown(report["summary"], systems[0]), ""]
     for name, rows in report.get("targets", {}).items():
         parts += [targets_markdown(rows, name), ""]
+    if "agreement" in report:
+        parts += [agreement_markdown(report["agreement"]), ""]
     parts += ["## cells", ""]
     parts += [cell_markdown(cell, systems) + "\n" for cell in report["cells"]]
     return "\n".join(parts)

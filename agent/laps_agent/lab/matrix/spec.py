@@ -23,8 +23,8 @@ Every `arrivals` entry is combined with every `lengths` entry into a workload `a
 as many phases as the longer of the two lists, phase i taking entry i (modulo its list's length)
 of each, all of `duration_s / phases` seconds. Absolute rates do not matter (`loads` sets the mean
 rate), only their ratios within a list. The cells are every workload x profile x shape x load, in
-that order; `cell_setup` turns one into what a driver runs (pure: `laps sim --matrix` runs it,
-`laps bench compare` could).
+that order; `cell_setup` turns one into what a driver runs (pure: `laps sim --matrix` and
+`laps bench compare --matrix` run it).
 
 Errors name the file and the field: `m.yaml: shapes[1]: expected <P>P+<D>D (e.g. 8P+2D), got '8+2'`.
 """

@@ -18,7 +18,7 @@ from pathlib import Path
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
 from laps_agent.lab.matrix.report import save_report
 from laps_agent.lab.matrix.report import summarize as summarize_matrix
-from laps_agent.lab.matrix.spec import MatrixError, load_matrix
+from laps_agent.lab.matrix.spec import MatrixError, available_matrices, load_matrix
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
 from laps_agent.lab.sim import allocation, sizing
@@ -29,7 +29,15 @@ from laps_agent.lab.workload.plan import Plan, plan_requests, require_requests, 
 from laps_agent.lab.workload.spec import WorkloadError, load_workload
 from laps_agent.local.engines import unknown_engine_args
 from laps_agent.policy.systems import SYSTEMS, SystemConfig, policy_config
-from laps_agent.serving.flag_types import names, non_negative, output_dir, positive, slo_seconds, unwritable_dir
+from laps_agent.serving.flag_types import (
+    flag_given,
+    names,
+    non_negative,
+    output_dir,
+    positive,
+    slo_seconds,
+    unwritable_dir,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Other flags are passed to every engine model (as the emulated engine takes them: --context-length, --kv-pages, ...).")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--workload", help="workload YAML file or built-in name")
-    what.add_argument("--matrix", help="a matrix YAML file or built-in name (family, small): its systems over "
+    what.add_argument("--matrix", help=f"a matrix YAML file or built-in name ({', '.join(available_matrices())}): its systems over "
                       "its cells (workloads x profiles x shapes x loads), reported against the first system; "
                       "--systems, --slo, --max-requests and --seed replace the matrix's")
     p.add_argument("--profile", default="cpu-smollm2", help="engine profile name or YAML file")
@@ -175,7 +183,7 @@ def _simulate_all(args: argparse.Namespace, engine_args: list[str], plan: Plan, 
 
 def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[str]) -> int:
     """`laps sim --matrix`: lab/sim/matrix.py runs it."""
-    given = [flag for flag in _CELL_FLAGS if _given(flag, argv)]
+    given = [flag for flag in _CELL_FLAGS if flag_given(flag, argv)]
     if given:
         print(f"laps sim: error: {', '.join(given)} cannot go with --matrix: the matrix sets "
               f"{'it' if len(given) == 1 else 'them'} per cell (profiles, shapes, loads)", file=sys.stderr)
@@ -184,7 +192,7 @@ def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[st
         matrix = load_matrix(args.matrix)
         if args.seed is not None:
             matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(update={"seed": args.seed}))
-        chosen = args.systems if _given("--systems", argv) else matrix.systems
+        chosen = args.systems if flag_given("--systems", argv) else matrix.systems
         systems = [sim_system(name) for name in chosen]
         for profile in matrix.spec.profiles:
             load_profile(profile)
@@ -222,10 +230,6 @@ def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[st
         print(f"laps sim: error: cannot write the results: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def _given(flag: str, argv: list[str]) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
 def print_turns(turns: list) -> None:

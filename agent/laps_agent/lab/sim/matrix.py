@@ -24,12 +24,14 @@ from laps_agent.lab.matrix.report import (
     targets_markdown,
     with_ratios,
 )
-from laps_agent.lab.matrix.spec import Matrix, cell_setup, shortened
+from laps_agent.lab.matrix.spec import Cell, CellSetup, Matrix, cell_setup, shortened
 from laps_agent.lab.sim.allocation import INTERVAL_S
 from laps_agent.lab.sim.cluster import HOP_S
 from laps_agent.lab.sim.run import default_chars_per_token, measure_capacity, sim_system, simulate
+from laps_agent.lab.workload import Plan, WorkloadSpec
 from laps_agent.lab.workload.plan import plan_requests, require_requests
 from laps_agent.policy.allocation import AllocationConfig
+from laps_agent.policy.systems import SystemConfig
 
 
 @dataclasses.dataclass
@@ -37,6 +39,66 @@ class MatrixRun:
     """What `run_matrix` has done so far (also after Ctrl-C): the report of the cells done."""
     report: dict
     paths: dict[str, Path] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedCell:
+    """One cell as every driver runs it: its setup, profile, shortened workload, rate scale and
+    plan (the same requests for every system), and the report entry's head."""
+    setup: CellSetup
+    profile: Profile
+    spec: WorkloadSpec
+    rate_scale: float
+    plan: Plan
+    entry: dict
+
+
+class CellPlanner:
+    """Plans a matrix's cells (module docstring): vanilla-pd's capacity once per workload,
+    profile and shape, the workload shortened to about `budget` requests. `laps sim --matrix`
+    and `laps bench compare --matrix` plan with it, so both run the same requests per cell."""
+
+    def __init__(self, matrix: Matrix, budget: int, engine_args: Sequence[str] = ()) -> None:
+        self.matrix, self.budget, self.engine_args = matrix, budget, tuple(engine_args)
+        self._profiles: dict[str, Profile] = {}
+        self._capacities: dict[tuple, float] = {}
+
+    def plan(self, cell: Cell, tokenizer=None) -> PlannedCell:
+        """`tokenizer`: to give the requests prompt text (HTTP drivers)."""
+        setup = cell_setup(self.matrix, cell)
+        profile = self._profiles.get(setup.profile) or self._profiles.setdefault(setup.profile,
+                                                                               load_profile(setup.profile))
+        spec, threshold = setup.spec, setup.spec.threshold
+        key = (cell.workload, cell.profile, cell.shape)
+        if key not in self._capacities:
+            self._capacities[key] = measure_capacity(spec, profile, prefill=setup.prefill, decode=setup.decode,
+                                                     threshold=threshold, engine_args=self.engine_args)
+        capacity = self._capacities[key]
+        base = require_requests(plan_requests(spec))
+        rate_scale = setup.load * capacity / (len(base) / base.duration_s)
+        spec = shortened(spec, self.budget / (len(base) * rate_scale))
+        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=self.budget,
+                                              tokenizer=tokenizer))
+        entry = {"label": self.matrix.label(cell), "workload": cell.workload, "profile": cell.profile,
+                 "shape": cell.shape.name, "prefill": setup.prefill, "decode": setup.decode, "load": setup.load,
+                 "capacity": capacity, "rate": setup.load * capacity, "requests": len(plan),
+                 "threshold": threshold, "seed": spec.seed, "multi_turn": bool((plan.conversation >= 0).any()),
+                 "systems": {}}
+        return PlannedCell(setup, profile, spec, rate_scale, plan, entry)
+
+
+def simulate_cell(cell: PlannedCell, configs: Sequence[SystemConfig], slo: dict, *, engine_args: Sequence[str] = (),
+                  chars_per_token: float | None = None, hop_s: float = HOP_S,
+                  allocation_config: AllocationConfig | None = None, interval_s: float = INTERVAL_S) -> dict:
+    """Each system's cell metrics (report.cell_metrics) of one simulated run of the cell's plan."""
+    out = {}
+    for config in configs:
+        result = simulate(cell.plan, cell.profile, config, prefill=cell.setup.prefill, decode=cell.setup.decode,
+                          threshold=cell.spec.threshold, engine_args=tuple(engine_args),
+                          chars_per_token=chars_per_token, hop_s=hop_s, allocation_config=allocation_config,
+                          interval_s=interval_s)
+        out[config.name] = cell_metrics(result, slo)
+    return out
 
 
 def run_matrix(matrix: Matrix, out: Path, *, systems: Sequence[str] | None = None, slo: dict | None = None,
@@ -56,35 +118,22 @@ def run_matrix(matrix: Matrix, out: Path, *, systems: Sequence[str] | None = Non
     run.report.update(name=matrix.spec.name, origin=matrix.origin, systems=names, slo=slo, max_requests=budget,
                       cells=[], summary={})
     chars = default_chars_per_token() if any(s.estimator == "chars4" for s in configs) else None
-    profiles: dict[str, Profile] = {}
-    capacities: dict[tuple, float] = {}
+    planner = CellPlanner(matrix, budget, engine_args)
     cells = matrix.cells()
     for k, cell in enumerate(cells, 1):
         started = time.perf_counter()
-        setup = cell_setup(matrix, cell)
-        profile = profiles.get(setup.profile) or profiles.setdefault(setup.profile, load_profile(setup.profile))
-        spec, threshold = setup.spec, setup.spec.threshold
-        key = (cell.workload, cell.profile, cell.shape)
-        if key not in capacities:
-            capacities[key] = measure_capacity(spec, profile, prefill=setup.prefill, decode=setup.decode,
-                                               threshold=threshold, engine_args=tuple(engine_args))
-        capacity = capacities[key]
-        base = require_requests(plan_requests(spec))
-        rate_scale = setup.load * capacity / (len(base) / base.duration_s)
-        spec = shortened(spec, budget / (len(base) * rate_scale))
-        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=budget))
-        entry = {"label": matrix.label(cell), "workload": cell.workload, "profile": cell.profile,
-                 "shape": cell.shape.name, "prefill": setup.prefill, "decode": setup.decode, "load": setup.load,
-                 "capacity": capacity, "rate": setup.load * capacity, "requests": len(plan),
-                 "threshold": threshold, "seed": spec.seed, "multi_turn": bool((plan.conversation >= 0).any()),
-                 "systems": {}}
-        for config in configs:
-            result = simulate(plan, profile, config, prefill=setup.prefill, decode=setup.decode,
-                              threshold=threshold, engine_args=tuple(engine_args), chars_per_token=chars,
-                              hop_s=hop_s, allocation_config=allocation_config, interval_s=interval_s)
-            entry["systems"][config.name] = cell_metrics(result, slo)
+        planned = planner.plan(cell)
+        entry = planned.entry
+        entry["systems"] = simulate_cell(planned, configs, slo, engine_args=engine_args, chars_per_token=chars,
+                                         hop_s=hop_s, allocation_config=allocation_config, interval_s=interval_s)
         run.report["cells"].append(with_ratios(entry, names))
-        log(_cell_line(k, len(cells), entry, names, time.perf_counter() - started))
+        log(cell_line(k, len(cells), entry, names, time.perf_counter() - started))
+    finish_report(run, out, names, plots, log)
+    return run
+
+
+def finish_report(run: MatrixRun, out: Path, names: list[str], plots: bool, log: Callable[[str], None]) -> None:
+    """The summary and targets of the cells run, saved into `out` and logged."""
     run.report["summary"] = summarize(run.report["cells"], names)
     # The targets of `laps` (issue "LAPS that never loses"), when it runs against another baseline.
     held = [n for n in names[1:] if n == "laps"]
@@ -94,10 +143,9 @@ def run_matrix(matrix: Matrix, out: Path, *, systems: Sequence[str] | None = Non
     for n in held:
         log("\n" + targets_markdown(run.report["targets"][n], n))
     log(f"\nfiles: {', '.join(str(p) for p in run.paths.values())}")
-    return run
 
 
-def _cell_line(k: int, n: int, entry: dict, names: list[str], wall: float) -> str:
+def cell_line(k: int, n: int, entry: dict, names: list[str], wall: float) -> str:
     """One line per cell as it ends: each system's SLO attainment short/long (%)."""
     def att(m: dict, c: str) -> str:
         a = m[c]["attainment"]
