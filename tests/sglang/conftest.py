@@ -38,8 +38,9 @@ def start_prefill(log_dir, env: dict[str, str]) -> SGLangServer:
 
 @pytest.fixture(scope="module")
 def gateway_for():
-    """gateway_for(prefill, decode) -> URL of this project's gateway in front of them (both
-    prefill groups point at the one prefill server)."""
+    """gateway_for(prefill, decode, short=None) -> URL of this project's gateway in front of them
+    (both prefill groups point at the one prefill server; with `short`, the short group is those
+    URLs and the prefill server is the long group's only pod)."""
     from laps_agent.gateway.config import GatewayConfig
     from laps_agent.gateway.discovery.membership import StaticDiscovery, StaticSpec
     from laps_agent.gateway.estimate import TokenEstimator
@@ -49,13 +50,16 @@ def gateway_for():
 
     started = []
 
-    def start(prefill: SGLangServer, decode: SGLangServer) -> str:
-        discovery = StaticDiscovery(StaticSpec((prefill.url,), (prefill.url,), (decode.url,)), poll_s=0.2)
+    def start(prefill: SGLangServer, decode: SGLangServer, short: tuple[str, ...] | None = None) -> str:
+        discovery = StaticDiscovery(StaticSpec(short or (prefill.url,), (prefill.url,), (decode.url,)), poll_s=0.2)
         app = create_app(GatewayConfig(served_model_name="smollm2", request_deadline_s=300.0),
                          discovery, TokenEstimator(None))
         server = ServerThread(app).start()
         started.append(server)
-        poll(lambda: discovery.membership().decode and all(discovery.membership().groups.values()),
+        # The gateway's membership leaves out a pod that does not answer: with `short` down, the
+        # long group and decode only.
+        serving = ("long",) if short else ("short", "long")
+        poll(lambda: discovery.membership().decode and all(discovery.membership().groups.get(g) for g in serving),
              timeout=30, message="the gateway to see the SGLang servers")
         return server.url
 

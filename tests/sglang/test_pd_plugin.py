@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from laps_agent.local.engines import free_ports
 from tests.sglang.burst import L1_WORDS, Sender, plugin_batches, prompt, send_short_first_burst
 from tests.sglang.conftest import start_prefill
 from tests.support.metrics_text import metric_value
@@ -85,7 +86,8 @@ def _wait_long_dispatched(server, seen: int) -> int:
     return poll(found, timeout=120, message="the long request's batch to start") - 1
 
 
-def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, laps_prefill):
+def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, laps_prefill, decode_server,
+                                                                     gateway_for):
     server = laps_prefill
     # C. The window: three short requests ~60 ms apart on an idle server wait for each other
     # and go as one batch (without a window each would run alone as it arrives).
@@ -100,10 +102,15 @@ def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, 
     assert any(b["queue"] == "short" and len(b["rids"]) >= 2 and b["reason"] == "short_window_expired"
                for b in window), window
 
-    # A. Short first: while a long request runs, another long one and four short ones arrive
-    # (the long one sent first); the short ones run before it, batched together.
+    # A. Short first, on a long-group pod: while a long request runs, another long one and four
+    # short ones arrive (the long one sent first); the short ones run before it, batched
+    # together. Through a gateway whose short group's one pod is down (nothing listens on its
+    # port), so the shorts go to the SGLang server as the long group's pod (groups are a
+    # preference): its queued long work does not hold them back.
+    down = f"http://127.0.0.1:{free_ports(1)[0]}"
+    long_only = gateway_for(laps_prefill, decode_server, short=(down,))
     seen = len(plugin_batches(server.batch_log))
-    a = Sender(gateway)
+    a = Sender(long_only)
     a.send("L1", prompt(L1_WORDS, seed=1))
     first = _wait_long_dispatched(server, seen)
     send_short_first_burst(a)
@@ -117,6 +124,9 @@ def test_plugin_schedules_short_first_with_window_and_starvation_bound(gateway, 
     assert len({batches[i]["reason"] for i in shorts} - {"short_window_cut_for_long", "short_window_expired",
                                                           "short_target_depth", "short_batch_full", "short"}) == 0
     assert len(set(shorts)) < len(shorts), f"short requests were not batched together: {batches}"
+    fallbacks = metric_value(httpx.get(f"{long_only}/metrics", timeout=10).text, "laps_gateway_fallbacks_total",
+                             default=0, **{"class": "short"})
+    assert fallbacks >= 4   # the gateway placed the shorts on the long-group pod
 
     # B. Starvation bound: a long request that has waited LONG_BOUND_MS behind a big one runs
     # next even though short requests wait too.

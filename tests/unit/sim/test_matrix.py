@@ -205,3 +205,17 @@ def test_agreement_compares_each_systems_p90_ratios_measured_and_simulated():
     assert (agreed["judged"], agreed["met"]) == (2, 1)
     assert agreed["worst"] is rows["laps", "long"]
     assert "1/2 p90 ratios agree within 15%" in agreement_markdown(agreed)
+
+
+def test_agreement_compares_the_p90s_themselves_where_the_baseline_lost_its_p90():
+    """A baseline that lost more than 10% of a class has an infinite p90: every system's ratio is
+    0 both ways, which would agree whatever the figures; the system's own p90s are compared."""
+    systems = ["vanilla-pd", "laps"]
+    cell = with_ratios({"label": "c", "systems": {"vanilla-pd": _metrics(math.inf, 1.0), "laps": _metrics(0.5, 1.0)}},
+                       systems)
+    cell["sim"] = with_ratios({"systems": {"vanilla-pd": _metrics(math.inf, 1.0), "laps": _metrics(0.4, 1.0)}},
+                              systems)["systems"]
+    rows = {(r["system"], r["class"]): r for r in agreement({"systems": systems, "cells": [cell]})["rows"]}
+    assert rows["laps", "short"]["basis"] == "p90"
+    assert rows["laps", "short"]["deviation"] == pytest.approx(0.25)
+    assert rows["laps", "long"]["basis"] == "ratio"

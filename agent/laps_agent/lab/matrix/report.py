@@ -184,7 +184,8 @@ def agreement(report: dict) -> dict:
     """Per cell run over HTTP that also holds the simulator's figures of the same plan (`sim`):
     for each system and class, TTFT p90 measured and simulated, their ratios to the baseline's,
     and `deviation` = measured ratio / simulated ratio - 1 (None for the baseline itself, whose
-    ratio is 1 by definition); how many agree within AGREEMENT_SHARE, and the worst."""
+    ratio is 1 by definition; where a ratio is 0 or infinite, the system's own p90 measured /
+    simulated - 1, `basis` "p90"); how many agree within AGREEMENT_SHARE, and the worst."""
     systems, rows = report["systems"], []
     for cell in report["cells"]:
         sim = cell.get("sim")
@@ -196,9 +197,16 @@ def agreement(report: dict) -> dict:
                 r_http, r_sim = http["ratio"][c]["ttft_p90"], simulated["ratio"][c]["ttft_p90"]
                 if r_http is None or r_sim is None:
                     continue
-                deviation = None if name == systems[0] else ratio(r_http, r_sim) - 1
-                rows.append({"cell": cell["label"], "system": name, "class": c, "p90_http": http[c]["ttft_p90"],
-                             "p90_sim": simulated[c]["ttft_p90"], "ratio_http": r_http, "ratio_sim": r_sim,
+                p90_http, p90_sim = http[c]["ttft_p90"], simulated[c]["ttft_p90"]
+                basis, deviation = None, None
+                if name != systems[0]:
+                    informative = all(0 < r < math.inf for r in (r_http, r_sim))
+                    # Where the baseline's p90 is infinite (it lost more than 10%) every ratio is 0:
+                    # the system's own p90 is compared instead.
+                    basis = "ratio" if informative else "p90"
+                    deviation = ratio(r_http, r_sim) - 1 if informative else ratio(p90_http, p90_sim) - 1
+                rows.append({"cell": cell["label"], "system": name, "class": c, "p90_http": p90_http,
+                             "p90_sim": p90_sim, "ratio_http": r_http, "ratio_sim": r_sim, "basis": basis,
                              "deviation": deviation})
     judged = [r for r in rows if r["deviation"] is not None]
     worst = max(judged, key=lambda r: abs(r["deviation"]), default=None)
@@ -212,7 +220,8 @@ def agreement_markdown(agreed: dict) -> str:
              "| cell | system | class | TTFT p90 HTTP (ms) | simulated | ratio HTTP | simulated | deviation |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in agreed["rows"]:
-        dev = "–" if r["deviation"] is None else f"{r['deviation']:+.1%}"
+        dev = ("–" if r["deviation"] is None else f"{r['deviation']:+.1%}"
+               + (" (of the p90s)" if r["basis"] == "p90" else ""))
         lines.append(f"| {r['cell']} | {r['system']} | {r['class']} | {_num(r['p90_http'], 1000)} | "
                      f"{_num(r['p90_sim'], 1000)} | {_num(r['ratio_http'])} | {_num(r['ratio_sim'])} | {dev} |")
     return "\n".join(lines)
