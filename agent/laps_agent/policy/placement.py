@@ -105,6 +105,7 @@ class _Candidate:
     own_s: float        # its own prefill's seconds there
     load: EndpointLoad
     cost: PrefillCost
+    batch: int          # its largest prefill batch, tokens
 
 
 def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int,
@@ -162,7 +163,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
             batch = batch_tokens(ep.name) or DEFAULT_BATCH_TOKENS
             predicted = predicted_seconds(load, pod_cost, cls, work, batch)
             candidates.append(_Candidate(ep, group, cls, work, got, predicted,
-                                         pod_cost.seconds(min(work, batch)), load, pod_cost))
+                                         pod_cost.seconds(min(work, batch)), load, pod_cost, batch))
     if not candidates:
         raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
                               + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))
@@ -211,10 +212,10 @@ def _allowed(candidates: list[_Candidate], protection: float) -> list[_Candidate
 
 def _bound_s(c: _Candidate, max_pending_tokens_per_pod: int) -> float:
     """The latest predicted prefill end pod `c` takes a request with: the token watermark at its
-    cost (inf: no bound)."""
+    cost, in batches of its own size (inf: no bound)."""
     if max_pending_tokens_per_pod <= 0:
         return math.inf
-    return c.cost.seconds(max_pending_tokens_per_pod, math.ceil(max_pending_tokens_per_pod / DEFAULT_BATCH_TOKENS))
+    return c.cost.seconds(max_pending_tokens_per_pod, math.ceil(max_pending_tokens_per_pod / c.batch))
 
 
 def _refusal(best: _Candidate, max_pending_tokens_per_pod: int) -> str:

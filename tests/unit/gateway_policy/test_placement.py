@@ -119,6 +119,17 @@ def test_an_idle_pod_always_takes_a_request_however_large():
     assert placed.route is not None
 
 
+def test_the_watermark_is_counted_in_the_pods_own_batches():
+    """A pod that prefills at most 512 tokens a batch pays its batch overhead per 512 tokens: 3,100
+    tokens ahead under a 4,096-token watermark are within it at that pod's speed (counted in
+    16,384-token batches, the watermark's seconds were too few and the pod refused them)."""
+    groups, decode = {"short": [ep("s0")], "long": []}, [ep("d0")]
+    loads = {"s0": busy(short_tokens=3000, short_requests=30)}
+    placed = put(100, loads, groups, decode, max_pending_tokens_per_pod=4096, batch_tokens=lambda name: 512)
+    assert placed.route is not None
+    assert put(1100, loads, groups, decode, max_pending_tokens_per_pod=4096, batch_tokens=lambda name: 512).route is None
+
+
 def test_the_pods_measured_in_time_capacity_bounds_it():
     groups, decode = {"short": [ep("s0")], "long": []}, [ep("d0")]
     loads = {"s0": busy(short_tokens=200, short_requests=2)}
