@@ -2,10 +2,10 @@
 AllocationDriver (laps_agent.policy.allocation) over the gateway's own pending work, on the wall
 clock, acting on the static membership.
 
-Every second the groups' pending prefill requests and tokens (as `laps_gateway_pending_requests|
-tokens` export them) are sampled; every interval the driver decides on their mean (mode "laps":
-the operator's policy over `group_pressure`; "reference": the reference router's rule over the
-pending request counts). A move changes the membership at once, so new requests of the pod's old
+Every interval the driver decides (mode "laps": the operator's policy over the classes' offered
+prefill work per second, from the gateway's own count, `laps_gateway_offered_prefill_seconds`;
+"reference": the reference router's rule over the groups' pending request counts, sampled every
+second). A move changes the membership at once, so new requests of the pod's old
 class go elsewhere from then on, while what it holds finishes there (its engine keeps scheduling
 it); the engine's labels file is rewritten, so the engine reports its new group as a relabelled
 pod would. `laps sim` runs the same driver on its virtual clock (lab/sim/allocation.py).
@@ -58,6 +58,7 @@ class StaticAllocator:
         return self.driver.last
 
     async def start(self) -> None:
+        self.driver.begin(time.monotonic(), self.tracker.offered())
         self._task = asyncio.create_task(self._run(), name="allocation")
 
     async def stop(self) -> None:
@@ -90,7 +91,7 @@ class StaticAllocator:
     async def step(self, now: float) -> Move | None:
         """One decision on the mean pressure since the last one; applies the move if any."""
         members = self._members()
-        move = self.driver.step(now, members, lambda: self._in_flight(members))
+        move = self.driver.step(now, members, lambda: self._in_flight(members), self.tracker.offered())
         if move is not None:
             await self._apply(move, members)
         return move

@@ -34,6 +34,11 @@ class GatewayMetrics:
             "laps_gateway_arrival_tokens", "Tokens of the requests that arrived, by length class: kind=prompt "
             "(the estimated prompt), kind=output (the max_tokens asked for, where given)", ["class", "kind"],
             registry=r)
+        # The allocation loop's pressure: its rate per class (policy/allocation.py).
+        self.offered_prefill = Counter(
+            "laps_gateway_offered_prefill_seconds", "Prefill seconds that every request that arrived needs, "
+            "by length class, each predicted at the prefill pods' measured cost (their mean)",
+            ["class"], registry=r)
         self.fallbacks = Counter(
             "laps_gateway_fallbacks", "Requests served by a pod of the other group (the router "
             "predicted it faster, or their own had no usable pod)", ["class"], registry=r)
@@ -95,6 +100,7 @@ class GatewayMetrics:
         self.requests_of = {(c, g): self.requests.labels(c, g) for c in CLASSES for g in CLASSES}
         self.fallbacks_of = {c: self.fallbacks.labels(c) for c in CLASSES}
         self.arrivals_of = {c: self.arrivals.labels(c) for c in CLASSES}
+        self.offered_prefill_of = {c: self.offered_prefill.labels(c) for c in CLASSES}
         self.arrival_tokens_of = {(c, k): self.arrival_tokens.labels(c, k) for c in CLASSES for k in ("prompt", "output")}
         self.rejected_of = {c: self.rejected.labels(c) for c in CLASSES}
         for pool in POOLS:

@@ -2,11 +2,14 @@
 
 Pure (no I/O, no clock of its own): the operator's timer calls `decide` once per interval with
 the groups' pressure and gets at most one move back; `laps local`'s gateway and `laps sim` drive
-it through one `AllocationDriver` (samples averaged per interval, the policy's memory between
+it through one `AllocationDriver` (the rates over each interval, the policy's memory between
 decisions), each on its own clock.
 
-With P_g the pressure of group g (work waiting for it, in the caller's unit, e.g. token-weighted
-pending prefill work), n_g its pods and p_g = P_g / n_g (per pod: the reference compares totals):
+The pressure P_g of group g is its class's *offered prefill work*: the seconds of a prefill pod's
+time that the requests arriving for that class need per second, each request's prefill predicted
+at the pods' measured cost (`offered_seconds`; the gateways count it in
+`laps_gateway_offered_prefill_seconds_total{class}`), over the interval. With n_g its pods and
+p_g = P_g / n_g (the share of each pod's time the class would take):
 1. Unknown pressure (no data, stale data, the source is down): no move, say why.
 2. Trigger: the more pressured group B has p_B >= ratio * p_A and p_B >= min_pressure.
 3. Bounds: A keeps >= min_per_group pods after the move.
@@ -16,35 +19,44 @@ pending prefill work), n_g its pods and p_g = P_g / n_g (per pod: the reference 
 6. Cooldown: a pod that moved within `pod_cooldown_s` stays; at most one move per interval.
 7. Which pod: A's pod out of cooldown with the least in-flight work of A's class; ties: the
    highest name.
-Why each rule (idle noise, ping-pong, the pod's leftover work, scale-downs) and not the
-reference's: docs/design/allocation.md.
+Why each rule (idle noise, ping-pong, the pod's leftover work, scale-downs), why offered work and
+not the work waiting, and not the reference's rule: docs/design/allocation.md.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from laps_agent.policy.classes import CLASSES, LONG, OTHER, SHORT
+from laps_agent.policy.placement import PrefillCost
 
-# A pending request's fixed prefill cost in token-equivalents (per-batch overhead / per-token
-# cost: ~170 for Qwen2.5-32B on an H200, ~74 for SmolLM2 on this CPU, see the profiles). Without
-# it a group of many short prompts looks idle next to a few long ones, though short prefills
-# cost mostly that overhead: measured in `laps sim` on shift-85-15-85, counting it gives pods
-# back to the short group when the mix returns to short (at 0 the loop never did).
-REQUEST_COST_TOKENS = 128
 # The rules that move pods: this policy (`decide`) or the reference router's (`reference_decide`).
 MODES = ("laps", "reference")
 
 
-def group_pressure(pending_requests: float, pending_tokens: float,
-                   request_cost_tokens: float = REQUEST_COST_TOKENS) -> float:
-    """The pressure of a group: its pending prefill work in tokens, each pending request also
-    counting its fixed cost. The one definition `laps local`, `laps sim` and the operator's
-    default query use (over the gateway's laps_gateway_pending_tokens/_requests)."""
-    return float(pending_tokens) + request_cost_tokens * float(pending_requests)
+def fleet_cost(costs: Iterable[PrefillCost | None]) -> PrefillCost | None:
+    """The prefill pods' measured cost as one figure (their mean), to predict the work of a
+    request that is not yet at a pod; None while no pod has reported one."""
+    known = [c for c in costs if c is not None]
+    if not known:
+        return None
+    return PrefillCost(sum(c.overhead_s for c in known) / len(known), sum(c.per_token_s for c in known) / len(known))
 
 
-# One decision per interval, on the pressure averaged over it (the operator, `laps local`, `laps sim`).
+# Where no prefill pod reports its cost (stock SGLang's /v1/loads has none): an H200's on a 32B
+# model (the gpu-h200-qwen2.5-32b profile). The classes' shares of the work, which decide the
+# moves, depend only on its overhead-to-per-token ratio; `min_pressure` is then approximate.
+STAND_IN_COST = PrefillCost(0.017, 1e-4)
+
+
+def offered_seconds(tokens: int, cost: PrefillCost | None) -> float:
+    """The prefill seconds one arriving request of `tokens` prompt tokens offers its class, at
+    `cost` (None: STAND_IN_COST). The one definition the gateway and `laps sim` count, and so
+    the operator's query reads."""
+    return (cost or STAND_IN_COST).seconds(tokens)
+
+
+# One decision per interval, on the pressure over it (the operator, `laps local`, `laps sim`).
 DEFAULT_INTERVAL_S = 5.0
 
 
@@ -52,11 +64,10 @@ DEFAULT_INTERVAL_S = 5.0
 class AllocationConfig:
     ratio: float = 2.0              # the reference's trigger ratio, applied per pod
     min_per_group: int = 1
-    # Per-pod pressure below which nothing is considered waiting: one pending request's fixed cost
-    # (less than one request waits per pod on average). At 1 token-equivalent, a trickle of one
-    # class on an idle cluster moved pods to it one after another (in `laps sim` at 5% load,
-    # 6 moves where 3 serve the same TTFTs), leaving the other class one pod when it came back.
-    min_pressure: float = REQUEST_COST_TOKENS
+    # Per-pod pressure (a share of each pod's time) below which no group is pressed: a trickle of
+    # one class on an idle cluster must not move pods to it one after another, leaving the other
+    # class one pod when it comes back.
+    min_pressure: float = 0.02
     min_improvement: float = 0.1    # the move must cut the worse per-pod pressure by this share
     confirm: int = 2                # consecutive intervals the same move must be wanted
     pod_cooldown_s: float = 60.0
@@ -144,8 +155,8 @@ def decide(members: Mapping[str, Sequence[str]], pressure: Mapping[str, float] |
         return Decision(None, f"every {source} pod moved within {config.pod_cooldown_s:g}s", wanting, per_pod)
     pod = min(candidates, key=lambda p: (in_flight.get(p, 0.0), highest_first(p)))
     moved = PolicyState(None, 0, {**state.moved_at, pod: now}, direction)
-    return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.0f}, {worse} per pod "
-                    f"{per_pod[worse]:.0f}: moving one pod lowers the worse to {after:.0f}", moved, per_pod)
+    return Decision(Move(pod, source, worse), f"{source} per pod {per_pod[source]:.2f}, {worse} per pod "
+                    f"{per_pod[worse]:.2f}: moving one pod lowers the worse to {after:.2f}", moved, per_pod)
 
 
 def highest_first(name: str) -> tuple:
@@ -172,8 +183,8 @@ def reference_decide(members: Mapping[str, Sequence[str]], pending_requests: Map
 
 
 class PressureWindow:
-    """Averages pressure samples between two decisions: a decision on one instant's pending work
-    would follow every burst; the mean over the interval follows the load."""
+    """Averages samples between two decisions (the reference rule's pending request counts): a
+    decision on one instant's pending work would follow every burst."""
 
     def __init__(self) -> None:
         self._sums: dict[str, float] = {}
@@ -193,14 +204,30 @@ class PressureWindow:
         return mean
 
 
-class AllocationDriver:
-    """One allocation loop, clock-agnostic: `sample` the groups' pending work (every second),
-    `step` once per interval for at most one move. The caller keeps the clock and applies the
-    move: `laps local`'s gateway on the wall clock (gateway/allocator.py), `laps sim` on its
-    virtual one (lab/sim/allocation.py), so both run exactly this loop.
+class OfferedRate:
+    """The classes' offered work per second from their cumulative counts: the growth since the
+    last reading over the time since (a count that went back, a restarted counter, grows by 0)."""
 
-    Mode "laps" decides on `group_pressure` (`decide`); mode "reference" applies the reference
-    router's rule to the groups' pending request counts (`reference_decide`)."""
+    def __init__(self) -> None:
+        self._last: tuple[float, dict[str, float]] | None = None
+
+    def take(self, now: float, offered: Mapping[str, float]) -> dict[str, float] | None:
+        """The rate since the last reading (None for the first, or no time since); this one is
+        the next one's start."""
+        last, self._last = self._last, (now, {g: float(offered.get(g, 0.0)) for g in CLASSES})
+        if last is None or now <= last[0]:
+            return None
+        return {g: max(0.0, self._last[1][g] - last[1][g]) / (now - last[0]) for g in CLASSES}
+
+
+class AllocationDriver:
+    """One allocation loop, clock-agnostic: `begin` with the classes' offered work so far, then
+    `step` once per interval with it again for at most one move (mode "laps": `decide` on the
+    offered work per second over the interval); mode "reference" applies the reference
+    router's rule (`reference_decide`) to the groups' pending request counts, `sample`d every
+    second and averaged. The caller keeps the clock and applies the move: `laps local`'s gateway
+    on the wall clock (gateway/allocator.py), `laps sim` on its virtual one
+    (lab/sim/allocation.py), so both run exactly this loop."""
 
     def __init__(self, mode: str = "laps", config: AllocationConfig | None = None) -> None:
         if mode not in MODES:
@@ -208,26 +235,31 @@ class AllocationDriver:
         self.mode, self.config = mode, config or AllocationConfig()
         self.state = PolicyState()
         self.window = PressureWindow()
+        self.rate = OfferedRate()
         self.last: dict = {"reason": "not decided yet"}   # the latest decision: reason, pressure, per pod
 
-    def sample(self, pending: Callable[[str], tuple[float, float]]) -> None:
-        """One sample into the window the next step averages; `pending(group)` is the group's
-        (pending requests, pending tokens), as the gateway counts them."""
-        if self.mode == "reference":  # the reference counts pending requests
-            self.window.add({g: float(pending(g)[0]) for g in CLASSES})
-        else:
-            self.window.add({g: group_pressure(*pending(g)) for g in CLASSES})
+    def begin(self, now: float, offered: Mapping[str, float]) -> None:
+        """Where the first interval's offered work is counted from."""
+        self.rate.take(now, offered)
 
-    def step(self, now: float, members: Mapping[str, Sequence[str]],
-             in_flight: Callable[[], Mapping[str, float]]) -> Move | None:
-        """The move of this interval, if any, on the mean of the samples since the last step.
-        `members`: group -> pod names; `in_flight()`: pod -> work of its class it still holds
-        (asked only by mode "laps"); `now`: the caller's clock (the pods' cooldowns)."""
-        pressure = self.window.take()
+    def sample(self, pending: Callable[[str], tuple[float, float]]) -> None:
+        """One sample of `pending(group)`, the group's (pending requests, pending tokens) as the
+        gateway counts them, into the window the next step of the reference rule averages."""
         if self.mode == "reference":
+            self.window.add({g: float(pending(g)[0]) for g in CLASSES})
+
+    def step(self, now: float, members: Mapping[str, Sequence[str]], in_flight: Callable[[], Mapping[str, float]],
+             offered: Mapping[str, float]) -> Move | None:
+        """The move of this interval, if any. `members`: group -> pod names; `in_flight()`: pod ->
+        work of its class it still holds (asked only by mode "laps"); `offered`: class -> its
+        offered prefill seconds so far (as `offered_seconds` counts them); `now`: the caller's
+        clock (the rate's interval, the pods' cooldowns)."""
+        if self.mode == "reference":
+            pressure = self.window.take()
             move = reference_decide(members, pressure, self.config.ratio)
             self.last = {"reason": "reference rule" if move else "reference rule: no move", "pressure": pressure}
             return move
+        pressure = self.rate.take(now, offered)
         decision = decide(members, pressure, in_flight(), self.state, now, self.config)
         self.state = decision.state
         self.last = {"reason": decision.reason, "pressure": pressure, "per_pod": decision.per_pod}

@@ -1,15 +1,15 @@
-"""Group pressure for the allocation loop: each group's total pending prefill work (P_g).
+"""Group pressure for the allocation loop: each class's offered prefill work per second (P_g).
 
-P_g is `allocation.group_pressure`, as in `laps local` and `laps sim`: the gateway's
-`laps_gateway_pending_tokens{group}` (estimated prompt tokens dispatched to a group whose
-prefill has not finished) plus REQUEST_COST_TOKENS per `laps_gateway_pending_requests{group}`
-(each prefill's fixed cost), from one of two sources:
+P_g is what `laps local` and `laps sim` decide on (policy/allocation.py): the rate of the
+gateways' `laps_gateway_offered_prefill_seconds_total{class}` (each arriving request's prefill
+seconds at the prefill pods' measured cost), summed over the gateway replicas (each counts the
+requests it received), from one of two sources:
 * Prometheus (`spec.monitoring.prometheusURL`): one instant query per decision (`default_query`):
-  each gateway replica's series averaged over the window, summed over the replicas (each only
-  knows the work it dispatched). `spec.monitoring.pressureQuery` replaces it and must return an
-  instant vector of one series per group, labelled group="short|long".
-* Without Prometheus, the gateway pods' own /metrics, read every second, averaged over the
-  interval by the caller (`GatewayWindow`) and summed over the pods.
+  the rate over the window. `spec.monitoring.pressureQuery` replaces it and must return an
+  instant vector of one series per group, labelled group="short|long", in seconds of prefill
+  work per second.
+* Without Prometheus, the gateway pods' own /metrics, read every second; the caller's
+  `GatewayWindow` takes the rate between the interval's first and last reading.
 A doubtful reading is "unknown" with a reason, never a number (the source down or refusing, a
 group missing, a stale result, a gateway pod unreadable), and unknown means no move (allocation
 policy rule 1). The pure parts (parse_prometheus, parse_gateway_metrics, default_query) do no I/O.
@@ -24,18 +24,20 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from laps_agent.policy.allocation import REQUEST_COST_TOKENS, group_pressure
+from laps_agent.policy.allocation import OfferedRate
 from laps_agent.policy.classes import CLASSES
 from laps_operator.naming import ClusterRef, role_selector
 from laps_operator.reconcile.kube import Kube, Ref
 from laps_operator.status.pod_problems import pod_ready
 
-TOKENS, REQUESTS = "laps_gateway_pending_tokens", "laps_gateway_pending_requests"
+OFFERED = "laps_gateway_offered_prefill_seconds"
 # What Kubernetes writes a ReplicaSet's pod-template-hash and a generateName suffix in
 # (k8s.io/apimachinery's rand.SafeEncodeString and rand.String): no vowels, no 0, 1 or 3.
 GENERATED_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 TIMEOUT_S = 5.0
-MIN_WINDOW_S = 2.0
+# A rate needs two scrapes in its window at least; 4 s holds two of a PodMonitor scraping every
+# second (render.builders' scrape_interval_seconds), and the planner's rates use it alike.
+MIN_WINDOW_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,8 @@ def unknown(reason: str, message: str, source: str = "prometheus") -> Reading:
 
 
 def window_seconds(interval_s: float) -> float:
-    """The averaging window: the interval, but at least two scrapes of the PodMonitor the
-    operator renders (it scrapes every interval/2, at least every second: render.builders'
-    scrape_interval_seconds)."""
+    """The rate's window: the interval, but at least MIN_WINDOW_S (two scrapes of the PodMonitor
+    the operator renders: it scrapes every interval/2, at least every second)."""
     return max(float(interval_s), MIN_WINDOW_S)
 
 
@@ -84,15 +85,12 @@ def deployment_pod_regex(deployment: str) -> str:
 
 def default_query(cluster: ClusterRef, window_s: float) -> str:
     """Every gateway replica of the cluster, selected by the `namespace` and `pod` labels that
-    Kubernetes service discovery gives (the rendered PodMonitor, ServiceMonitors)."""
+    Kubernetes service discovery gives (the rendered PodMonitor, ServiceMonitors); the class
+    label named `group`, as the groups are named after their classes."""
     selector = f'namespace="{cluster.namespace}",pod=~"{gateway_pod_regex(cluster)}"'
     window = f"[{int(round(window_s * 1000))}ms]"
-
-    def per_group(series: str) -> str:
-        return f"sum by (group) (avg_over_time({series}{{{selector}}}{window}))"
-    # Both sides keep only `group`, so they match one to one; a group missing on either side is
-    # missing from the result (and the reading unknown).
-    return f"{per_group(TOKENS)} + {REQUEST_COST_TOKENS:g} * {per_group(REQUESTS)}"
+    return (f'sum by (group) (label_replace(rate({OFFERED}_total{{{selector}}}{window}), '
+            f'"group", "$1", "class", "(.*)"))')
 
 
 def parse_prometheus(status_code: int, body: Any, now: float, max_age_s: float) -> Reading:
@@ -153,19 +151,18 @@ def query_prometheus(url: str, query: str, now: float, max_age_s: float, *,
 
 
 def parse_gateway_metrics(text: str) -> dict[str, float]:
-    """One gateway's /metrics -> its pressure per group (pure); ValueError when a series or one
-    of its groups is missing or the text is not the exposition format."""
-    found: dict[str, dict[str, float]] = {TOKENS: {}, REQUESTS: {}}
+    """One gateway's /metrics -> its offered prefill seconds so far per class (pure); ValueError
+    when the series or one of its classes is missing or the text is not the exposition format."""
+    found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        for sample in family.samples if family.name in found else ():
-            group = sample.labels.get("group")
-            if sample.name == family.name and group in CLASSES:
-                found[family.name][group] = found[family.name].get(group, 0.0) + float(sample.value)
-    for series, values in found.items():
-        missing = [g for g in CLASSES if g not in values]
-        if missing:
-            raise ValueError(f"no {series} for group {', '.join(missing)}")
-    return {g: group_pressure(found[REQUESTS][g], found[TOKENS][g]) for g in CLASSES}
+        for sample in family.samples:
+            cls = sample.labels.get("class")
+            if sample.name == f"{OFFERED}_total" and cls in CLASSES:
+                found[cls] = found.get(cls, 0.0) + float(sample.value)
+    missing = [g for g in CLASSES if g not in found]
+    if missing:
+        raise ValueError(f"no {OFFERED}_total for class {', '.join(missing)}")
+    return found
 
 
 def _gateway_port(pod: dict[str, Any], default: int) -> int:
@@ -177,7 +174,8 @@ def _gateway_port(pod: dict[str, Any], default: int) -> int:
 
 
 def scrape_gateways(kube: Kube, cluster: ClusterRef, port: int, *, timeout_s: float = 2.0) -> Reading:
-    """One sample: the Ready gateway pods' pending tokens, summed over the pods. Ready ones only:
+    """One reading: the Ready gateway pods' offered prefill seconds so far, summed over the pods.
+    Ready ones only:
     the gateway Service sends work to those alone, and a pod Running but not Ready (starting,
     or crash-looping: its phase stays Running) cannot be read, which made every reading unknown
     and stopped the allocation loop for as long as one replica was down."""
@@ -203,27 +201,37 @@ def scrape_gateways(kube: Kube, cluster: ClusterRef, port: int, *, timeout_s: fl
 
 
 class GatewayWindow:
-    """Samples between two decisions (fallback mode): the mean of them, or unknown if any one
-    failed (a gateway missing from one sample would bias the mean low)."""
+    """Readings between two decisions (fallback mode): the rate from the window's start (the
+    previous decision's last reading, or the first one after a failure) to its last reading
+    (OfferedRate), or unknown if any one failed (a gateway missing from one reading would bias
+    it)."""
 
     def __init__(self) -> None:
-        self._sums = dict.fromkeys(CLASSES, 0.0)
-        self._count = 0
+        self._rate = OfferedRate()
+        self._started = False
+        self._latest: tuple[float, Mapping[str, float]] | None = None
         self._failure: Reading | None = None
 
-    def add(self, reading: Reading) -> None:
+    def add(self, now: float, reading: Reading) -> None:
         if not reading.known:
             self._failure = self._failure or reading
-            return
-        for group in CLASSES:
-            self._sums[group] += float(reading.totals[group])
-        self._count += 1
+        elif not self._started:
+            self._rate.take(now, reading.totals)
+            self._started = True
+        else:
+            self._latest = (now, reading.totals)
+
+    @property
+    def ready(self) -> bool:
+        """Whether `take` has a rate or a failure to give (a window just started has neither yet)."""
+        return self._failure is not None or self._latest is not None
 
     def take(self) -> Reading:
-        failure, count, sums = self._failure, self._count, self._sums
-        self.__init__()
+        failure, latest = self._failure, self._latest
+        self._failure, self._latest = None, None
         if failure is not None:
+            self._started = False
             return failure
-        if not count:
-            return unknown("NoSamples", "no gateway sample in this interval yet", "gateways")
-        return Reading({g: s / count for g, s in sums.items()}, source="gateways")
+        if latest is None:
+            return unknown("NoSamples", "fewer than two gateway readings in this interval: no rate yet", "gateways")
+        return Reading(self._rate.take(*latest), source="gateways")

@@ -313,10 +313,13 @@ class AllocationLoop:
         if self.last_decision is None:
             self.last_decision = now   # the first decision one interval after the loop starts
         if not url:
-            self.window.add(pressure.scrape_gateways(self.kube, cluster_ref(live), GATEWAY_PORT))
+            reading = pressure.scrape_gateways(self.kube, cluster_ref(live), GATEWAY_PORT)
+            self.window.add(self.clock(), reading)   # when the counters were read, not before
         due = self.last_decision + interval
         if now < due:
             return min(due - now, SAMPLE_S if not url else due - now), None
+        if not url and not self.window.ready:   # a rate needs two readings: the second comes next second
+            return SAMPLE_S, None
         window = pressure.window_seconds(interval)
         if url:
             query = spec.monitoring.pressure_query or pressure.default_query(cluster_ref(live), window)

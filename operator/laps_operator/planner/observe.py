@@ -25,14 +25,10 @@ import httpx
 
 from laps_agent.policy.classes import CLASSES
 from laps_agent.policy.planner import DEFAULT_DECODE_SLOTS, ClassLoad, Observation, PodCosts
-from laps_operator.allocation.pressure import TIMEOUT_S, deployment_pod_regex, gateway_pod_regex
+from laps_operator.allocation.pressure import MIN_WINDOW_S, TIMEOUT_S, deployment_pod_regex, gateway_pod_regex
 from laps_operator.naming import ClusterRef
 
 Samples = list[tuple[dict[str, str], float]]
-# The rates are taken over the interval, but over at least this many seconds: a few scrapes of the
-# PodMonitor (every second at most), so a short interval still has two samples to take a rate of.
-MIN_WINDOW_S = 4.0
-
 
 @dataclass(frozen=True)
 class Reading:

@@ -326,8 +326,8 @@ class MonitoringSpec(_Model):
         default=None, min_length=1,
         description='PromQL (instant query) overriding the built-in pressure query (needs prometheusURL; unset = '
                     'the built-in one); it must return an instant vector with one series per group labelled '
-                    'group="short" and group="long" (the group\'s total pending prefill work summed over gateway '
-                    'replicas, in the unit of the built-in query: pending tokens + 128 per pending request)')
+                    'group="short" and group="long" (the class\'s offered prefill work summed over gateway '
+                    'replicas, in the unit of the built-in query: seconds of prefill work per second)')
 
     @field_validator("prometheus_url")
     @classmethod

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,17 +192,39 @@ class Load:
 
 
 class GatewayStandIn:
-    """A gateway pod's /metrics, with the pending tokens the test sets per group."""
+    """A gateway pod's /metrics: its offered prefill seconds per class, growing at the rate the
+    test sets (`pressure`: seconds of prefill work per second, the allocation loop's unit)."""
 
     def __init__(self) -> None:
-        self.pressure = {"short": 0.0, "long": 0.0}
+        self._lock = threading.Lock()
+        self._offered = {"short": 0.0, "long": 0.0}
+        self._rate = {"short": 0.0, "long": 0.0}
+        self._since = time.monotonic()
         self._http = GetServer(self._metrics)
         self.port = self._http.port
 
+    @property
+    def pressure(self) -> dict[str, float]:
+        return dict(self._rate)
+
+    @pressure.setter
+    def pressure(self, rate: dict[str, float]) -> None:
+        with self._lock:
+            self._advance()
+            self._rate = dict(rate)
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        for cls, rate in self._rate.items():
+            self._offered[cls] += rate * (now - self._since)
+        self._since = now
+
     def _metrics(self) -> tuple[str, bytes]:
-        return "text/plain; version=0.0.4", "".join(
-            f'laps_gateway_pending_tokens{{group="{g}"}} {v}\n'
-            f'laps_gateway_pending_requests{{group="{g}"}} 0\n' for g, v in self.pressure.items()).encode()
+        with self._lock:
+            self._advance()
+            return "text/plain; version=0.0.4", "".join(
+                f'laps_gateway_offered_prefill_seconds_total{{class="{c}"}} {v}\n'
+                for c, v in self._offered.items()).encode()
 
     def close(self) -> None:
         self._http.close()

@@ -63,12 +63,12 @@ def test_spec_updates_resyncs_and_moves_together_revert_nothing(kube_api, start_
 
         # After each move, pressure turns to the other group (a reversal: ratio^2 is cleared)
         # while spec changes arrive one after another.
-        stand_in.pressure = {"short": 0.0, "long": 8000.0}
+        stand_in.pressure = {"short": 0.0, "long": 2.0}
         for done in range(1, MOVES + 1):
             wait_for(lambda done=done: moves() >= done, f"move {done}", timeout=30)
             last = cluster.status()["allocation"]["history"][-1]
             hot = "short" if last["to"] == "long" else "long"
-            stand_in.pressure = {hot: 8000.0, ("long" if hot == "short" else "short"): 0.0}
+            stand_in.pressure = {hot: 2.0, ("long" if hot == "short" else "short"): 0.0}
             for _ in range(UPDATES_PER_MOVE):
                 threshold += 1
                 cluster.patch_spec({"laps": {"lengthThreshold": threshold}})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.policy.allocation import REQUEST_COST_TOKENS
 from laps_operator.allocation.pressure import scrape_gateways
 from laps_operator.naming import ClusterRef
 from tests.support.get_server import GetServer
@@ -38,14 +37,14 @@ def test_scrape_sums_the_running_gateway_pods_and_an_unreachable_one_makes_it_un
     kube = FakeKube()
     ref = ClusterRef("c", "ns", "u")
     assert scrape_gateways(kube, ref, 8000).reason == "NoGateway"
-    kube.add(gateway_pod("c-gateway-1-a", metrics_server(gateway_metrics_text(1, 100, (0, 1)))))
+    kube.add(gateway_pod("c-gateway-1-a", metrics_server(gateway_metrics_text(1, 100))))
     kube.add(gateway_pod("c-gateway-1-b", metrics_server(gateway_metrics_text(2, 50))))
     kube.add(gateway_pod("c-gateway-1-c", 1, phase="Pending"))   # not running: not asked
     # Running but not Ready (starting, or crash-looping: the phase stays Running): the Service
     # sends it nothing, and one such replica made every reading unknown, stopping the loop.
     kube.add(gateway_pod("c-gateway-1-e", 9, ready=False))
     reading = scrape_gateways(kube, ref, 8000)
-    assert reading.totals == {"short": 3.0, "long": 150.0 + REQUEST_COST_TOKENS} and reading.source == "gateways"
+    assert reading.totals == {"short": 3.0, "long": 150.0} and reading.source == "gateways"
 
     kube.add(gateway_pod("c-gateway-1-d", 9))   # nothing listens on port 9
     down = scrape_gateways(kube, ref, 8000)

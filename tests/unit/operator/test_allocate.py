@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from laps_agent.policy.allocation import REQUEST_COST_TOKENS, Decision, Move, PolicyState
+from laps_agent.policy.allocation import AllocationConfig, Decision, Move, PolicyState
 from laps_operator import metrics
 from laps_operator.allocation.pressure import Reading, unknown
 from laps_operator.allocation.tick import (
@@ -27,7 +27,7 @@ from tests.unit.operator.fake_kube import FakeKube, cluster, prefill_pod
 
 NOW = 1_800_000_000.0
 GROUPS = {"short": ["c-prefill-0", "c-prefill-1"], "long": ["c-prefill-2", "c-prefill-3"]}
-LONG_HEAVY = Reading({"short": 0.0, "long": 4000.0})
+LONG_HEAVY = Reading({"short": 0.0, "long": 4.0})   # seconds of prefill work per second
 
 
 def make_kube(status: dict | None = None, **cluster_kw) -> FakeKube:
@@ -63,13 +63,13 @@ def test_a_move_records_status_first_then_relabels_the_pod():
     status = live_status(kube)
     assert status["groups"] == {"short": ["c-prefill-0"], "long": ["c-prefill-1", "c-prefill-2", "c-prefill-3"]}
     assert status["groupSizes"] == {"short": 1, "long": 3}
-    assert status["pressure"] == {"short": 0.0, "long": 4000.0, "perPod": {"short": 0.0, "long": 2000.0},
+    assert status["pressure"] == {"short": 0.0, "long": 4.0, "perPod": {"short": 0.0, "long": 2.0},
                                   "source": "prometheus"}
     assert status["lastRebalanceTime"] == "2027-01-15T08:00:00Z"
     [entry] = status["allocation"]["history"]
     assert (entry["pod"], entry["from"], entry["to"], entry["time"]) == ("c-prefill-1", "short", "long",
                                                                          "2027-01-15T08:00:00Z")
-    assert "long per pod 2000" in entry["reason"]
+    assert "long per pod 2.00" in entry["reason"]
     # (merge patch: the null `wanted` removes the key)
     assert status["allocation"]["policy"] == {"streak": 0, "lastDirection": "short_to_long",
                                               "movedAt": {"c-prefill-1": NOW}}
@@ -143,7 +143,7 @@ def test_spec_knobs_reach_the_policy_and_the_rest_keep_their_defaults():
         "enabled": True, "ratio": 3, "minPerGroup": 2, "cooldownSeconds": 5, "confirmIntervals": 4}}})
     config = config_of(spec)
     assert (config.ratio, config.min_per_group, config.pod_cooldown_s, config.confirm) == (3.0, 2, 5.0, 4)
-    assert (config.min_pressure, config.min_improvement) == (REQUEST_COST_TOKENS, 0.1)
+    assert (config.min_pressure, config.min_improvement) == (AllocationConfig.min_pressure, 0.1)
 
 
 @pytest.mark.parametrize("replicas", [1])
@@ -202,7 +202,7 @@ def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
     metrics.start_cluster("ns", "c", "uid-1")   # as the operator does when it first sees the cluster
     step(kube, "ns", "c", LONG_HEAVY, NOW)   # wanted 1/2: no move yet
     assert live_status(kube)["allocation"]["policy"]["streak"] == 1
-    assert metrics.PRESSURE.labels(cluster="ns/c", group="long")._value.get() == 4000.0
+    assert metrics.PRESSURE.labels(cluster="ns/c", group="long")._value.get() == 4.0
     spec = kube.objects[("LAPSCluster", "ns", "c")]["spec"]
     spec["laps"]["allocation"]["enabled"] = False
     loop = AllocationLoop(kube, "ns", "c", "uid-1", wall=lambda: NOW + 5)
@@ -241,11 +241,11 @@ def test_only_pods_that_serve_are_counted_and_moved():
     outcome = step(kube, "ns", "c", LONG_HEAVY, NOW)
     assert outcome.move is None and "short is at its minimum of 1 pods" in outcome.reason
     assert set(labels(kube).items()) == {(p, g) for g, ps in GROUPS.items() for p in ps}
-    # Per-pod pressure counts the Ready pods alone: long's 4000 over its 2 Ready pods, then 1.
-    assert live_status(kube)["pressure"]["perPod"] == {"short": 0.0, "long": 2000.0}
+    # Per-pod pressure counts the Ready pods alone: long's 4 over its 2 Ready pods, then 1.
+    assert live_status(kube)["pressure"]["perPod"] == {"short": 0.0, "long": 2.0}
     kube.add(prefill_pod("c-prefill-2", "long", ready=False))
     step(kube, "ns", "c", LONG_HEAVY, NOW + 1)
-    assert live_status(kube)["pressure"]["perPod"]["long"] == 4000.0
+    assert live_status(kube)["pressure"]["perPod"]["long"] == 4.0
     # With three short pods of which the highest is not Ready, a Ready one moves.
     kube = make_kube(status={"groups": {"short": ["c-prefill-0", "c-prefill-1", "c-prefill-4"], "long": GROUPS["long"]},
                              "groupSizes": {"short": 3, "long": 2}}, replicas=5)

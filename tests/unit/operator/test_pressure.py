@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from laps_agent.policy.allocation import REQUEST_COST_TOKENS
 from laps_operator.allocation.pressure import (
     GatewayWindow,
     Reading,
@@ -69,9 +68,9 @@ def test_default_query_sums_every_gateway_replica_of_the_cluster_over_the_window
     query = default_query(ClusterRef("chat", "serving", "u"), window_seconds(5))
     name = "[bcdfghjklmnpqrstvwxz2456789]+"   # what Kubernetes generates names in
     selector = f'{{namespace="serving",pod=~"chat-gateway-{name}(-{name})?"}}[5000ms]'
-    # allocation.group_pressure: tokens, plus REQUEST_COST_TOKENS per pending request.
-    assert query == (f"sum by (group) (avg_over_time(laps_gateway_pending_tokens{selector})) + "
-                     f"{REQUEST_COST_TOKENS} * sum by (group) (avg_over_time(laps_gateway_pending_requests{selector}))")
+    # The offered prefill work per second of each class (policy/allocation.py), named as its group.
+    assert query == (f'sum by (group) (label_replace(rate(laps_gateway_offered_prefill_seconds_total{selector}), '
+                     '"group", "$1", "class", "(.*)"))')
 
 
 def test_gateway_pod_regex_selects_this_clusters_deployment_pods_only():
@@ -111,47 +110,48 @@ def test_window_and_scrape_interval_leave_two_scrapes_per_window():
     for interval in (1, 2, 5, 30, 120):
         assert window_seconds(interval) >= 2 * scrape_interval_seconds(interval)
         assert window_seconds(interval) >= interval
-    assert (window_seconds(1), scrape_interval_seconds(1)) == (2.0, 1.0)
+    assert (window_seconds(1), scrape_interval_seconds(1)) == (4.0, 1.0)
     assert (window_seconds(5), scrape_interval_seconds(5)) == (5.0, 2.5)
 
 
-def gateway_metrics_text(short: float, long: float, requests: tuple[int, int] = (0, 0)) -> str:
+def gateway_metrics_text(short: float, long: float) -> str:
     from laps_agent.gateway.metrics import GatewayMetrics
 
     metrics = GatewayMetrics()   # the gateway's own registry: the real exposition format
-    metrics.pending_tokens_of["short"].set(short)
-    metrics.pending_tokens_of["long"].set(long)
-    metrics.pending_requests_of["short"].set(requests[0])
-    metrics.pending_requests_of["long"].set(requests[1])
+    metrics.offered_prefill_of["short"].inc(short)
+    metrics.offered_prefill_of["long"].inc(long)
     return metrics.render().decode()
 
 
 def test_the_fallback_parser_reads_a_real_gateway_exposition():
-    assert parse_gateway_metrics(gateway_metrics_text(3, 700, (1, 2))) == {
-        "short": 3.0 + REQUEST_COST_TOKENS, "long": 700.0 + 2 * REQUEST_COST_TOKENS}
+    assert parse_gateway_metrics(gateway_metrics_text(0.5, 7.25)) == {"short": 0.5, "long": 7.25}
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("# nothing here\n", "no laps_gateway_pending_tokens"),
-    ('laps_gateway_pending_tokens{group="short"} 1\n', "group long"),
-    ('laps_gateway_pending_tokens{group="short"} 1\nlaps_gateway_pending_tokens{group="long"} 1\n',
-     "no laps_gateway_pending_requests"),
+    ("# nothing here\n", "no laps_gateway_offered_prefill_seconds_total for class short, long"),
+    ('laps_gateway_offered_prefill_seconds_total{class="short"} 1\n', "for class long$"),
 ])
 def test_the_fallback_parser_refuses_incomplete_metrics(text, says):
     with pytest.raises(ValueError, match=says):
         parse_gateway_metrics(text)
 
 
-def test_gateway_window_averages_and_one_failed_sample_spoils_it():
+def test_gateway_window_takes_the_rate_over_the_interval_and_one_failed_reading_spoils_it():
     window = GatewayWindow()
     assert window.take().reason == "NoSamples"
-    window.add(Reading({"short": 0, "long": 100}, source="gateways"))
-    window.add(Reading({"short": 10, "long": 300}, source="gateways"))
-    assert window.take().totals == {"short": 5.0, "long": 200.0}
-    window.add(Reading({"short": 0, "long": 100}, source="gateways"))
-    window.add(unknown("GatewayUnreachable", "pod g-1", "gateways"))
+    window.add(0.0, Reading({"short": 0, "long": 100}, source="gateways"))
+    window.add(1.0, Reading({"short": 1, "long": 101}, source="gateways"))
+    window.add(2.0, Reading({"short": 2, "long": 104}, source="gateways"))
+    assert window.take().totals == {"short": 1.0, "long": 2.0}    # from the first reading to the last
+    window.add(3.0, Reading({"short": 2, "long": 110}, source="gateways"))
+    assert window.take().totals == {"short": 0.0, "long": 6.0}    # from the last decision's last reading
+    window.add(4.0, Reading({"short": 2, "long": 111}, source="gateways"))
+    window.add(5.0, unknown("GatewayUnreachable", "pod g-1", "gateways"))
     assert window.take().reason == "GatewayUnreachable"
-    assert window.take().reason == "NoSamples"   # take() starts over
+    window.add(6.0, Reading({"short": 2, "long": 120}, source="gateways"))
+    assert window.take().reason == "NoSamples"   # after a failure the rate starts from a new reading
+    window.add(8.0, Reading({"short": 4, "long": 120}, source="gateways"))
+    assert window.take().totals == {"short": 1.0, "long": 0.0}
 
 
 @pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:1", "prometheus:9090", "http://prometheus..svc:9090"])

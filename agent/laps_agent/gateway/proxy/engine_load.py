@@ -33,6 +33,7 @@ from laps_agent.gateway.discovery.membership import Discovery
 from laps_agent.gateway.proxy.sglang_limit import ANY_LENGTH, SGLangLimits
 from laps_agent.gateway.proxy.upstream import UpstreamError, UpstreamPool, UpstreamTimeout, address
 from laps_agent.modelio.prompt_rules import PromptLimit
+from laps_agent.policy.allocation import fleet_cost
 from laps_agent.policy.placement import PrefillCost
 from laps_agent.policy.routing import Endpoint, EndpointLoad
 
@@ -129,6 +130,11 @@ class EngineLoads:
         its hardware and model, like slots); None while it has not."""
         pod = self._pods.get(name)
         return pod.cost if pod is not None else None
+
+    def fleet_cost(self) -> PrefillCost | None:
+        """The prefill pods' measured cost as one figure (allocation.fleet_cost), None while no
+        pod has reported one; decode pods report none."""
+        return fleet_cost(pod.cost for pod in self._pods.values())
 
     def batch_tokens(self, name: str) -> int | None:
         """Pod `name`'s largest prefill batch in tokens as it last reported it (a setting)."""

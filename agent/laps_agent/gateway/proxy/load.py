@@ -77,6 +77,7 @@ class LoadTracker:
         for group, pending in self._groups.items():
             metrics.pending_requests_of[group].set_function(lambda p=pending: p.requests)
             metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
+        self._offered: dict[str, float] = dict.fromkeys(CLASSES, 0.0)   # class -> prefill seconds arrived
         self._decode_held: dict[str, int] = {}   # class -> its requests on the decode pool
         # pod -> class -> [requests held there now, requests ever sent there]: what this
         # gateway's share of a decode engine's held_by_class can be (engine_load.py)
@@ -126,6 +127,16 @@ class LoadTracker:
                     del self._ejected_until[name]
                     self._load(name).healthy = True
         return self._loads
+
+    def arrived(self, cls: str, seconds: float) -> None:
+        """A request of class `cls` arrived offering `seconds` of prefill work
+        (allocation.offered_seconds), routed or refused: the allocation loop's pressure."""
+        self._offered[cls] += seconds
+        self._metrics.offered_prefill_of[cls].inc(seconds)
+
+    def offered(self) -> dict[str, float]:
+        """Class -> the prefill seconds arrived so far (laps_gateway_offered_prefill_seconds_total)."""
+        return dict(self._offered)
 
     def group_pending(self, group: str) -> tuple[int, int]:
         pending = self._groups.get(group)

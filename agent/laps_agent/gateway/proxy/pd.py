@@ -43,6 +43,7 @@ from laps_agent.gateway.proxy.upstream import (
     address,
 )
 from laps_agent.policy.admission import decode_held, decode_slots, group_load, in_time_route, refusal
+from laps_agent.policy.allocation import offered_seconds
 from laps_agent.policy.classes import SHORT, length_class
 from laps_agent.policy.placement import ArrivalMix, place
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, choose_route
@@ -158,6 +159,7 @@ class PDProxy:
         self._metrics.arrivals_of[cls].inc()   # demand, refused or not (the planner's input)
         self._metrics.arrival_tokens_of[cls, "prompt"].inc(call.tokens)
         self._metrics.arrival_tokens_of[cls, "output"].inc(call.output_tokens)
+        self._tracker.arrived(cls, offered_seconds(call.tokens, self.engine_loads.fleet_cost()))
         for attempt in range(self._config.proxy.max_retries + 1):
             membership = self._discovery.membership()
             self.affinity.follow(membership)   # all three forget departed pods

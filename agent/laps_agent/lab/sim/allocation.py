@@ -73,9 +73,11 @@ class SimAllocator:
         # None for a system that moves no pods (allocation "none"): samples go nowhere, and it
         # is never asked to rebalance (runs_loop).
         self._driver = AllocationDriver(rule, config) if rule in MODES else None
+        if self._driver is not None:
+            self._driver.begin(0.0, {})   # the simulated clock starts at 0, nothing offered yet
 
     def observe(self, tracker: LoadTracker) -> None:
-        """One pressure sample (every second), into the window the next decision averages."""
+        """One sample (every second) for the reference rule's window."""
         if self._driver is not None:
             self._driver.sample(tracker.group_pending)
 
@@ -87,7 +89,7 @@ class SimAllocator:
             loads = tracker.loads()
             return {name: float(loads[name].pending_tokens) for name in self._pods if name in loads}
 
-        move = self._driver.step(now, members, in_flight)
+        move = self._driver.step(now, members, in_flight, tracker.offered())
         if move is None:
             return groups
         ep = self._pods[move.pod]

@@ -39,7 +39,7 @@ from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, t
 from laps_agent.lab.sim.autoscale import Scaling, SimFleet, SimScaler, pod_costs
 from laps_agent.lab.sim.prefix import SimPrefixes
 from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
-from laps_agent.policy.allocation import AllocationConfig
+from laps_agent.policy.allocation import AllocationConfig, fleet_cost, offered_seconds
 from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
@@ -279,6 +279,8 @@ class SimCluster:
     def _route(self, r: SimRequest, now: float) -> None:
         """The gateway (one hop from the client) routes; the engines get it one hop later."""
         loads = self.tracker.loads()
+        cost = fleet_cost(self._cost(ep.name) for ep in self.prefill_eps)   # as the gateway counts it
+        self.tracker.arrived(length_class(r.routed_tokens, self.class_threshold), offered_seconds(r.routed_tokens, cost))
         if self.scaler is not None:   # demand as the gateway counts it, refused requests too
             self.scaler.arrived(length_class(r.routed_tokens, self.class_threshold), r.routed_tokens,
                                 r.prompt_tokens, r.output_tokens)
