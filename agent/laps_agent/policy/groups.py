@@ -12,7 +12,8 @@ any label. Rules, in order:
    the label is the truth the gateway already routes by).
 3. Nothing recorded nor labelled (a new cluster): the first half of the ordinals (at least one)
    is short, the rest long, as the reference router splits its instances.
-4. Any other new name (a scale-up) joins the smaller group; ties go to short.
+4. Any other new name (a scale-up) joins as `joining_group` says: the short group until it has
+   the planner's short need (where the planner runs), else the smaller group; ties go to short.
 5. Names at or beyond `replicas` (a scale-down) leave the plan. While a group then has fewer
    than `min_per_group` pods (1, or laps.allocation.minPerGroup with allocation on) and the
    other has more, the other's highest ordinal moves over: the allocation loop never takes a
@@ -65,13 +66,25 @@ def initial_short_count(replicas: int) -> int:
     return max(1, replicas // 2) if replicas > 0 else 0
 
 
+def joining_group(short: int, long_: int, short_target: int | None = None) -> str:
+    """Rule 4: the group a new prefill pod joins, beside `short` and `long_` pods: short until the
+    planner's `short_target` is met (at least one pod each side where there are two), else the
+    smaller group, ties short. The operator's group sync, `laps sim` and `laps local` apply it."""
+    if short_target is not None:
+        total = short + long_ + 1
+        return SHORT if short < min(max(short_target, 1), max(total - 1, 1)) else LONG
+    return SHORT if short <= long_ else LONG
+
+
 def plan_groups(
     statefulset: str,
     replicas: int,
     pods: Sequence[PodView],
     recorded: Mapping[str, Sequence[str]] | None,
     min_per_group: int = 1,
+    short_target: int | None = None,
 ) -> GroupPlan:
+    """`short_target`: the prefill pods the planner says the short class needs (rule 4)."""
     recorded_group = {
         name: group for group in CLASSES for name in (recorded or {}).get(group, ()) or ()
     }
@@ -98,7 +111,7 @@ def plan_groups(
     else:
         for name in unassigned:
             sizes = _sizes(assignment)
-            assignment[name] = SHORT if sizes[SHORT] <= sizes[LONG] else LONG
+            assignment[name] = joining_group(sizes[SHORT], sizes[LONG], short_target)
 
     moved = _keep_minimum(assignment, statefulset, min_per_group)
     groups = {g: sorted((n for n, a in assignment.items() if a == g), key=lambda n: pod_ordinal(n, statefulset))

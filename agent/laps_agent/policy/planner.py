@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from laps_agent.policy.allocation import highest_first
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
+from laps_agent.policy.groups import joining_group
 
 # The quantile the SLOs are stated at (spec.slo: TTFT p90, ITL p90), and their defaults.
 SLO_QUANTILE = 0.9
@@ -451,12 +452,8 @@ def drain_order(names: Sequence[str], in_flight: Mapping[str, float], ordinals: 
 
 
 def join_group(groups: Mapping[str, Sequence], short_target: int | None) -> str:
-    """The group a prefill pod that starts serving joins: short until the planner's short need
-    is met (half the pods without one), then long."""
-    total = sum(len(g) for g in groups.values()) + 1
-    want_short = short_target if short_target is not None else total // 2
-    want_short = min(max(want_short, 1), max(total - 1, 1))
-    return SHORT if len(groups[SHORT]) < want_short else LONG
+    """The group a prefill pod that starts serving joins (groups.joining_group)."""
+    return joining_group(len(groups[SHORT]), len(groups[LONG]), short_target)
 
 
 def keep_both_groups(groups: dict[str, tuple]) -> dict[str, tuple]:

@@ -114,6 +114,8 @@ def planner_status(old: Mapping[str, Any] | None, decision: Plan, existing: Pool
                    "actual": {"prefill": existing.prefill, "decode": existing.decode},
                    "lastDecision": decision.reason, "lastDecisionTime": stamp,
                    "planner": state_to_status(decision.state)}
+    if decision.short >= 0:   # frozen: the need is not known, the last one stands
+        autoscaling["shortNeed"] = decision.short
     if decision.frozen:
         conditions = set_condition(old.get("conditions"), FROZEN, True, reason, decision.reason,
                                    generation=None, now=stamp)

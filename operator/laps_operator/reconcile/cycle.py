@@ -208,6 +208,15 @@ def _sync_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec) -> GroupPlan | 
     return record_groups(kube, ref, spec, live, pods)[0]
 
 
+def short_need(spec: ClusterSpec, live: dict[str, Any]) -> int | None:
+    """The planner's short need (status.autoscaling.shortNeed) while it runs: new prefill pods
+    join the short group until it has them (groups rule 4); None with autoscaling off."""
+    if not spec.autoscaling.enabled:
+        return None
+    need = ((live.get("status") or {}).get("autoscaling") or {}).get("shortNeed")
+    return need if isinstance(need, int) and not isinstance(need, bool) else None
+
+
 def record_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec, live: dict[str, Any], pods: list[PodView],
                   *, read_before_pods: bool = False) -> tuple[GroupPlan, dict[str, Any]]:
     """The group sync on what the caller read (under the cluster's lock): plan membership from
@@ -225,7 +234,7 @@ def record_groups(kube: Kube, ref: ClusterRef, spec: ClusterSpec, live: dict[str
     alloc = spec.laps.allocation
     # minPerGroup is the allocation loop's floor; without the loop each group keeps one pod.
     plan = plan_groups(ref.prefill, spec.prefill.replicas, pods, recorded,
-                       alloc.min_per_group if alloc.enabled else 1)
+                       alloc.min_per_group if alloc.enabled else 1, short_need(spec, live))
     wanted = groups_status(plan.groups)
     if not contains(live.get("status") or {}, wanted):
         # Conditional: a membership computed from an older recording must not replace a newer one.

@@ -97,6 +97,8 @@ class AutoscalingStatus(TypedDict, total=False):
     actual: Annotated[PoolCounts, Field(description="the pods that exist, draining ones included")]
     lastDecision: Annotated[str, Field(description="what the latest interval decided, and why")]
     lastDecisionTime: datetime
+    shortNeed: Annotated[int, Field(
+        description="the prefill pods the short class needs: new prefill pods join the short group until it has them")]
     draining: Annotated[PrefillDraining | None, Field(
         description="a prefill scale-down under way: its pods out of routing, the count lowered once they are drained")]
     planner: Annotated[PlannerMemory, Field(

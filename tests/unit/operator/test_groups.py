@@ -66,6 +66,22 @@ def test_scale_up_new_pods_join_the_smaller_group():
     assert plan.groups == {"short": names(0, 4, 5), "long": names(1, 2, 3)}
 
 
+def test_with_the_planners_short_need_new_pods_join_short_until_it_is_met():
+    """The planner grew the pool for long work: 2 short pods meet the short class's need, so the
+    four new pods join the long group (the smaller-group rule would have put two in short)."""
+    recorded = {"short": names(0, 1), "long": names(2, 3)}
+    plan = plan_groups(STS, 8, [], recorded, short_target=2)
+    assert plan.groups == {"short": names(0, 1), "long": names(2, 3, 4, 5, 6, 7)}
+    # A short need above what short has: the new pods go there first, then long.
+    plan = plan_groups(STS, 6, [], recorded, short_target=3)
+    assert plan.groups == {"short": names(0, 1, 4), "long": names(2, 3, 5)}
+    # Even a need of every pod leaves long one (and a need of none leaves short one).
+    assert plan_groups(STS, 3, [], {"short": names(0), "long": names(1)}, short_target=9).groups == \
+        {"short": names(0, 2), "long": names(1)}
+    assert plan_groups(STS, 3, [], {"short": [], "long": names(0, 1)}, short_target=0).groups == \
+        {"short": names(2), "long": names(0, 1)}
+
+
 def test_scale_down_drops_departed_pods_and_keeps_one_per_group():
     recorded = {"short": names(0, 1, 4), "long": names(2, 3, 5)}
     plan = plan_groups(STS, 3, pods((0, "short"), (1, "short"), (2, "long")), recorded)

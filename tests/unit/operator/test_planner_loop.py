@@ -22,7 +22,7 @@ from laps_operator.planner.tick import (
     state_to_status,
     step,
 )
-from laps_operator.reconcile.cycle import parse_cluster
+from laps_operator.reconcile.cycle import parse_cluster, short_need
 from laps_operator.reconcile.kube import Ref
 from laps_operator.reconcile.writers import cr_ref
 from laps_operator.spec.cluster import parse_spec
@@ -132,6 +132,24 @@ def test_a_step_sets_the_counts_within_the_budget_and_says_why():
     assert frozen["status"] == "False" and frozen["reason"] == "Planning"
     assert metrics.PLANNER_REPLICAS.labels(cluster="ns/c", pool="prefill", kind="desired")._value.get() == \
         auto["desired"]["prefill"]
+
+
+def test_new_prefill_pods_join_the_group_the_planner_says_needs_them():
+    """The planner's split reaches Kubernetes: status.autoscaling.shortNeed, and the group sync
+    puts new prefill pods in short until it has that many (then long), while autoscaling is on."""
+    kube = FakeKube()
+    kube.add(lapscluster())
+    step(kube, "ns", "c", observe.observation(answers(rate=(60.0, 20.0)), NOW), NOW, "uid-1")
+    live = kube.get(cr_ref("ns", "c"))
+    auto = live["status"]["autoscaling"]
+    need, desired = auto["shortNeed"], auto["desired"]["prefill"]
+    assert 1 <= need < desired
+    parsed = parse_spec(live["spec"])
+    assert short_need(parsed, live) == need
+    plan = plan_groups("c-prefill", desired, [], {"short": ["c-prefill-0"], "long": ["c-prefill-1"]},
+                       short_target=short_need(parsed, live))
+    assert len(plan.groups["short"]) == need and len(plan.groups["long"]) == desired - need
+    assert short_need(parse_spec({**live["spec"], "autoscaling": {"enabled": False}}), live) is None
 
 
 def test_missing_metrics_freeze_the_counts_and_the_condition_says_why():
