@@ -1,6 +1,6 @@
 """The allocation loop of a gateway with static membership (`laps local`): the policy's
-AllocationDriver (laps_agent.policy.allocation) over the gateway's own pending work, on the wall
-clock, acting on the static membership.
+AllocationDriver (laps_agent.policy.allocation) over the gateway's own counts, on the wall clock,
+acting on the static membership.
 
 Every interval the driver decides (mode "laps": the operator's policy over the classes' offered
 prefill work per second, from the gateway's own count, `laps_gateway_offered_prefill_seconds`;
@@ -89,7 +89,7 @@ class StaticAllocator:
                 if (name := endpoint_name(url)) in loads}
 
     async def step(self, now: float) -> Move | None:
-        """One decision on the mean pressure since the last one; applies the move if any."""
+        """One decision on the offered work since the last one; applies the move if any."""
         members = self._members()
         move = self.driver.step(now, members, lambda: self._in_flight(members), self.tracker.offered())
         if move is not None:
