@@ -24,6 +24,7 @@ from collections.abc import Callable
 from laps_agent.gateway.discovery.membership import endpoint_name
 from laps_agent.local.discovery import LocalDiscovery
 from laps_agent.local.engines import EngineChild
+from laps_agent.policy.allocation import fleet_cost
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
 from laps_agent.policy.planner import (
     DEFAULT_DECODE_SLOTS,
@@ -102,12 +103,11 @@ class LocalPlanner:
     def costs(self) -> PodCosts | None:
         loads = self.gateway.proxy.engine_loads
         spec = self.discovery.spec
-        measured = [c for url in (*spec.prefill_short, *spec.prefill_long) if (c := loads.cost(endpoint_name(url)))]
-        if not measured:
+        prefill = fleet_cost(loads.cost(endpoint_name(url)) for url in (*spec.prefill_short, *spec.prefill_long))
+        if prefill is None:
             return None
         slots = [s for url in spec.decode if (s := loads.slots(endpoint_name(url)))]
-        return PodCosts(prefill_overhead_s=sum(c.overhead_s for c in measured) / len(measured),
-                        prefill_per_token_s=sum(c.per_token_s for c in measured) / len(measured),
+        return PodCosts(prefill_overhead_s=prefill.overhead_s, prefill_per_token_s=prefill.per_token_s,
                         decode_overhead_s=0.0, decode_per_request_s=0.0, decode_per_context_token_s=0.0,
                         decode_max_running=min(slots) if slots else DEFAULT_DECODE_SLOTS, decode_kv_tokens=2**62)
 

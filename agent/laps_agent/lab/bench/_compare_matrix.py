@@ -17,7 +17,6 @@ that the simulator does not model. Ctrl-C saves the cells finished and exits 130
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import sys
 import time
@@ -26,11 +25,10 @@ from pathlib import Path
 from laps_agent.emulated.profile import ProfileError, load_profile
 from laps_agent.lab.bench._compare_system import run_system, systems_problem
 from laps_agent.lab.bench.run import RESULTS_DIR
-from laps_agent.lab.matrix.report import agreement, agreement_markdown, cell_metrics, save_report, with_ratios
-from laps_agent.lab.matrix.report import summarize as summarize_matrix
+from laps_agent.lab.matrix.report import agreement, agreement_markdown, cell_metrics, with_ratios
 from laps_agent.lab.matrix.spec import MatrixError, load_matrix
 from laps_agent.lab.results import save
-from laps_agent.lab.sim.matrix import CellPlanner, MatrixRun, cell_line, finish_report, simulate_cell
+from laps_agent.lab.sim.matrix import CellPlanner, MatrixRun, cell_line, finish_report, save_partial, simulate_cell
 from laps_agent.lab.sim.run import sim_system
 from laps_agent.lab.workload import WorkloadError
 from laps_agent.lab.workload.plan import warmup_plan
@@ -56,9 +54,7 @@ def main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[str
         return _error("--matrix runs emulated engines (--engine emulated): its cells are sized by the "
                       "matrix's profiles, which only emulated engines follow")
     try:
-        matrix = load_matrix(args.matrix)
-        if args.seed is not None:
-            matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(update={"seed": args.seed}))
+        matrix = load_matrix(args.matrix, args.seed)
         names = list(args.systems if flag_given("--systems", argv) else matrix.systems)
         systems = [system(name) for name in names]
         for profile in matrix.spec.profiles:
@@ -123,11 +119,7 @@ def _cell_args(args: argparse.Namespace, cell) -> argparse.Namespace:
 
 
 def _interrupted(run: MatrixRun, out: Path, names: list[str]) -> int:
-    done = run.report["cells"]
-    if done:
-        run.report["summary"] = summarize_matrix(done, names)
-        run.report["agreement"] = agreement(run.report)
-        save_report(run.report, out, plots=False)
-    print("laps bench compare: interrupted after " + (f"{len(done)} cell(s); theirs are saved in {out}" if done
-                                                     else "no cell"), file=sys.stderr)
+    done = save_partial(run, out, names)
+    print(f"laps bench compare: interrupted after {done} cell(s)" + (f"; theirs are saved in {out}" if done else ""),
+          file=sys.stderr)
     return 130

@@ -31,7 +31,7 @@ Errors name the file and the field: `m.yaml: shapes[1]: expected <P>P+<D>D (e.g.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Union
 
@@ -270,7 +270,11 @@ def available_matrices() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
-def load_matrix(path_or_name: str | Path) -> Matrix:
-    """A matrix YAML file by path, or a built-in matrix by name (`available_matrices()`)."""
+def load_matrix(path_or_name: str | Path, seed: int | None = None) -> Matrix:
+    """A matrix YAML file by path, or a built-in matrix by name (`available_matrices()`); `seed`:
+    instead of the file's (a driver's --seed)."""
     data, path = read_named_yaml(path_or_name, BUILTIN_DIR, ("matrix", "matrices"), MatrixError)
-    return parse_matrix(data, path.name, path.resolve().parent)
+    matrix = parse_matrix(data, path.name, path.resolve().parent)
+    if seed is not None:
+        matrix = replace(matrix, spec=matrix.spec.model_copy(update={"seed": seed}))
+    return matrix

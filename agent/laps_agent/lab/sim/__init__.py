@@ -16,14 +16,12 @@ import sys
 from pathlib import Path
 
 from laps_agent.emulated.profile import Profile, ProfileError, load_profile
-from laps_agent.lab.matrix.report import save_report
-from laps_agent.lab.matrix.report import summarize as summarize_matrix
 from laps_agent.lab.matrix.spec import MatrixError, available_matrices, load_matrix
 from laps_agent.lab.results import compare_markdown, markdown, moves_by_phase, phases_markdown, save, summarize
 from laps_agent.lab.results.turns import summarize_turns, turns_report
 from laps_agent.lab.sim import allocation, sizing
 from laps_agent.lab.sim.cluster import HOP_S
-from laps_agent.lab.sim.matrix import MatrixRun, run_matrix
+from laps_agent.lab.sim.matrix import MatrixRun, run_matrix, save_partial
 from laps_agent.lab.sim.run import ORACLE, mean_rate, measure_capacity, sim_system, simulate
 from laps_agent.lab.workload.plan import Plan, plan_requests, require_requests, warmup_plan
 from laps_agent.lab.workload.spec import WorkloadError, load_workload
@@ -189,9 +187,7 @@ def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[st
               f"{'it' if len(given) == 1 else 'them'} per cell (profiles, shapes, loads)", file=sys.stderr)
         return 2
     try:
-        matrix = load_matrix(args.matrix)
-        if args.seed is not None:
-            matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(update={"seed": args.seed}))
+        matrix = load_matrix(args.matrix, args.seed)
         chosen = args.systems if flag_given("--systems", argv) else matrix.systems
         systems = [sim_system(name) for name in chosen]
         for profile in matrix.spec.profiles:
@@ -216,11 +212,8 @@ def _main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[st
                    allocation_config=policy_config(args), interval_s=args.allocation_interval,
                    plots=not args.no_plots, state=state, log=lambda line: print(line, flush=True))
     except KeyboardInterrupt:  # the cells done are reported and saved
-        done = state.report.get("cells", [])
-        if done:
-            state.report["summary"] = summarize_matrix(done, chosen)
-            save_report(state.report, out, plots=False)
-        print(f"laps sim: interrupted after {len(done)} cell(s)" + (f"; theirs are saved in {out}" if done else ""),
+        done = save_partial(state, out, chosen)
+        print(f"laps sim: interrupted after {done} cell(s)" + (f"; theirs are saved in {out}" if done else ""),
               file=sys.stderr)
         return 130
     except WorkloadError as exc:

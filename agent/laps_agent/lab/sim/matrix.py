@@ -16,6 +16,7 @@ from pathlib import Path
 
 from laps_agent.emulated.profile import Profile, load_profile
 from laps_agent.lab.matrix.report import (
+    agreement,
     cell_metrics,
     save_report,
     summarize,
@@ -143,6 +144,18 @@ def finish_report(run: MatrixRun, out: Path, names: list[str], plots: bool, log:
     for n in held:
         log("\n" + targets_markdown(run.report["targets"][n], n))
     log(f"\nfiles: {', '.join(str(p) for p in run.paths.values())}")
+
+
+def save_partial(run: MatrixRun, out: Path, names: list[str]) -> int:
+    """After Ctrl-C: the report of the cells done so far (summary, and the agreement where the
+    cells hold one), saved without plots; how many there are."""
+    done = run.report.get("cells", [])
+    if done:
+        run.report["summary"] = summarize(done, names)
+        if any("sim" in cell for cell in done):
+            run.report["agreement"] = agreement(run.report)
+        save_report(run.report, out, plots=False)
+    return len(done)
 
 
 def cell_line(k: int, n: int, entry: dict, names: list[str], wall: float) -> str:
