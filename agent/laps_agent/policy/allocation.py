@@ -211,6 +211,11 @@ class OfferedRate:
     def __init__(self) -> None:
         self._last: tuple[float, dict[str, float]] | None = None
 
+    @property
+    def started(self) -> bool:
+        """Whether it holds a reading the next rate starts from."""
+        return self._last is not None
+
     def take(self, now: float, offered: Mapping[str, float]) -> dict[str, float] | None:
         """The rate since the last reading (None for the first, or no time since); this one is
         the next one's start."""

@@ -208,16 +208,14 @@ class GatewayWindow:
 
     def __init__(self) -> None:
         self._rate = OfferedRate()
-        self._started = False
         self._latest: tuple[float, Mapping[str, float]] | None = None
         self._failure: Reading | None = None
 
     def add(self, now: float, reading: Reading) -> None:
         if not reading.known:
             self._failure = self._failure or reading
-        elif not self._started:
+        elif not self._rate.started:
             self._rate.take(now, reading.totals)
-            self._started = True
         else:
             self._latest = (now, reading.totals)
 
@@ -230,7 +228,7 @@ class GatewayWindow:
         failure, latest = self._failure, self._latest
         self._failure, self._latest = None, None
         if failure is not None:
-            self._started = False
+            self._rate = OfferedRate()   # the next rate starts from the next good reading
             return failure
         if latest is None:
             return unknown("NoSamples", "fewer than two gateway readings in this interval: no rate yet", "gateways")
