@@ -20,7 +20,7 @@ run() {   # $1: label, $2...: laps local flags
   .venv-sglang/bin/python -m sglang.bench_serving --backend sglang-oai --base-url "http://127.0.0.1:$port" \
     --dataset-name random-ids --random-input-len 2048 --random-range-ratio 0.02 --random-output-len 16 \
     --request-rate "$rate" --num-prompts "$requests" --tokenizer .cache/smollm2-hf --seed 1 \
-    --output-file "$out/$label.jsonl" \
+    --output-file "$out/$label.jsonl" --output-details \
     > "$out/$label-bench.log" 2>&1 || { tail -20 "$out/$label-bench.log"; kill -INT "$pid"; exit 1; }
   kill -INT "$pid"; wait "$pid" || true
   echo "== $label"; grep -E "Successful requests|TTFT" "$out/$label-bench.log"

@@ -4,15 +4,18 @@ Every usable prefill pod predicts when this request's prefill would end there, f
 predicted to hold (EndpointLoad: pending requests and uncached tokens, the short ones apart) and
 its measured cost of a prefill batch (seconds = overhead + per-token x tokens, the engine's own
 fit: scheduling/window.py). The prediction honours the pod's dual queue:
-- a short request waits for a long batch that may be running (counted whole: the gateway does
-  not know when it started) and the shorts ahead of it, then runs in their batch;
-- a long request waits for everything ahead, one batch per `batch_tokens` of each class.
+- a short request waits for a long batch that may be running and the shorts ahead of it, then
+  runs in their batch;
+- a long request waits for everything ahead, one batch per `batch_tokens` of each class;
+- less what the running batch has done: the gateway takes it to have begun at its first
+  dispatch to the pod idle, else at the pod's last prefill end (EndpointLoad.batch_since), and
+  credits the time since, at most that batch's length; never less than the request's own prefill.
 The request's class and work at a pod are its *expected uncached* tokens there (cache affinity:
 `held`), so a conversation goes back to the pod holding its prefix exactly when that is faster.
 
 The length groups are a preference, not a wall:
 - a short request goes to the pod that would serve it first, wherever it is (a long-group pod
-  serves it before its queued longs); equal predictions prefer its own group;
+  serves it before its queued longs);
 - a long request goes to the long group, except to a short-group pod where it would finish
   no later than it would start in the long group plus p x its own prefill there, p the short
   group's need of protection (`ArrivalMix.protection`: 1 while at least FULL_PROTECTION_SHARE of
@@ -20,6 +23,8 @@ The length groups are a preference, not a wall:
   group would hold it back longer than it runs; with none, wherever it finishes first (one pool).
   The shorts route around that pod while its long batch runs. With no usable long-group pod it
   goes to the short group.
+Equal predictions (within TIE_SHARE) prefer the request's own group, then an idle pod (its
+prediction is exact; a busy one's an estimate), then take turns.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
 is within the token watermark at the pod's cost and, where the pod reports what it prefills in
 time (its KV hand-off bound), within that. The chosen pod is the best one that takes it among
@@ -67,8 +72,10 @@ UNMEASURED = PrefillCost(0.0, 1.0)
 
 class ArrivalMix:
     """The share of recent requests that were short (by their full prompt length), weighted
-    exponentially over about 1/WEIGHT requests, and from it how much the short group needs
-    protecting from long work. Starts at 1 (protect, until the traffic says otherwise)."""
+    exponentially over about 1/WEIGHT requests (the plain mean of the first 1/WEIGHT), and from
+    it how much the short group needs protecting from long work. Protects fully before the first
+    request. (Starting from a share of 1 at the exponential weight, uniformly long traffic, a
+    benchmark's, kept the short group to itself for its first 150 requests.)"""
     WEIGHT = 0.02
     # Even a few percent of short requests want their pods kept free of long batches (their SLO
     # is the tight one): weighting the spill by the share itself lost attainment on long-heavy
@@ -77,9 +84,12 @@ class ArrivalMix:
 
     def __init__(self) -> None:
         self.short_share = 1.0
+        self.seen = 0
 
     def observe(self, short: bool) -> float:
-        self.short_share += self.WEIGHT * ((1.0 if short else 0.0) - self.short_share)
+        self.seen += 1
+        weight = max(self.WEIGHT, 1.0 / self.seen)   # the first request's: 1
+        self.short_share += weight * ((1.0 if short else 0.0) - self.short_share)
         return self.short_share
 
     @property
@@ -109,18 +119,23 @@ class _Candidate:
 
 
 def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int,
-                      batch_tokens: int = DEFAULT_BATCH_TOKENS) -> float:
+                      batch_tokens: int = DEFAULT_BATCH_TOKENS, elapsed_s: float = 0.0) -> float:
     """When a request of class `cls` and `work` uncached tokens would finish its prefill on a pod
-    holding `load`, from now (the module docstring's dual-queue rule)."""
+    holding `load`, from now (the module docstring's dual-queue rule), its running batch begun
+    `elapsed_s` ago."""
     short_tokens = max(0, load.short_tokens)
     long_tokens = max(0, load.pending_tokens - short_tokens)
     long_requests = max(0, load.pending_requests - load.short_requests)
+    long_batch = cost.seconds(_long_batch(long_requests, long_tokens, batch_tokens)) if long_requests else 0.0
+    # What of the running batch (a long one where longs are queued, else the shorts') is done.
+    first = long_batch or (cost.seconds(min(short_tokens, batch_tokens)) if short_tokens else 0.0)
+    done = min(max(0.0, elapsed_s), first)
+    own = cost.seconds(work, math.ceil(work / batch_tokens))
     if cls == SHORT:
-        running = cost.seconds(_long_batch(long_requests, long_tokens, batch_tokens)) if long_requests else 0.0
         ahead = short_tokens + work
-        return running + cost.seconds(ahead, math.ceil(ahead / batch_tokens))
+        return max(own, long_batch + cost.seconds(ahead, math.ceil(ahead / batch_tokens)) - done)
     batches = math.ceil(short_tokens / batch_tokens) + math.ceil((long_tokens + work) / batch_tokens)
-    return cost.seconds(short_tokens + long_tokens + work, batches)
+    return max(own, cost.seconds(short_tokens + long_tokens + work, batches) - done)
 
 
 def _long_batch(requests: int, tokens: int, batch_tokens: int) -> int:
@@ -138,11 +153,12 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
           tiebreak: int = 0, batch_tokens: Callable[[str], int | None] = lambda name: None,
           max_pending_tokens_per_pod: int = 0, capacity: Callable[[str], int | None] = lambda name: None,
           decode_held: Callable[[str], int] = lambda cls: 0, decode_slots: int = 0,
-          max_decode_share: float = 0.0, protection: float = 1.0) -> Placement:
+          max_decode_share: float = 0.0, protection: float = 1.0, now: float | None = None) -> Placement:
     """The placement of a request of `tokens` prompt tokens (the module docstring). `cost(pod)`:
     its measured prefill cost (None: not yet; another pod's, else UNMEASURED, stands in);
     `held(pod)`: its prompt tokens that pod is expected to hold (None: no affinity);
     `batch_tokens(pod)`: its largest prefill batch (None: DEFAULT_BATCH_TOKENS);
+    `now`: the clock of the loads' `batch_since` (None: no batch credited);
     `max_pending_tokens_per_pod` 0: no admission bound (nor the in-time one); `capacity(pod)`:
     the tokens it reports it prefills in time; `decode_held(cls)`: requests of that class on the
     decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection. Raises
@@ -161,7 +177,9 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
             cls = length_class(work, threshold)
             pod_cost = costs[ep.name] or stand_in
             batch = batch_tokens(ep.name) or DEFAULT_BATCH_TOKENS
-            predicted = predicted_seconds(load, pod_cost, cls, work, batch)
+            timed = now is not None and load.batch_since is not None and pod_cost is not UNMEASURED
+            elapsed = now - load.batch_since if timed else 0.0   # (unmeasured: predictions in tokens)
+            predicted = predicted_seconds(load, pod_cost, cls, work, batch, elapsed)
             candidates.append(_Candidate(ep, group, cls, work, got, predicted,
                                          pod_cost.seconds(min(work, batch)), load, pod_cost, batch))
     if not candidates:
@@ -189,13 +207,14 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
 
 def _preference(allowed: list[_Candidate], tiebreak: int) -> list[_Candidate]:
     """The candidates best first: those predicting within TIE_SHARE of the best are equals (its
-    own group first, then a rotation by `tiebreak`, so that equal pods share the work), then the
-    others by prediction."""
+    own group first, then idle pods, then a rotation by `tiebreak`, so that equal pods share the
+    work), then the others by prediction."""
     best = min(c.predicted_s for c in allowed)
     n = len(allowed)
     near = [i for i in range(n) if allowed[i].predicted_s <= best * (1 + TIE_SHARE)]
     rest = sorted((i for i in range(n) if i not in near), key=lambda i: allowed[i].predicted_s)
-    near.sort(key=lambda i: (allowed[i].group != allowed[i].cls, (i - tiebreak) % n))
+    near.sort(key=lambda i: (allowed[i].group != allowed[i].cls,
+                             allowed[i].load.pending_requests > 0, (i - tiebreak) % n))
     return [allowed[i] for i in near + rest]
 
 

@@ -44,6 +44,9 @@ class EndpointLoad:
     # short's wait from these alone: the pod's dual queue serves it before its longs).
     short_requests: int = 0
     short_tokens: int = 0
+    # When the prefill pod's running batch is taken to have begun (the tracker's clock): the
+    # first dispatch to it idle, else its last prefill's end. None: unknown.
+    batch_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

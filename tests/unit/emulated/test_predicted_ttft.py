@@ -32,18 +32,20 @@ def booked(queue: list[int]) -> EndpointLoad:
                         short_requests=len(shorts), short_tokens=sum(shorts))
 
 
-def measured(queue: list[int], probe: int) -> float:
+def measured(queue: list[int], probe: int, at: float = 0.0) -> float:
     """Seconds from the probe's arrival to the end of its prefill, on an engine that got `queue`
-    at time 0 and started its first batch, the probe arriving just then."""
+    at time 0 and started its first batch, the probe arriving `at` seconds later."""
     m = engine()
     for i, tokens in enumerate(queue):
         m.add(ModelRequest(f"q{i}", "prefill", tokens, 1, 0.0), 0.0)
     events = list(m.poll(0.0))
-    m.add(ModelRequest("probe", "prefill", probe, 1, 0.0), 0.0)
-    events += m.poll(0.0)
+    while (t := m.next_time()) is not None and t <= at:
+        events += m.poll(t)
+    m.add(ModelRequest("probe", "prefill", probe, 1, at), at)
+    events += m.poll(at)
     while (t := m.next_time()) is not None:
         events += m.poll(t)
-    return next(e.time for e in events if e.rid == "probe" and e.kind == "prefilled")
+    return next(e.time for e in events if e.rid == "probe" and e.kind == "prefilled") - at
 
 
 @pytest.mark.parametrize("queue, probe", [
@@ -61,3 +63,20 @@ def test_the_predicted_prefill_end_agrees_with_the_emulated_engine(queue, probe)
     cost = PrefillCost(*m.scheduler.prefill_cost())
     predicted = predicted_seconds(booked(queue), cost, length_class(probe, THRESHOLD), probe, BATCH_TOKENS)
     assert predicted == pytest.approx(measured(queue, probe), rel=0.15)
+
+
+@pytest.mark.parametrize("queue, probe, at", [
+    ([4000], 100, 0.25),                    # a short behind a long batch most of the way through
+    ([3000, 3000, 3000], 200, 0.5),
+    ([3000, 5000], 2000, 0.6),              # a long behind a batch well under way
+    ([200] * 12, 150, 0.1),
+], ids=lambda v: str(v)[:24])
+def test_a_batch_under_way_is_credited_with_the_time_it_has_run(queue, probe, at):
+    """The gateway knows when the pod's running batch began (EndpointLoad.batch_since): the
+    prediction counts only what is left of it."""
+    m = engine()
+    cost = PrefillCost(*m.scheduler.prefill_cost())
+    cls = length_class(probe, THRESHOLD)
+    credited = predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS, elapsed_s=at)
+    assert credited == pytest.approx(measured(queue, probe, at), rel=0.15)
+    assert credited < predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS)

@@ -84,6 +84,19 @@ def test_with_no_short_traffic_long_work_uses_the_short_group_as_one_pool():
     assert put(3000, queued, groups, decode, protection=0.0).route.group == "short"
 
 
+def test_the_mix_is_the_traffic_seen_so_far_from_its_first_request():
+    """A benchmark's prompts are all long: the short group is not kept idle for them; the first
+    short request protects it again at once."""
+    mix = ArrivalMix()
+    assert mix.protection == 1.0     # nothing seen yet
+    mix.observe(False)
+    assert mix.protection == 0.0
+    for _ in range(10):
+        mix.observe(False)
+    mix.observe(True)
+    assert mix.protection == 1.0     # 1 in 12
+
+
 def test_the_short_group_is_protected_while_a_few_percent_of_requests_are_short():
     mix = ArrivalMix()
     for i in range(400):
@@ -92,6 +105,32 @@ def test_the_short_group_is_protected_while_a_few_percent_of_requests_are_short(
     for _ in range(400):
         mix.observe(False)            # none for a while: one pool
     assert mix.protection < 0.01
+
+
+def test_of_equal_pods_an_idle_one_is_preferred_to_one_whose_batch_is_nearly_done():
+    """Both predict the request's own prefill, but the busy pod's is an estimate."""
+    groups, decode = {"short": [ep("s0"), ep("s1")], "long": []}, [ep("d0")]
+    loads = {"s0": EndpointLoad(pending_requests=1, pending_tokens=3000, batch_since=0.0)}
+    for tiebreak in range(4):
+        assert put(3000, loads, groups, decode, tiebreak=tiebreak, now=0.5).route.prefill.name == "s1"
+
+
+def test_of_pods_each_running_one_batch_the_request_goes_to_the_one_nearest_its_end():
+    """The gateway knows when each pod's running batch began (LoadTracker: its first dispatch
+    to the pod idle, else the pod's last prefill's end): the batch that began first ends first."""
+    groups, decode = {"short": [ep("s0"), ep("s1"), ep("s2")], "long": []}, [ep("d0")]
+    loads = {name: EndpointLoad(pending_requests=1, pending_tokens=3000, batch_since=since)
+             for name, since in (("s0", 10.0), ("s1", 9.8), ("s2", 10.1))}
+    for tiebreak in range(6):
+        assert put(3000, loads, groups, decode, tiebreak=tiebreak, now=10.2).route.prefill.name == "s1"
+    # Without the clock (or the start unknown) they are equal: the work is shared.
+    assert {put(3000, loads, groups, decode, tiebreak=k).route.prefill.name for k in range(6)} == {"s0", "s1", "s2"}
+
+
+def test_a_batch_is_credited_at_most_its_own_length():
+    running = EndpointLoad(pending_requests=1, pending_tokens=3000, batch_since=0.0)
+    own = COST.seconds(2000)
+    assert predicted_seconds(running, COST, "long", 2000, elapsed_s=100.0) == pytest.approx(own)
 
 
 def test_with_no_usable_long_pod_long_work_goes_to_the_short_group():

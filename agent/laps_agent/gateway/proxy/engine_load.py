@@ -198,6 +198,8 @@ class EngineLoads:
                 view[name] = EndpointLoad(mine.pending_requests + requests, mine.pending_tokens + tokens,
                                           mine.healthy, mine.short_requests + min(short_requests, requests),
                                           mine.short_tokens + min(short_tokens, tokens))
+                # (batch_since None: the batch running may be another gateway's, begun when
+                # this one cannot know)
         return own if view is None else view
 
     def report(self, name: str) -> dict | None:

@@ -5,7 +5,9 @@ the allocation loop balances: where the router sent it does not change which kin
 wants), count from dispatch until the request's
 prefill phase completes, seen as the first of: the prefill engine's response ending (SGLang's
 prefill server answers once the KV is handed off), the first byte of the decode engine's answer,
-the attempt failing or being cancelled. A *decode* pod's pending requests count until the whole
+the attempt failing or being cancelled; its running batch is taken to begin at the first
+dispatch to it idle and again at each prefill end while work remains (EndpointLoad.batch_since:
+the router credits what that batch has done). A *decode* pod's pending requests count until the whole
 answer is relayed; so do each class's requests on the decode pool (its decode share,
 admission.py) and on each decode pod (with those ever sent there: what engine_load.py takes out
 of the pod's own per-class report).
@@ -118,6 +120,10 @@ class LoadTracker:
             load = self._loads[name] = EndpointLoad()
         return load
 
+    def now(self) -> float:
+        """The tracker's clock (EndpointLoad.batch_since is on it)."""
+        return self._clock()
+
     def loads(self) -> dict[str, EndpointLoad]:
         """Per-pod load for the routing policy, with ejections that ran out lifted."""
         if self._ejected_until:
@@ -146,6 +152,8 @@ class LoadTracker:
         """Book `tokens` of prefill work on `endpoint` (of `group`), sent as class `cls`: on the
         pod, and on the pressure of the group named `cls` (of `group` without one)."""
         load = self._load(endpoint)
+        if load.pending_requests <= 0:
+            load.batch_since = self._clock()
         load.pending_requests += 1
         load.pending_tokens += tokens
         short = cls == SHORT
@@ -163,6 +171,7 @@ class LoadTracker:
         load = self._load(ticket.endpoint)
         load.pending_requests -= 1
         load.pending_tokens -= ticket.tokens
+        load.batch_since = self._clock() if load.pending_requests > 0 else None
         if ticket.short:
             load.short_requests -= 1
             load.short_tokens -= ticket.tokens

@@ -146,7 +146,8 @@ class SimCluster:
             # the classes still say what each engine's dual queue serves first.
             self.threshold = threshold if system.router == "predicted" else SINGLE_POOL_THRESHOLD
         self.class_threshold = threshold
-        self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig())
+        self.now = 0.0   # the virtual clock, the gateway's (its load tracker's) too
+        self.tracker = LoadTracker(GatewayMetrics(), ProxyConfig(), clock=lambda: self.now)
         self.arrivals = ArrivalMix()
         self.estimate = estimate or (lambda tokens: tokens)
         self.sample_every_s = sample_every_s
@@ -194,11 +195,12 @@ class SimCluster:
         self._finished, self._last_end = 0, 0.0
         while nxt < n or heap:
             if nxt < n and (not heap or at[nxt] <= heap[0][0]):
-                now = reqs[nxt].sent
+                now = self.now = reqs[nxt].sent
                 self._route(reqs[nxt], now)
                 nxt += 1
                 continue
             now, _, kind, payload = heapq.heappop(heap)
+            self.now = now
             if kind == _ARRIVE:
                 self._arrive(reqs[payload], now)
             elif kind == _ENGINE:
@@ -312,7 +314,7 @@ class SimCluster:
             placed = place(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads, self._cost,
                            held=self.prefixes.held(r.conversation, r.prompt_tokens), tiebreak=next(self._tiebreak),
                            batch_tokens=lambda name: self.batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
-                           capacity=self._capacity, protection=self.arrivals.protection)
+                           capacity=self._capacity, protection=self.arrivals.protection, now=now)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
