@@ -2,7 +2,7 @@
 # A client nobody here wrote: SGLang's own bench_serving against `laps local` on emulated engines
 # (the H200 32B profile, 4 prefill + 2 decode), once as laps runs by default and once with
 # --single-pool, and the TTFT figures of each (issue "LAPS that never loses": laps's p90 should be
-# at most --single-pool's). Needs `make test`'s set-up (.venv, .venv-sglang, .cache/smollm2-hf).
+# at most --single-pool's; its prompts: uniform 41-2,048 tokens, ~11% short). Needs `make test`'s set-up (.venv, .venv-sglang, .cache/smollm2-hf).
 # Usage: scripts/bench_serving_check.sh [REQUESTS] [RATE]   (default 600 at 14 req/s: ~45 s each)
 # LAPS_FLAGS: more `laps local` flags for the laps run; ONLY_LAPS=1: skip the --single-pool run.
 set -euo pipefail

@@ -74,8 +74,8 @@ class ArrivalMix:
     """The share of recent requests that were short (by their full prompt length), weighted
     exponentially over about 1/WEIGHT requests (the plain mean of the first 1/WEIGHT), and from
     it how much the short group needs protecting from long work. Protects fully before the first
-    request. (Starting from a share of 1 at the exponential weight, uniformly long traffic, a
-    benchmark's, kept the short group to itself for its first 150 requests.)"""
+    request. (Starting from a share of 1 at the exponential weight, uniformly long traffic kept
+    the short group to itself for its first 150 requests.)"""
     WEIGHT = 0.02
     # Even a few percent of short requests want their pods kept free of long batches (their SLO
     # is the tight one): weighting the spill by the share itself lost attainment on long-heavy
