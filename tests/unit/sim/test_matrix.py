@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from laps_agent.lab.matrix.report import agreement, agreement_markdown, cell_metrics, summarize, verdict, with_ratios
-from laps_agent.lab.matrix.spec import MatrixError, cell_setup, load_matrix, parse_matrix, shortened
+from laps_agent.lab.matrix.spec import MatrixError, cell_setup, load_matrix, parse_matrix, shortened, whole_periods
 from laps_agent.lab.results.records import RequestTable, RunResult
 from laps_agent.lab.sim import main
 from laps_agent.lab.sim.matrix import run_matrix
@@ -34,6 +34,19 @@ def test_cells_are_workloads_x_profiles_x_shapes_x_loads():
     assert [p.arrival.rate for p in setup.spec.phases] == [0.5, 1.5]
     assert sum(p.duration_s for p in setup.spec.phases) == pytest.approx(120)
     assert [p.duration_s for p in shortened(setup.spec, 0.1).phases] == pytest.approx([6, 6])
+
+
+def test_a_shortened_bursty_cell_keeps_one_whole_period():
+    """A cell shorter than one burst period would measure its first burst (an overload at the
+    burst's rate), not bursts at the cell's load: the bursty phase keeps one period at least."""
+    bursty = {"bursty": {"process": "bursty", "rate": 1, "burst_factor": 4, "burst_s": 10, "period_s": 40}}
+    m = parse_matrix({**GOOD, "arrivals": {**ARRIVALS, **bursty}}, "m.yaml")
+    spec = cell_setup(m, next(c for c in m.cells() if c.workload == "bursty/uniform")).spec
+    assert [p.duration_s for p in shortened(spec, 0.1).phases] == pytest.approx([40])
+    assert [p.duration_s for p in shortened(spec, 0.5).phases] == pytest.approx([60])
+    assert whole_periods(spec, 0.1) and not whole_periods(spec, 0.5)
+    steady = cell_setup(m, m.cells()[4]).spec   # steady/uniform
+    assert not whole_periods(steady, 0.1)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -115,7 +128,10 @@ def test_the_small_matrix_reports_every_cell_and_system_against_the_baseline(sma
     assert len({c["label"] for c in report["cells"]}) == len(report["cells"])
     for cell in report["cells"]:
         assert set(cell["systems"]) == set(systems)
-        assert 0 < cell["requests"] <= 300 and cell["rate"] == pytest.approx(cell["load"] * cell["capacity"])
+        # the budget, but a bursty cell's one whole period (test_a_shortened_bursty_cell_keeps_one_whole_period)
+        bursty = cell["workload"].startswith("bursty")   # its period: 20 s
+        assert 0 < cell["requests"] <= (max(300, 1.3 * cell["rate"] * 20) if bursty else 300)
+        assert cell["rate"] == pytest.approx(cell["load"] * cell["capacity"])
         for name in systems:
             m = cell["systems"][name]
             for cls in ("short", "long", "all"):

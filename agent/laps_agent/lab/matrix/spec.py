@@ -234,14 +234,30 @@ def cell_setup(matrix: Matrix, cell: Cell) -> CellSetup:
 
 def shortened(spec: WorkloadSpec, factor: float) -> WorkloadSpec:
     """`spec` with every phase `factor` (< 1) as long (duration_s, or requests), so a cell's
-    request budget covers all its phases rather than the first ones alone."""
+    request budget covers all its phases rather than the first ones alone; but a bursty phase
+    of a duration keeps at least one whole period (`whole_periods`)."""
     if factor >= 1:
         return spec
-    phases = [p.model_copy(update={"duration_s": p.duration_s * factor} if p.duration_s is not None
+    phases = [p.model_copy(update={"duration_s": p.duration_s * max(factor, _one_period(p))}
+                           if p.duration_s is not None
                            else {"requests": max(1, round(p.requests * factor))}) for p in spec.phases]
     out = spec.model_copy(update={"phases": phases})
     out._base_dir, out._origin = spec._base_dir, spec._origin
     return out
+
+
+def whole_periods(spec: WorkloadSpec, factor: float) -> bool:
+    """Whether `shortened(spec, factor)` kept some bursty phase longer than `factor` (then the
+    cell takes more requests than its budget: a cell shorter than one burst period measures
+    its first burst, an overload, rather than bursts)."""
+    return factor < 1 and any(p.duration_s is not None and _one_period(p) > factor for p in spec.phases)
+
+
+def _one_period(phase) -> float:
+    """The share of `phase` that is one period of its bursty arrivals (0: not bursty)."""
+    if getattr(phase.arrival, "process", None) != "bursty":
+        return 0.0
+    return min(1.0, phase.arrival.period_s / phase.duration_s)
 
 
 def parse_matrix(data: Any, origin: str = "matrix", base_dir: Path | None = None) -> Matrix:

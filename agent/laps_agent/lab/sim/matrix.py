@@ -3,7 +3,8 @@ cell, and the report against the first system (lab/matrix/report.py).
 
 A cell's workload runs at `load` x vanilla-pd's simulated capacity on its mix and shape
 (`measure_capacity`, once per workload, profile and shape), shortened (all its phases alike) to
-about the matrix's `max_requests`, which also caps it. Every system of a cell replays the same
+about the matrix's `max_requests`, which also caps it; a bursty phase keeps one whole period at
+least, uncapped (a cell shorter than a period measured its first burst, not bursts). Every system of a cell replays the same
 plan. Only the report is written (matrix.json, matrix.md, matrix-heatmap.png), not each run's
 records.
 """
@@ -25,7 +26,7 @@ from laps_agent.lab.matrix.report import (
     targets_markdown,
     with_ratios,
 )
-from laps_agent.lab.matrix.spec import Cell, CellSetup, Matrix, cell_setup, shortened
+from laps_agent.lab.matrix.spec import Cell, CellSetup, Matrix, cell_setup, shortened, whole_periods
 from laps_agent.lab.sim.allocation import INTERVAL_S
 from laps_agent.lab.sim.cluster import HOP_S
 from laps_agent.lab.sim.run import default_chars_per_token, measure_capacity, sim_system, simulate
@@ -77,9 +78,10 @@ class CellPlanner:
         capacity = self._capacities[key]
         base = require_requests(plan_requests(spec))
         rate_scale = setup.load * capacity / (len(base) / base.duration_s)
-        spec = shortened(spec, self.budget / (len(base) * rate_scale))
-        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=self.budget,
-                                              tokenizer=tokenizer))
+        factor = self.budget / (len(base) * rate_scale)
+        spec = shortened(spec, factor)
+        cap = None if whole_periods(setup.spec, factor) else self.budget
+        plan = require_requests(plan_requests(spec, rate_scale=rate_scale, max_requests=cap, tokenizer=tokenizer))
         entry = {"label": self.matrix.label(cell), "workload": cell.workload, "profile": cell.profile,
                  "shape": cell.shape.name, "prefill": setup.prefill, "decode": setup.decode, "load": setup.load,
                  "capacity": capacity, "rate": setup.load * capacity, "requests": len(plan),
