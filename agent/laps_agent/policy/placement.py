@@ -127,15 +127,17 @@ def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int
     long_tokens = max(0, load.pending_tokens - short_tokens)
     long_requests = max(0, load.pending_requests - load.short_requests)
     long_batch = cost.seconds(_long_batch(long_requests, long_tokens, batch_tokens)) if long_requests else 0.0
-    # What of the running batch (a long one where longs are queued, else the shorts') is done.
-    first = long_batch or (cost.seconds(min(short_tokens, batch_tokens)) if short_tokens else 0.0)
-    done = min(max(0.0, elapsed_s), first)
-    own = cost.seconds(work, math.ceil(work / batch_tokens))
     if cls == SHORT:
         ahead = short_tokens + work
-        return max(own, long_batch + cost.seconds(ahead, math.ceil(ahead / batch_tokens)) - done)
-    batches = math.ceil(short_tokens / batch_tokens) + math.ceil((long_tokens + work) / batch_tokens)
-    return max(own, cost.seconds(short_tokens + long_tokens + work, batches) - done)
+        total = long_batch + cost.seconds(ahead, math.ceil(ahead / batch_tokens))
+    else:
+        batches = math.ceil(short_tokens / batch_tokens) + math.ceil((long_tokens + work) / batch_tokens)
+        total = cost.seconds(short_tokens + long_tokens + work, batches)
+    if elapsed_s <= 0.0:
+        return total
+    # What of the running batch (a long one where longs are queued, else the shorts') is done.
+    first = long_batch or (cost.seconds(min(short_tokens, batch_tokens)) if short_tokens else 0.0)
+    return max(cost.seconds(work, math.ceil(work / batch_tokens)), total - min(elapsed_s, first))
 
 
 def _long_batch(requests: int, tokens: int, batch_tokens: int) -> int:
