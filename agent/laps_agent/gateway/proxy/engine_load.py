@@ -195,11 +195,11 @@ class EngineLoads:
                     view = dict(own)
                 mine = own.get(name, _IDLE)
                 short_requests, short_tokens = self._others_short(pod)
+                # No batch_since: the batch running may be another gateway's, begun when this one
+                # cannot know (placement credits none).
                 view[name] = EndpointLoad(mine.pending_requests + requests, mine.pending_tokens + tokens,
                                           mine.healthy, mine.short_requests + min(short_requests, requests),
                                           mine.short_tokens + min(short_tokens, tokens))
-                # (batch_since None: the batch running may be another gateway's, begun when
-                # this one cannot know)
         return own if view is None else view
 
     def report(self, name: str) -> dict | None:

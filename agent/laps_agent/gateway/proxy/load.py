@@ -7,8 +7,8 @@ prefill phase completes, seen as the first of: the prefill engine's response end
 prefill server answers once the KV is handed off), the first byte of the decode engine's answer,
 the attempt failing or being cancelled; its running batch is taken to begin at the first
 dispatch to it idle and again at each prefill end while work remains (EndpointLoad.batch_since:
-the router credits what that batch has done). A *decode* pod's pending requests count until the whole
-answer is relayed; so do each class's requests on the decode pool (its decode share,
+the router credits what that batch has done). A *decode* pod's pending requests count until the
+whole answer is relayed; so do each class's requests on the decode pool (its decode share,
 admission.py) and on each decode pod (with those ever sent there: what engine_load.py takes out
 of the pod's own per-class report).
 Health is passive: `eject_after_failures` failed calls in a row make a pod unhealthy for

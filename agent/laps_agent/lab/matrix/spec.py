@@ -39,8 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from laps_agent.lab.workload.spec import (
     Arrival,
+    Bursty,
     Conversation,
     LengthDist,
+    Phase,
     WorkloadError,
     WorkloadSpec,
     load_workload,
@@ -253,9 +255,9 @@ def whole_periods(spec: WorkloadSpec, factor: float) -> bool:
     return factor < 1 and any(p.duration_s is not None and _one_period(p) > factor for p in spec.phases)
 
 
-def _one_period(phase) -> float:
+def _one_period(phase: Phase) -> float:
     """The share of `phase` that is one period of its bursty arrivals (0: not bursty)."""
-    if getattr(phase.arrival, "process", None) != "bursty":
+    if not isinstance(phase.arrival, Bursty):
         return 0.0
     return min(1.0, phase.arrival.period_s / phase.duration_s)
 

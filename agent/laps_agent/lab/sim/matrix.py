@@ -4,9 +4,9 @@ cell, and the report against the first system (lab/matrix/report.py).
 A cell's workload runs at `load` x vanilla-pd's simulated capacity on its mix and shape
 (`measure_capacity`, once per workload, profile and shape), shortened (all its phases alike) to
 about the matrix's `max_requests`, which also caps it; a bursty phase keeps one whole period at
-least, uncapped (a cell shorter than a period measured its first burst, not bursts). Every system of a cell replays the same
-plan. Only the report is written (matrix.json, matrix.md, matrix-heatmap.png), not each run's
-records.
+least, uncapped (a cell shorter than a period measured its first burst, not bursts). Every system
+of a cell replays the same plan. Only the report is written (matrix.json, matrix.md,
+matrix-heatmap.png), not each run's records.
 """
 from __future__ import annotations
 
