@@ -1,12 +1,18 @@
 """Fixtures for the tests against real SGLang (marker `sglang`). Servers are few and shared:
 one decode server for tests/sglang, one prefill server per module (plugin on, plugin off), so
-at most two ~5 GB servers run at once. Without .venv-sglang the tests FAIL saying how to get it
-(`make test` builds it): a missing SGLang must never pass as a skip."""
+at most two ~5 GB servers serve at once (a third may be exiting). Without .venv-sglang the
+tests FAIL saying how to get it (`make test` builds it): a missing SGLang must never pass as a
+skip."""
 from __future__ import annotations
+
+import threading
+from pathlib import Path
 
 import pytest
 
 from tests.sglang.servers import SGLangServer, setup_problem
+
+HERE = Path(__file__).resolve().parent
 
 
 def require_sglang() -> None:
@@ -20,15 +26,45 @@ def sglang_logs(tmp_path_factory):
     return tmp_path_factory.mktemp("sglang")
 
 
+@pytest.fixture(scope="session")
+def retire():
+    """retire(server): tell it to stop (SIGTERM) and reap it on a thread: SGLang takes ~5 s to
+    exit, which it does while the next tests run (the reaping kills what of its process group
+    outlives it, as `stop` does). Every one is reaped before the session ends."""
+    reaping: list[threading.Thread] = []
+
+    def retire_server(server: SGLangServer) -> None:
+        server.terminate()
+        reaping.append(threading.Thread(target=server.reap, name=f"reap-{server.role}-{server.port}"))
+        reaping[-1].start()
+
+    yield retire_server
+    for thread in reaping:
+        thread.join()
+
+
 # Package scope: shared by every module here, and gone before the rest of the suite runs.
 @pytest.fixture(scope="package")
-def decode_server(sglang_logs):
+def decode_launched(sglang_logs, retire):
     require_sglang()
     server = SGLangServer("decode", sglang_logs)
-    try:
-        yield server.wait_ready()
-    finally:
-        server.stop()
+    yield server
+    retire(server)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def launch_decode_early(request):
+    """Where a test of this package needs the decode server, launch it as the package begins:
+    it loads (~25 s, about one core) while the tests that need no server run (test_compat's)."""
+    wanted = any("decode_server" in getattr(item, "fixturenames", ()) and HERE in item.path.parents
+                 for item in request.session.items)
+    if wanted and setup_problem() is None:
+        request.getfixturevalue("decode_launched")
+
+
+@pytest.fixture(scope="package")
+def decode_server(decode_launched):
+    return decode_launched.wait_ready()
 
 
 def start_prefill(log_dir, env: dict[str, str]) -> SGLangServer:

@@ -104,19 +104,27 @@ class SGLangServer:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Ask the server's process group to stop (SIGTERM: SGLang takes ~5 s to exit); `reap`
+        waits for it."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+
+    def reap(self) -> None:
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
         try:  # SGLang's children may outlive the launcher on SIGTERM: the group goes too
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        self.proc.wait(10)
         self._log.close()
+
+    def stop(self) -> None:
+        self.terminate()
+        self.reap()
 
 
 def run_in_sglang_venv(code: str, timeout: float = 180.0) -> subprocess.CompletedProcess:

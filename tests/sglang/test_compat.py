@@ -13,50 +13,58 @@ from tests.sglang.servers import run_in_sglang_venv
 pytestmark = pytest.mark.sglang
 
 
-def _problems(prelude: str = "") -> list[str]:
-    require_sglang()
-    code = (f"{prelude}\nimport json\nfrom laps_agent.sglang_plugin.compat import problems\n"
-            "print('RESULT' + json.dumps(problems()))")
-    done = run_in_sglang_venv(code)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT"):])
-
-
-def test_installed_sglang_has_everything_the_plugin_touches():
-    assert _problems() == []
-
-
-def test_a_renamed_method_and_a_changed_signature_are_named():
-    found = _problems(
-        "from sglang.srt.managers.scheduler import Scheduler\n"
-        "from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin as M\n"
-        "del Scheduler._get_new_batch_prefill_raw\n"
-        "M.process_batch_result_disagg_prefill = lambda self, batch_, result: None\n")
-    text = "\n".join(found)
-    assert "Scheduler._get_new_batch_prefill_raw is missing" in text
-    assert "process_batch_result_disagg_prefill takes ('self', 'batch_', 'result')" in text
-
-
-def test_plugin_runs_only_on_a_prefill_server_without_pipeline_parallelism():
-    require_sglang()
-    code = """
-import logging, types
+# One interpreter for the three checks (importing SGLang takes ~10 s): the guard on the installed
+# SGLang, the plugin's refusal of decode and pipeline-parallel servers, then the guard again
+# after this script renames a method and changes a signature (last: it breaks SGLang).
+CHECKS = """
+import json, logging, types
 logging.basicConfig(level=logging.INFO)
-from sglang.srt.disaggregation.utils import DisaggregationMode as M
+from laps_agent.sglang_plugin.compat import problems
+print("RESULT installed " + json.dumps(problems()))
+
+from sglang.srt.disaggregation.utils import DisaggregationMode as Mode
 from laps_agent.sglang_plugin.hooks import _state
 from laps_agent.sglang_plugin.settings import load_settings
 settings = load_settings({"LAPS_SCHEDULER": "1"})
 def sched(mode, pp):
     return types.SimpleNamespace(disaggregation_mode=mode, tp_size=1, tree_cache=None,
                                  server_args=types.SimpleNamespace(pp_size=pp, served_model_name="m"))
-print("RESULT", _state(sched(M.DECODE, 1), settings) is None, _state(sched(M.NULL, 1), settings) is None,
-      _state(sched(M.PREFILL, 2), settings) is None, _state(sched(M.PREFILL, 1), settings) is not None)
+print("RESULT runs " + json.dumps({"decode": _state(sched(Mode.DECODE, 1), settings) is not None,
+                                   "not disaggregated": _state(sched(Mode.NULL, 1), settings) is not None,
+                                   "prefill pp=2": _state(sched(Mode.PREFILL, 2), settings) is not None,
+                                   "prefill": _state(sched(Mode.PREFILL, 1), settings) is not None}))
+
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin as M
+del Scheduler._get_new_batch_prefill_raw
+M.process_batch_result_disagg_prefill = lambda self, batch_, result: None
+print("RESULT broken " + json.dumps(problems()))
 """
-    done = run_in_sglang_venv(code)
-    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert result == ["RESULT True True True True"], done.stderr[-3000:]
-    assert "pipeline parallelism (pp_size=2) is not supported" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def checked() -> tuple[dict, str]:
+    """What CHECKS printed (name -> result) and its log."""
+    require_sglang()
+    done = run_in_sglang_venv(CHECKS)
+    results = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    assert done.returncode == 0 and len(results) == 3, done.stderr[-3000:]
+    return {name: json.loads(value) for name, value in results.items()}, done.stderr
+
+
+def test_installed_sglang_has_everything_the_plugin_touches(checked):
+    assert checked[0]["installed"] == []
+
+
+def test_a_renamed_method_and_a_changed_signature_are_named(checked):
+    text = "\n".join(checked[0]["broken"])
+    assert "Scheduler._get_new_batch_prefill_raw is missing" in text
+    assert "process_batch_result_disagg_prefill takes ('self', 'batch_', 'result')" in text
+
+
+def test_plugin_runs_only_on_a_prefill_server_without_pipeline_parallelism(checked):
+    assert checked[0]["runs"] == {"decode": False, "not disaggregated": False, "prefill pp=2": False, "prefill": True}
+    assert "pipeline parallelism (pp_size=2) is not supported" in checked[1]
 
 
 def test_a_misconfigured_plugin_stops_sglang_at_start(sglang_logs):

@@ -14,12 +14,12 @@ pytestmark = pytest.mark.sglang
 
 
 @pytest.fixture(scope="module")
-def vanilla_prefill(sglang_logs):
+def vanilla_prefill(sglang_logs, retire):
     server = start_prefill(sglang_logs, {})  # the plugin is installed, LAPS_SCHEDULER unset
     try:
         yield server.wait_ready()
     finally:
-        server.stop()
+        retire(server)
 
 
 def test_plugin_off_is_first_come_first_served(vanilla_prefill, decode_server, gateway_for):
