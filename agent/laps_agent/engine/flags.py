@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while the window holds short requests: run a waiting long batch only if "
                         "that costs the short ones less (cost), or always (the reference's rule)")
     p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms)
+    p.add_argument("--max-long-batch-tokens", type=int, default=SchedulerConfig.max_long_batch_tokens,
+                   help="uncached tokens of a long prefill batch at most (within --max-prefill-tokens): "
+                        "a short request arriving behind a long batch waits for one")
     p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--batch-prefill-graphs-batch-sizes", type=positive_ints, default=list(DEFAULT_BATCH_SIZES))
     p.add_argument("--batch-prefill-graphs-seq-lengths", type=positive_ints, default=list(DEFAULT_SEQ_LENGTHS))
@@ -99,6 +102,7 @@ def scheduler_config(args: argparse.Namespace, grid: BucketGrid | None, max_pref
         enabled=args.laps_scheduler, length_threshold=args.length_threshold, wait_window_ms=args.wait_window_ms,
         wait_max_batch=args.wait_max_batch, adaptive_window=args.adaptive_window,
         max_long_wait_ms=args.max_long_wait_ms, long_in_window=args.long_in_window,
+        max_long_batch_tokens=args.max_long_batch_tokens,
         max_batch_size=max(args.wait_max_batch, grid.max_batch_size if grid else 1),
         max_prefill_tokens=max_prefill_tokens)
 

@@ -5,7 +5,7 @@ without a fork. They come instead from (later wins):
 
 1. `LAPS_CONFIG_FILE`: a YAML file shaped like a LAPSCluster's `spec.laps` (the CRD's names):
    `lengthThreshold`, `scheduler: {enabled, waitWindowMs, waitMaxBatch, adaptiveWindow,
-   maxLongWaitMs, longInWindow}`;
+   maxLongWaitMs, maxLongBatchTokens, longInWindow}`;
 2. one environment variable per builtin-engine flag (`laps engine --length-threshold` ->
    `LAPS_LENGTH_THRESHOLD`, `--laps-scheduler` -> `LAPS_SCHEDULER`, ...), the form the operator
    renders into the pod.
@@ -47,6 +47,7 @@ ENV_KNOBS: dict[str, tuple[str, type | object]] = {
     "LAPS_WAIT_MAX_BATCH": ("wait_max_batch", int),
     "LAPS_ADAPTIVE_WINDOW": ("adaptive_window", _bool),
     "LAPS_MAX_LONG_WAIT_MS": ("max_long_wait_ms", float),
+    "LAPS_MAX_LONG_BATCH_TOKENS": ("max_long_batch_tokens", int),
     "LAPS_LONG_IN_WINDOW": ("long_in_window", str),
     # SGLang's own budgets still apply inside a batch; these cap what LAPS hands it.
     "LAPS_MAX_BATCH_SIZE": ("max_batch_size", int),
@@ -60,6 +61,7 @@ _FILE_SCHEDULER_KEYS = {
     "enabled": ("enabled", bool), "waitWindowMs": ("wait_window_ms", float),
     "waitMaxBatch": ("wait_max_batch", int), "adaptiveWindow": ("adaptive_window", bool),
     "maxLongWaitMs": ("max_long_wait_ms", float), "longInWindow": ("long_in_window", str),
+    "maxLongBatchTokens": ("max_long_batch_tokens", int),
 }
 
 

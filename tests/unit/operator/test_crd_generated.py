@@ -59,6 +59,7 @@ def test_defaults_the_data_plane_also_has_come_from_it():
     assert scheduler["waitWindowMs"]["default"] == config.wait_window_ms == 5.0
     assert scheduler["waitMaxBatch"]["default"] == config.wait_max_batch
     assert scheduler["maxLongWaitMs"]["default"] == config.max_long_wait_ms
+    assert scheduler["maxLongBatchTokens"]["default"] == config.max_long_batch_tokens
     assert scheduler["enabled"]["default"] is config.enabled
     assert scheduler["adaptiveWindow"]["default"] is config.adaptive_window
     assert laps["lengthThreshold"]["default"] == DEFAULT_LENGTH_THRESHOLD

@@ -50,6 +50,33 @@ def test_a_request_bigger_than_the_token_budget_still_runs_alone():
     assert len(sched) == 0
 
 
+def test_long_batches_stop_at_the_long_budget_so_a_short_arriving_behind_waits_for_less():
+    # Three 1,500-token longs: one batch of 4,500 tokens within max_prefill_tokens, but a short
+    # that arrives while it runs would wait for all of it; capped at 3,000 tokens, two batches,
+    # and the short goes between them.
+    sched = PrefillScheduler(SchedulerConfig(max_prefill_tokens=8192, max_long_batch_tokens=3000))
+    for i in range(3):
+        sched.add(PrefillItem(f"L{i}", 1500), now=0.0)
+    assert rids(sched.next_batch(0.0)) == ["L0", "L1"]
+    sched.add(PrefillItem("s", 40), now=0.1)
+    assert rids(sched.next_batch(0.2)) == ["s"]
+    assert rids(sched.next_batch(0.3)) == ["L2"]
+    # Short batches keep the whole budget; FIFO (LAPS off) knows no classes.
+    short = PrefillScheduler(SchedulerConfig(max_prefill_tokens=8192, max_long_batch_tokens=100, wait_window_ms=0))
+    for i in range(4):
+        short.add(PrefillItem(f"s{i}", 200), now=0.0)
+    assert len(rids(short.next_batch(0.0))) == 4
+    fifo = PrefillScheduler(SchedulerConfig(enabled=False, max_long_batch_tokens=1000))
+    for i in range(3):
+        fifo.add(PrefillItem(f"L{i}", 1500), now=0.0)
+    assert rids(fifo.next_batch(0.0)) == ["L0", "L1", "L2"]
+
+
+def test_a_long_budget_below_one_token_is_refused():
+    with pytest.raises(ValueError, match="max_long_batch_tokens must be >= 1"):
+        SchedulerConfig(max_long_batch_tokens=0)
+
+
 def shorts_arriving_every(sched: PrefillScheduler, gap_s: float, until: float) -> None:
     """The scheduler has seen short requests arrive every `gap_s` seconds up to `until` (a
     stream it expects to go on: its window then holds)."""

@@ -17,7 +17,8 @@ Requests are classified by their *uncached* prompt tokens (what prefill really c
    anything only delays.
 Rule 1 is a tested guarantee: with batches of at most D seconds, a long request with k ahead of
 it in its queue waits at most max_long_wait_ms + (k + 1) * D. Batches are FIFO within a class,
-of at most max_batch_size requests and max_prefill_tokens uncached tokens, but the queue head
+of at most max_batch_size requests and max_prefill_tokens uncached tokens (a long batch:
+max_long_batch_tokens, so that a short request arriving behind one waits less), but the queue head
 always goes (alone if over the budget, so none gets stuck). Waits count from the `now` given to
 `add`; `requeue` puts back requests of the latest batch that could not start, at their queue's
 head with their original wait. `enabled=False`: one FIFO queue, no window (the baseline).
@@ -218,7 +219,7 @@ class PrefillScheduler:
     # -- the decision ------------------------------------------------------------------------
     def _dispatch(self, name: str, reason: str) -> Decision:
         queue = self._queues[name]
-        count, _ = queue.fit(self.config.max_batch_size, self.config.max_prefill_tokens)
+        count, _ = queue.fit(self.config.max_batch_size, self.config.batch_tokens(name))
         if name == SHORT:
             heads = [entry.uncached for entry, _ in zip(queue.entries.values(), range(count))]
             count = self.window.split_count(heads)
@@ -236,10 +237,10 @@ class PrefillScheduler:
         short batch. Take the order with the smaller summed delay (Smith's rule)."""
         if self.config.long_in_window == "always":
             return True  # the reference's rule
-        limits = (self.config.max_batch_size, self.config.max_prefill_tokens)
-        long_count, long_tokens = self._queues[LONG].fit(*limits)
+        long_count, long_tokens = self._queues[LONG].fit(self.config.max_batch_size, self.config.batch_tokens(LONG))
         long_s = self.window.expected_seconds(long_tokens)
-        short_s = self.window.expected_seconds(self._queues[SHORT].fit(*limits)[1])
+        short_s = self.window.expected_seconds(
+            self._queues[SHORT].fit(self.config.max_batch_size, self.config.batch_tokens(SHORT))[1])
         if long_s is None or short_s is None:
             return False  # no cost estimate yet: never risk blocking short ones behind a long one
         return held * max(0.0, now + long_s - window_end) <= long_count * short_s
@@ -259,7 +260,7 @@ class PrefillScheduler:
         setting = self.window.setting()
         if setting.window_s <= 0:
             return self._dispatch(SHORT, "short")
-        count, _ = short.fit(self.config.max_batch_size, self.config.max_prefill_tokens)
+        count, _ = short.fit(self.config.max_batch_size, self.config.batch_tokens(SHORT))
         if count < len(short):
             return self._dispatch(SHORT, "short_batch_full")
         if len(short) >= setting.target_depth:
