@@ -32,7 +32,7 @@ class Sender:
         self.url, self.done, self.errors, self._threads = url, {}, [], []
         # One client for every thread: a client of its own per request costs each send its SSL
         # context (35 ms on an idle core here, more while SGLang computes), which stretched the
-        # 60 ms gaps the window tests send to 210 ms, past the window.
+        # gaps the window test sends (then 60 ms) to 210 ms.
         self._client = httpx.Client(timeout=300)
         self.rids: dict[str, str] = {}  # name -> SGLang request id (what the batch logs show)
 

@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that costs the short ones less (cost), or always (the reference's rule)")
     p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms)
     p.add_argument("--max-long-batch-tokens", type=int, default=SchedulerConfig.max_long_batch_tokens,
-                   help="uncached tokens of a long prefill batch at most (within --max-prefill-tokens): "
-                        "a short request arriving behind a long batch waits for one")
+                   help="uncached tokens of a long prefill batch at most (within --max-prefill-tokens; "
+                        "0: all of it): a short request arriving behind a long batch waits for one")
     p.add_argument("--batch-prefill-graphs", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--batch-prefill-graphs-batch-sizes", type=positive_ints, default=list(DEFAULT_BATCH_SIZES))
     p.add_argument("--batch-prefill-graphs-seq-lengths", type=positive_ints, default=list(DEFAULT_SEQ_LENGTHS))

@@ -6,7 +6,8 @@ its measured cost of a prefill batch (seconds = overhead + per-token x tokens, t
 fit: scheduling/window.py). The prediction honours the pod's dual queue:
 - a short request waits for a long batch that may be running and the shorts ahead of it, then
   runs in their batch;
-- a long request waits for everything ahead, one batch per `batch_tokens` of each class;
+- a long request waits for everything ahead, one batch per `batch_tokens` of shorts and per
+  long batch budget of longs (the engines' max_long_batch_tokens);
 - less what the running batch has done: the gateway takes it to have begun at its first
   dispatch to the pod idle, else at the pod's last prefill end (EndpointLoad.batch_since), and
   credits the time since, at most that batch's length; never less than the request's own prefill.
@@ -44,10 +45,14 @@ from typing import AbstractSet
 from laps_agent.policy.admission import decode_share_bound
 from laps_agent.policy.classes import LONG, SHORT, length_class
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, describe, least_loaded
+from laps_agent.policy.scheduling.config import SchedulerConfig
 
 # A pod's largest prefill batch where it does not report its own (`batch_tokens`; stock SGLang
 # does not): the H200 profile's --max-prefill-tokens and SGLang's default chunk.
 DEFAULT_BATCH_TOKENS = 16384
+# A pod's long batch budget (the dual queue's max_long_batch_tokens, 0: its whole batch budget;
+# engines do not report theirs yet).
+DEFAULT_LONG_BATCH_TOKENS = SchedulerConfig.max_long_batch_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +124,22 @@ class _Candidate:
 
 
 def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int,
-                      batch_tokens: int = DEFAULT_BATCH_TOKENS, elapsed_s: float = 0.0) -> float:
+                      batch_tokens: int = DEFAULT_BATCH_TOKENS, elapsed_s: float = 0.0,
+                      long_batch_tokens: int = DEFAULT_LONG_BATCH_TOKENS) -> float:
     """When a request of class `cls` and `work` uncached tokens would finish its prefill on a pod
     holding `load`, from now (the module docstring's dual-queue rule), its running batch begun
-    `elapsed_s` ago."""
+    `elapsed_s` ago; its long batches of `long_batch_tokens` at most (within `batch_tokens`; 0:
+    all of it)."""
+    long_budget = min(batch_tokens, long_batch_tokens) if long_batch_tokens else batch_tokens
     short_tokens = max(0, load.short_tokens)
     long_tokens = max(0, load.pending_tokens - short_tokens)
     long_requests = max(0, load.pending_requests - load.short_requests)
-    long_batch = cost.seconds(_long_batch(long_requests, long_tokens, batch_tokens)) if long_requests else 0.0
+    long_batch = cost.seconds(_long_batch(long_requests, long_tokens, long_budget)) if long_requests else 0.0
     if cls == SHORT:
         ahead = short_tokens + work
         total = long_batch + cost.seconds(ahead, math.ceil(ahead / batch_tokens))
     else:
-        batches = math.ceil(short_tokens / batch_tokens) + math.ceil((long_tokens + work) / batch_tokens)
+        batches = math.ceil(short_tokens / batch_tokens) + math.ceil((long_tokens + work) / long_budget)
         total = cost.seconds(short_tokens + long_tokens + work, batches)
     if elapsed_s <= 0.0:
         return total

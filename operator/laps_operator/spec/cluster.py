@@ -155,9 +155,10 @@ class SchedulerSpec(_Model):
                                               "arrivals and batch costs")
     max_long_wait_ms: float = Field(default=_SCHEDULER.max_long_wait_ms, ge=0,
                                     description="starvation bound: a long request waiting this long runs next")
-    max_long_batch_tokens: int = Field(default=_SCHEDULER.max_long_batch_tokens, ge=1, le=1048576,
-                                       description="uncached tokens of a long prefill batch at most: a short "
-                                                   "request arriving behind a long batch waits for one")
+    max_long_batch_tokens: int = Field(default=_SCHEDULER.max_long_batch_tokens, ge=0, le=1048576,
+                                       description="uncached tokens of a long prefill batch at most (0: the "
+                                                   "whole batch budget): a short request arriving behind a "
+                                                   "long batch waits for one")
 
 
 # The largest bucket of the batch-prefill grid in each dimension (the CRD's item maximum).

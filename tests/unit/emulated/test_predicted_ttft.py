@@ -18,9 +18,10 @@ THRESHOLD = 256
 BATCH_TOKENS = 16384
 
 
-def engine() -> EngineModel:
+def engine(long_budget: int = 0) -> EngineModel:
     m = EngineModel(load_profile("gpu-h200-qwen2.5-32b"), "prefill",
-                    SchedulerConfig(length_threshold=THRESHOLD, max_prefill_tokens=BATCH_TOKENS))
+                    SchedulerConfig(length_threshold=THRESHOLD, max_prefill_tokens=BATCH_TOKENS,
+                                    max_long_batch_tokens=long_budget))
     calibrate(m)
     return m
 
@@ -32,10 +33,10 @@ def booked(queue: list[int]) -> EndpointLoad:
                         short_requests=len(shorts), short_tokens=sum(shorts))
 
 
-def measured(queue: list[int], probe: int, at: float = 0.0) -> float:
+def measured(queue: list[int], probe: int, at: float = 0.0, long_budget: int = 0) -> float:
     """Seconds from the probe's arrival to the end of its prefill, on an engine that got `queue`
     at time 0 and started its first batch, the probe arriving `at` seconds later."""
-    m = engine()
+    m = engine(long_budget)
     for i, tokens in enumerate(queue):
         m.add(ModelRequest(f"q{i}", "prefill", tokens, 1, 0.0), 0.0)
     events = list(m.poll(0.0))
@@ -80,3 +81,16 @@ def test_a_batch_under_way_is_credited_with_the_time_it_has_run(queue, probe, at
     credited = predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS, elapsed_s=at)
     assert credited == pytest.approx(measured(queue, probe, at), rel=0.15)
     assert credited < predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS)
+
+
+@pytest.mark.parametrize("queue, probe", [
+    ([3000, 3000, 3000], 200),              # a short waits for one 3,000-token long, not three
+    ([3000, 3000, 3000], 2000),             # a long for three long batches and its own
+    ([120] * 6 + [3000, 3000], 2500),
+], ids=lambda v: str(v)[:24])
+def test_the_prediction_follows_the_engines_long_batch_budget(queue, probe):
+    m = engine(long_budget=4096)
+    cost = PrefillCost(*m.scheduler.prefill_cost())
+    predicted = predicted_seconds(booked(queue), cost, length_class(probe, THRESHOLD), probe, BATCH_TOKENS,
+                                  long_batch_tokens=4096)
+    assert predicted == pytest.approx(measured(queue, probe, long_budget=4096), rel=0.15)

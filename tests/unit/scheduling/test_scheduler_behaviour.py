@@ -72,9 +72,13 @@ def test_long_batches_stop_at_the_long_budget_so_a_short_arriving_behind_waits_f
     assert rids(fifo.next_batch(0.0)) == ["L0", "L1", "L2"]
 
 
-def test_a_long_budget_below_one_token_is_refused():
-    with pytest.raises(ValueError, match="max_long_batch_tokens must be >= 1"):
-        SchedulerConfig(max_long_batch_tokens=0)
+def test_a_negative_long_budget_is_refused_and_zero_is_the_whole_batch_budget():
+    with pytest.raises(ValueError, match="max_long_batch_tokens must be >= 0"):
+        SchedulerConfig(max_long_batch_tokens=-1)
+    whole = PrefillScheduler(SchedulerConfig(max_prefill_tokens=8192))
+    for i in range(3):
+        whole.add(PrefillItem(f"L{i}", 1500), now=0.0)
+    assert rids(whole.next_batch(0.0)) == ["L0", "L1", "L2"]
 
 
 def shorts_arriving_every(sched: PrefillScheduler, gap_s: float, until: float) -> None:

@@ -18,11 +18,11 @@ class SchedulerConfig:
     max_long_wait_ms: float = 2000.0  # starvation bound for long requests
     max_batch_size: int = 8           # requests per prefill batch
     max_prefill_tokens: int = 8192    # uncached-token budget per prefill batch
-    # A long batch's uncached tokens at most (within max_prefill_tokens; at least one request):
-    # a short request that arrives at a busy pod waits for one long batch, so this bounds its
-    # wait (4,096 tokens: ~0.4 s on an H200 serving a 32B model). Why this value, what it buys
-    # and what it costs: docs/design/scheduler.md.
-    max_long_batch_tokens: int = 4096
+    # A long batch's uncached tokens at most (within max_prefill_tokens; at least one request;
+    # 0: the whole max_prefill_tokens): a short request that arrives at a busy pod waits for one
+    # long batch, so this bounds its wait. Off by default: what it buys and costs on the
+    # workload matrix, docs/design/scheduler.md.
+    max_long_batch_tokens: int = 0
     # Additions (not in the first contract draft):
     # adaptive windows may grow up to wait_window_ms * adaptive_window_factor
     adaptive_window_factor: float = 4.0
@@ -46,8 +46,8 @@ class SchedulerConfig:
             problems.append(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_prefill_tokens < 1:
             problems.append(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.max_long_batch_tokens < 1:
-            problems.append(f"max_long_batch_tokens must be >= 1, got {self.max_long_batch_tokens}")
+        if self.max_long_batch_tokens < 0:
+            problems.append(f"max_long_batch_tokens must be >= 0, got {self.max_long_batch_tokens}")
         if not self.adaptive_window_factor >= 1:
             problems.append(f"adaptive_window_factor must be >= 1, got {self.adaptive_window_factor}")
         if self.long_in_window not in LONG_IN_WINDOW_RULES:
@@ -67,6 +67,6 @@ class SchedulerConfig:
 
     def batch_tokens(self, queue: str) -> int:
         """The uncached-token budget of a batch from `queue` (a long batch's is the smaller)."""
-        if queue == LONG:
+        if queue == LONG and self.max_long_batch_tokens:
             return min(self.max_long_batch_tokens, self.max_prefill_tokens)
         return self.max_prefill_tokens
