@@ -35,8 +35,9 @@ def retire():
 
     def retire_server(server: SGLangServer) -> None:
         server.terminate()
-        reaping.append(threading.Thread(target=server.reap, name=f"reap-{server.role}-{server.port}"))
-        reaping[-1].start()
+        thread = threading.Thread(target=server.reap, name=f"reap-{server.role}-{server.port}")
+        thread.start()
+        reaping.append(thread)
 
     yield retire_server
     for thread in reaping:

@@ -4,6 +4,7 @@ really names a mismatch when one appears."""
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import pytest
 
@@ -42,29 +43,33 @@ print("RESULT broken " + json.dumps(problems()))
 """
 
 
+class Checked(NamedTuple):
+    results: dict     # name -> what CHECKS printed for it
+    log: str          # its stderr (the plugin's log lines)
+
+
 @pytest.fixture(scope="module")
-def checked() -> tuple[dict, str]:
-    """What CHECKS printed (name -> result) and its log."""
+def checked() -> Checked:
     require_sglang()
     done = run_in_sglang_venv(CHECKS)
     results = dict(line.split(" ", 2)[1:] for line in done.stdout.splitlines() if line.startswith("RESULT "))
     assert done.returncode == 0 and len(results) == 3, done.stderr[-3000:]
-    return {name: json.loads(value) for name, value in results.items()}, done.stderr
+    return Checked({name: json.loads(value) for name, value in results.items()}, done.stderr)
 
 
 def test_installed_sglang_has_everything_the_plugin_touches(checked):
-    assert checked[0]["installed"] == []
+    assert checked.results["installed"] == []
 
 
 def test_a_renamed_method_and_a_changed_signature_are_named(checked):
-    text = "\n".join(checked[0]["broken"])
+    text = "\n".join(checked.results["broken"])
     assert "Scheduler._get_new_batch_prefill_raw is missing" in text
     assert "process_batch_result_disagg_prefill takes ('self', 'batch_', 'result')" in text
 
 
 def test_plugin_runs_only_on_a_prefill_server_without_pipeline_parallelism(checked):
-    assert checked[0]["runs"] == {"decode": False, "not disaggregated": False, "prefill pp=2": False, "prefill": True}
-    assert "pipeline parallelism (pp_size=2) is not supported" in checked[1]
+    assert checked.results["runs"] == {"decode": False, "not disaggregated": False, "prefill pp=2": False, "prefill": True}
+    assert "pipeline parallelism (pp_size=2) is not supported" in checked.log
 
 
 def test_a_misconfigured_plugin_stops_sglang_at_start(sglang_logs):

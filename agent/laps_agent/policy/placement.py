@@ -45,7 +45,7 @@ from typing import AbstractSet
 from laps_agent.policy.admission import decode_share_bound
 from laps_agent.policy.classes import LONG, SHORT, length_class
 from laps_agent.policy.routing import Endpoint, EndpointLoad, NoEndpointError, RouteDecision, describe, least_loaded
-from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.config import SchedulerConfig, long_batch_budget
 
 # A pod's largest prefill batch where it does not report its own (`batch_tokens`; stock SGLang
 # does not): the H200 profile's --max-prefill-tokens and SGLang's default chunk.
@@ -130,7 +130,7 @@ def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int
     holding `load`, from now (the module docstring's dual-queue rule), its running batch begun
     `elapsed_s` ago; its long batches of `long_batch_tokens` at most (within `batch_tokens`; 0:
     all of it)."""
-    long_budget = min(batch_tokens, long_batch_tokens) if long_batch_tokens else batch_tokens
+    long_budget = long_batch_budget(batch_tokens, long_batch_tokens)
     short_tokens = max(0, load.short_tokens)
     long_tokens = max(0, load.pending_tokens - short_tokens)
     long_requests = max(0, load.pending_requests - load.short_requests)

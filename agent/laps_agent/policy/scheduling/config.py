@@ -8,6 +8,12 @@ from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG
 LONG_IN_WINDOW_RULES = ("cost", "always")
 
 
+def long_batch_budget(max_prefill_tokens: int, max_long_batch_tokens: int) -> int:
+    """The uncached-token budget of a long batch: max_long_batch_tokens within the whole batch
+    budget (0: all of it). The dual queue batches by it and the gateway predicts with it."""
+    return min(max_long_batch_tokens, max_prefill_tokens) if max_long_batch_tokens else max_prefill_tokens
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     enabled: bool = True              # False -> plain FIFO, one queue (the comparison baseline)
@@ -67,6 +73,6 @@ class SchedulerConfig:
 
     def batch_tokens(self, queue: str) -> int:
         """The uncached-token budget of a batch from `queue` (a long batch's is the smaller)."""
-        if queue == LONG and self.max_long_batch_tokens:
-            return min(self.max_long_batch_tokens, self.max_prefill_tokens)
+        if queue == LONG:
+            return long_batch_budget(self.max_prefill_tokens, self.max_long_batch_tokens)
         return self.max_prefill_tokens
