@@ -205,11 +205,16 @@ def throughput_report(args: argparse.Namespace, runner, shorts: list[list[int]],
     ways = {"single": lambda: [runner.forward([it], bucketed=False) for it in items(shorts)],
             "bucketed": lambda: runner.forward(batch_items, bucketed=True),
             "packed": lambda: runner.forward(batch_items, bucketed=False)}
+    # CUDA runs kernels (a graph replay above all) after forward returns: time to the device's end.
+    import torch
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(max(args.repeats, 3)):  # interleaved, so background load hits all alike
         for name, fn in ways.items():
+            sync()
             start = time.monotonic()
             fn()
+            sync()
             times[name].append(time.monotonic() - start)
     single, batched, packed = (statistics.median(times[n]) for n in ("single", "bucketed", "packed"))
     print(f"\nshort prefill throughput ({len(shorts)} prompts, {tokens} tokens):")
