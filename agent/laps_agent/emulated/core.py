@@ -308,4 +308,5 @@ class EngineModel:
                 "prefix_cache_pages": len(self.prefix_cache) if self.prefix_cache is not None else 0,
                 "live": len(self.requests), "prefill_cost": self.scheduler.prefill_cost(),
                 "decode_cost": self.decode_cost.linear(),
-                "max_prefill_tokens": self.scheduler.config.max_prefill_tokens}
+                "max_prefill_tokens": self.scheduler.config.max_prefill_tokens,
+                "max_long_batch_tokens": self.scheduler.config.max_long_batch_tokens}

@@ -10,7 +10,9 @@ fit: scheduling/window.py). The prediction honours the pod's dual queue:
   long batch budget of longs (the engines' max_long_batch_tokens);
 - less what the running batch has done: the gateway takes it to have begun at its first
   dispatch to the pod idle, else at the pod's last prefill end (EndpointLoad.batch_since), and
-  credits the time since, at most that batch's length; never less than the request's own prefill.
+  credits the time since, at most that batch's length (a short behind several long batches: what
+  is left of the one then under way, the batches back to back, as the gateway counts a long until
+  its KV is handed off); never less than the request's own prefill.
 The request's class and work at a pod are its *expected uncached* tokens there (cache affinity:
 `held`), so a conversation goes back to the pod holding its prefix exactly when that is faster.
 
@@ -29,9 +31,11 @@ prediction is exact; a busy one's an estimate), then take turns.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
 is within the token watermark at the pod's cost and, where the pod reports what it prefills in
 time (its KV hand-off bound), within that. The chosen pod is the best one that takes it among
-those the request may use; it is refused (429) only when none would. So a class is never shed
-while a pod it may use idles (a short may use every pod). Dumping refused long work on the
-short group instead was measured worse (long attainment and sheds: docs/design/placement.md).
+those the request may use; failing those, a long goes to a short-group pod that takes it and
+already holds long work (a short there waits for the long batch under way either way); it is
+refused (429) only when none would. So a class is never shed while a pod it may use idles (a
+short may use every pod). Refused long work sent to any short-group pod that takes it, even one
+holding only shorts, was measured worse (long attainment and sheds: docs/design/placement.md).
 The decode pod is the least loaded (routing.py's rule), and a class holding its share of the
 decode slots is refused (admission.py rule 3). The gateway and `laps sim` both call `place`.
 Why this rule, and what it changed on the workload matrix: docs/design/placement.md."""
@@ -50,8 +54,8 @@ from laps_agent.policy.scheduling.config import SchedulerConfig, long_batch_budg
 # A pod's largest prefill batch where it does not report its own (`batch_tokens`; stock SGLang
 # does not): the H200 profile's --max-prefill-tokens and SGLang's default chunk.
 DEFAULT_BATCH_TOKENS = 16384
-# A pod's long batch budget (the dual queue's max_long_batch_tokens, 0: its whole batch budget;
-# engines do not report theirs yet).
+# A pod's long batch budget where it does not report its own (the dual queue's
+# max_long_batch_tokens, 0: its whole batch budget; stock SGLang with the plugin does not).
 DEFAULT_LONG_BATCH_TOKENS = SchedulerConfig.max_long_batch_tokens
 
 
@@ -120,7 +124,7 @@ class _Candidate:
     own_s: float        # its own prefill's seconds there
     load: EndpointLoad
     cost: PrefillCost
-    batch: int          # its largest prefill batch, tokens
+    batch: int          # its largest batch of the request's class, tokens (a long's: the long budget)
 
 
 def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int,
@@ -134,7 +138,8 @@ def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int
     short_tokens = max(0, load.short_tokens)
     long_tokens = max(0, load.pending_tokens - short_tokens)
     long_requests = max(0, load.pending_requests - load.short_requests)
-    long_batch = cost.seconds(_long_batch(long_requests, long_tokens, long_budget)) if long_requests else 0.0
+    one_long, long_batches = _long_batches(long_requests, long_tokens, long_budget)
+    long_batch = cost.seconds(one_long) if long_requests else 0.0
     if cls == SHORT:
         ahead = short_tokens + work
         total = long_batch + cost.seconds(ahead, math.ceil(ahead / batch_tokens))
@@ -145,22 +150,30 @@ def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int
         return total
     # What of the running batch (a long one where longs are queued, else the shorts') is done.
     first = long_batch or (cost.seconds(min(short_tokens, batch_tokens)) if short_tokens else 0.0)
-    return max(cost.seconds(work, math.ceil(work / batch_tokens)), total - min(elapsed_s, first))
+    done = min(elapsed_s, first)
+    if cls == SHORT and long_batches > 1 and first <= elapsed_s < long_batches * long_batch:
+        # Past the first long batch's length the next is running, not none: the gateway still
+        # counts the first until its KV is handed off (docs/design/placement.md).
+        done = elapsed_s % long_batch
+    return max(cost.seconds(work, math.ceil(work / batch_tokens)), total - done)
 
 
-def _long_batch(requests: int, tokens: int, batch_tokens: int) -> int:
-    """The tokens of the long batch that may be running: as many whole longs of the mean size as
-    fit in one batch, at least one (the engine batches them FIFO up to `batch_tokens`)."""
+def _long_batches(requests: int, tokens: int, batch_tokens: int) -> tuple[int, int]:
+    """The tokens of the long batch that may be running, and how many such batches the pod's
+    longs make: as many whole longs of the mean size as fit in one batch, at least one (the
+    engine batches them FIFO up to `batch_tokens`)."""
     if requests <= 0 or tokens <= 0:
-        return 0
+        return 0, 0
     mean = tokens / requests
-    return int(min(tokens, max(1, batch_tokens // max(mean, 1)) * mean))
+    per_batch = max(1, int(batch_tokens // max(mean, 1)))
+    return int(min(tokens, per_batch * mean)), math.ceil(requests / per_batch)
 
 
 def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]], decode: Sequence[Endpoint],
           loads: Mapping[str, EndpointLoad], cost: Callable[[str], PrefillCost | None], *,
           held: Callable[[Endpoint], int] | None = None, exclude: AbstractSet[str] = frozenset(),
           tiebreak: int = 0, batch_tokens: Callable[[str], int | None] = lambda name: None,
+          long_batch_tokens: Callable[[str], int | None] = lambda name: None,
           max_pending_tokens_per_pod: int = 0, capacity: Callable[[str], int | None] = lambda name: None,
           decode_held: Callable[[str], int] = lambda cls: 0, decode_slots: int = 0,
           max_decode_share: float = 0.0, protection: float = 1.0, now: float | None = None) -> Placement:
@@ -168,6 +181,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     its measured prefill cost (None: not yet; another pod's, else UNMEASURED, stands in);
     `held(pod)`: its prompt tokens that pod is expected to hold (None: no affinity);
     `batch_tokens(pod)`: its largest prefill batch (None: DEFAULT_BATCH_TOKENS);
+    `long_batch_tokens(pod)`: its max_long_batch_tokens (None: DEFAULT_LONG_BATCH_TOKENS);
     `now`: the clock of the loads' `batch_since` (None: no batch credited);
     `max_pending_tokens_per_pod` 0: no admission bound (nor the in-time one); `capacity(pod)`:
     the tokens it reports it prefills in time; `decode_held(cls)`: requests of that class on the
@@ -187,11 +201,14 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
             cls = length_class(work, threshold)
             pod_cost = costs[ep.name] or stand_in
             batch = batch_tokens(ep.name) or DEFAULT_BATCH_TOKENS
+            long_budget = long_batch_tokens(ep.name)
+            long_budget = DEFAULT_LONG_BATCH_TOKENS if long_budget is None else long_budget
             timed = now is not None and load.batch_since is not None and pod_cost is not UNMEASURED
             elapsed = now - load.batch_since if timed else 0.0   # (unmeasured: predictions in tokens)
-            predicted = predicted_seconds(load, pod_cost, cls, work, batch, elapsed)
+            predicted = predicted_seconds(load, pod_cost, cls, work, batch, elapsed, long_budget)
+            class_batch = batch if cls == SHORT else long_batch_budget(batch, long_budget)
             candidates.append(_Candidate(ep, group, cls, work, got, predicted,
-                                         pod_cost.seconds(min(work, batch)), load, pod_cost, batch))
+                                         pod_cost.seconds(min(work, batch)), load, pod_cost, class_batch))
     if not candidates:
         raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
                               + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))
@@ -199,6 +216,9 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     order = _preference(allowed, tiebreak)
     best = order[0]
     chosen = next((c for c in order if _takes(c, max_pending_tokens_per_pod, capacity)), None)
+    if chosen is None and (running_long := [c for c in candidates if c not in allowed and _holds_long(c)]):
+        chosen = next((c for c in _preference(running_long, tiebreak)
+                       if _takes(c, max_pending_tokens_per_pod, capacity)), None)
     decode_ep = least_loaded(decode, loads, exclude, tiebreak)
     if decode_ep is None:
         raise NoEndpointError(f"no usable decode pod: {describe('decode', decode, loads, exclude)}")
@@ -239,9 +259,13 @@ def _allowed(candidates: list[_Candidate], protection: float) -> list[_Candidate
     return home + spill
 
 
+def _holds_long(c: _Candidate) -> bool:
+    return c.load.pending_requests > c.load.short_requests
+
+
 def _bound_s(c: _Candidate, max_pending_tokens_per_pod: int) -> float:
     """The latest predicted prefill end pod `c` takes a request with: the token watermark at its
-    cost, in batches of its own size (inf: no bound)."""
+    cost, in the pod's batches of the request's class (inf: no bound)."""
     if max_pending_tokens_per_pod <= 0:
         return math.inf
     return c.cost.seconds(max_pending_tokens_per_pod, math.ceil(max_pending_tokens_per_pod / c.batch))

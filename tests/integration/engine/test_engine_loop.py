@@ -272,6 +272,19 @@ def test_the_load_report_counts_a_prefill_batch_while_its_forward_pass_runs(make
     assert 1 <= within[0] < within[1]
 
 
+def test_the_load_report_carries_the_batch_budgets_the_gateway_predicts_with(make_engine):
+    """A gateway predicts a short's wait behind a long batch from the pod's own budgets: the
+    builtin engine reports both, and the gateway's parser reads them back."""
+    import json
+
+    from laps_agent.engine.core.load_report import load_report
+    from laps_agent.gateway.proxy.engine_load import parse_report
+
+    engine, _ = make_engine(max_prefill_tokens=2048, max_long_batch_tokens=512)
+    report = parse_report(json.dumps(load_report("prefill", engine.snapshot, 0)).encode())
+    assert (report.batch_tokens, report.long_batch_tokens) == (2048, 512)
+
+
 def test_a_broken_output_consumer_is_logged_with_the_clients_request_id(make_engine, caplog):
     """The line named the engine's own rid only, which no client or gateway log knows."""
     from tests.support.waiting import poll

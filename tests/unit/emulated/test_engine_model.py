@@ -212,7 +212,7 @@ def test_the_load_report_counts_a_prefill_batch_while_it_runs_and_the_queue_behi
     run_until_idle(m, 0.1)
     assert load_report("prefill", m.snapshot(), fetching=0) == {
         "role": "prefill", "waiting_requests": 0, "pending_tokens": 0, "running_requests": 0,
-        "transfer_requests": 0, "short_pending": [0, 0], "max_prefill_tokens": 8192,
+        "transfer_requests": 0, "short_pending": [0, 0], "max_prefill_tokens": 8192, "max_long_batch_tokens": 4096,
         "prefill_cost": {"overhead_s": pytest.approx(0.010), "per_token_s": pytest.approx(0.001)}}
 
 

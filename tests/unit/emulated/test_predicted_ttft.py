@@ -19,6 +19,8 @@ BATCH_TOKENS = 16384
 
 
 def engine(long_budget: int = 0) -> EngineModel:
+    """A prefill engine; `long_budget` its max_long_batch_tokens (0: whole-budget long batches,
+    which the first tests' queues exercise)."""
     m = EngineModel(load_profile("gpu-h200-qwen2.5-32b"), "prefill",
                     SchedulerConfig(length_threshold=THRESHOLD, max_prefill_tokens=BATCH_TOKENS,
                                     max_long_batch_tokens=long_budget))
@@ -62,7 +64,8 @@ def measured(queue: list[int], probe: int, at: float = 0.0, long_budget: int = 0
 def test_the_predicted_prefill_end_agrees_with_the_emulated_engine(queue, probe):
     m = engine()
     cost = PrefillCost(*m.scheduler.prefill_cost())
-    predicted = predicted_seconds(booked(queue), cost, length_class(probe, THRESHOLD), probe, BATCH_TOKENS)
+    predicted = predicted_seconds(booked(queue), cost, length_class(probe, THRESHOLD), probe, BATCH_TOKENS,
+                                  long_batch_tokens=0)
     assert predicted == pytest.approx(measured(queue, probe), rel=0.15)
 
 
@@ -78,9 +81,9 @@ def test_a_batch_under_way_is_credited_with_the_time_it_has_run(queue, probe, at
     m = engine()
     cost = PrefillCost(*m.scheduler.prefill_cost())
     cls = length_class(probe, THRESHOLD)
-    credited = predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS, elapsed_s=at)
+    credited = predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS, elapsed_s=at, long_batch_tokens=0)
     assert credited == pytest.approx(measured(queue, probe, at), rel=0.15)
-    assert credited < predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS)
+    assert credited < predicted_seconds(booked(queue), cost, cls, probe, BATCH_TOKENS, long_batch_tokens=0)
 
 
 @pytest.mark.parametrize("queue, probe", [
@@ -94,3 +97,16 @@ def test_the_prediction_follows_the_engines_long_batch_budget(queue, probe):
     predicted = predicted_seconds(booked(queue), cost, length_class(probe, THRESHOLD), probe, BATCH_TOKENS,
                                   long_batch_tokens=4096)
     assert predicted == pytest.approx(measured(queue, probe, long_budget=4096), rel=0.15)
+
+
+@pytest.mark.parametrize("into_second", [0.05, 0.2])
+def test_a_short_arriving_while_a_later_long_batch_runs_waits_for_that_batch(into_second):
+    """The gateway counts a long until its KV is handed off, after the pod has begun its next
+    long batch: a short arriving then waits for that batch (it was predicted to start at once)."""
+    queue, probe = [3000, 3000, 3000], 200
+    m = engine(long_budget=4096)
+    cost = PrefillCost(*m.scheduler.prefill_cost())
+    at = cost.seconds(queue[0]) + into_second
+    predicted = predicted_seconds(booked(queue), cost, SHORT, probe, BATCH_TOKENS, elapsed_s=at,
+                                  long_batch_tokens=4096)
+    assert predicted == pytest.approx(measured(queue, probe, at, long_budget=4096), rel=0.15)

@@ -192,17 +192,25 @@ def test_a_pods_measured_capacity_counts_only_while_its_reports_are_fresh(clock)
     assert loads.capacity("a") is None
 
 
-def test_a_prefill_report_gives_the_cost_the_queued_shorts_and_the_batch_size_placement_predicts_with():
+def test_a_prefill_report_gives_the_cost_the_queued_shorts_and_the_batch_sizes_placement_predicts_with():
     from laps_agent.policy.placement import PrefillCost
 
     body = (b'{"role": "prefill", "waiting_requests": 6, "pending_tokens": 2000, "prefill_cost": '
-            b'{"overhead_s": 0.017, "per_token_s": 0.0001}, "short_pending": [4, 300], "max_prefill_tokens": 8192}')
+            b'{"overhead_s": 0.017, "per_token_s": 0.0001}, "short_pending": [4, 300], "max_prefill_tokens": 8192, '
+            b'"max_long_batch_tokens": 4096}')
     report = parse_report(body)
-    assert (report.cost, report.short, report.batch_tokens) == (PrefillCost(0.017, 0.0001), (4, 300), 8192)
+    assert (report.cost, report.short, report.batch_tokens, report.long_batch_tokens) == (
+        PrefillCost(0.017, 0.0001), (4, 300), 8192, 4096)
     loads = EngineLoads(0.25, clock=lambda: 0.0)
     mark = loads.asking("p", EndpointLoad())
     loads.answered("p", mark, *report)
-    assert (loads.cost("p"), loads.batch_tokens("p")) == (PrefillCost(0.017, 0.0001), 8192)
+    assert (loads.cost("p"), loads.batch_tokens("p"), loads.long_batch_tokens("p")) == (
+        PrefillCost(0.017, 0.0001), 8192, 4096)
+    # 0 is a budget (its whole batch), not a missing figure; an older engine reports none
+    assert parse_report(body.replace(b'"max_long_batch_tokens": 4096', b'"max_long_batch_tokens": 0')).long_batch_tokens == 0
+    assert parse_report(body.replace(b', "max_long_batch_tokens": 4096', b'')).long_batch_tokens is None
+    with pytest.raises(ValueError, match="max_long_batch_tokens"):
+        parse_report(body.replace(b'"max_long_batch_tokens": 4096', b'"max_long_batch_tokens": -1'))
     merged = loads.merged({})["p"]   # another replica's work, its shorts apart
     assert (merged.pending_tokens, merged.short_requests, merged.short_tokens) == (2000, 4, 300)
     with pytest.raises(ValueError, match="not a prefill cost"):

@@ -57,8 +57,10 @@ def test_a_short_request_waits_behind_queued_shorts_not_behind_queued_longs():
 
 
 def test_a_long_request_waits_behind_everything_queued():
+    """... in one batch of the shorts and, at a 4,096-token long budget, two long batches."""
     load = busy(long_tokens=3000, long_requests=1, short_tokens=500, short_requests=5)
-    assert predicted_seconds(load, COST, "long", 2000) == pytest.approx(COST.seconds(5500, batches=2))
+    assert predicted_seconds(load, COST, "long", 2000, long_batch_tokens=4096) == pytest.approx(COST.seconds(5500, batches=3))
+    assert predicted_seconds(load, COST, "long", 2000, long_batch_tokens=0) == pytest.approx(COST.seconds(5500, batches=2))
 
 
 def test_a_long_request_stays_in_the_long_group_while_it_is_not_far_behind():
@@ -167,6 +169,44 @@ def test_the_watermark_is_counted_in_the_pods_own_batches():
     placed = put(100, loads, groups, decode, max_pending_tokens_per_pod=4096, batch_tokens=lambda name: 512)
     assert placed.route is not None
     assert put(1100, loads, groups, decode, max_pending_tokens_per_pod=4096, batch_tokens=lambda name: 512).route is None
+
+
+def test_a_short_request_waits_behind_the_long_batch_its_pod_reports_it_runs():
+    """A pod that caps its long batches at 4,096 tokens (max_long_batch_tokens, in its load
+    report) runs three 3,000-token longs one at a time: a short waits for one of them there, not
+    for all three, and so goes there rather than behind a 7,000-token long elsewhere."""
+    groups, decode = {"short": [ep("s0")], "long": [ep("l0")]}, [ep("d0")]
+    loads = {"s0": busy(long_tokens=7000, long_requests=1), "l0": busy(long_tokens=9000, long_requests=3)}
+    whole = put(100, loads, groups, decode, long_batch_tokens=lambda name: 0)   # l0 runs all three at once
+    assert whole.route.prefill.name == "s0"
+    capped = put(100, loads, groups, decode, long_batch_tokens=lambda name: 4096 if name == "l0" else 0)
+    assert capped.route.prefill.name == "l0"
+    assert capped.predicted_s == pytest.approx(COST.seconds(3000) + COST.seconds(100))
+
+
+def test_a_long_request_is_bounded_by_the_watermark_in_the_pods_long_batches():
+    """Long work on a pod capping long batches at 4,096 tokens is prefilled in 4,096-token
+    batches, each paying its overhead: the watermark's seconds count them (counted as one
+    16,384-token batch, a long within the watermark's tokens was refused)."""
+    groups, decode = {"short": [], "long": [ep("l0")]}, [ep("d0")]
+    loads = {"l0": busy(long_tokens=12000, long_requests=3)}
+    kw = dict(max_pending_tokens_per_pod=16384, long_batch_tokens=lambda name: 4096)
+    assert put(4300, loads, groups, decode, **kw).route is not None
+    assert put(4500, loads, groups, decode, **kw).route is None
+
+
+def test_a_long_its_group_refuses_goes_to_a_short_pod_already_holding_long_work():
+    """A short at a pod waits for the long batch under way there, however many longs queue: a
+    long that every long-group pod refuses joins a short-group pod already holding long work
+    (vanilla PD would send it to any pod under the watermark), never one holding only shorts."""
+    groups, decode = {"short": [ep("s0"), ep("s1")], "long": [ep("l0")]}, [ep("d0")]
+    loads = {"l0": busy(long_tokens=13000, long_requests=4), "s0": busy(long_tokens=12000, long_requests=4),
+             "s1": busy(short_tokens=12000, short_requests=40)}
+    kw = dict(max_pending_tokens_per_pod=16384, long_batch_tokens=lambda name: 4096)
+    assert put(4000, loads, groups, decode, **kw).route.prefill.name == "s0"
+    only_shorts = {"short": [ep("s1")], "long": [ep("l0")]}
+    refused = put(4000, loads, only_shorts, decode, **kw)
+    assert refused.route is None and "l0" in refused.refusal
 
 
 def test_the_pods_measured_in_time_capacity_bounds_it():

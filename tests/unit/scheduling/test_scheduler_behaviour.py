@@ -75,7 +75,7 @@ def test_long_batches_stop_at_the_long_budget_so_a_short_arriving_behind_waits_f
 def test_a_negative_long_budget_is_refused_and_zero_is_the_whole_batch_budget():
     with pytest.raises(ValueError, match="max_long_batch_tokens must be >= 0"):
         SchedulerConfig(max_long_batch_tokens=-1)
-    whole = PrefillScheduler(SchedulerConfig(max_prefill_tokens=8192))
+    whole = PrefillScheduler(SchedulerConfig(max_prefill_tokens=8192, max_long_batch_tokens=0))
     for i in range(3):
         whole.add(PrefillItem(f"L{i}", 1500), now=0.0)
     assert rids(whole.next_batch(0.0)) == ["L0", "L1", "L2"]

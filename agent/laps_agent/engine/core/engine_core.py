@@ -101,7 +101,8 @@ class EngineCore:
                 "waiting_kv": len(self.pd.imports), "live": len(self._live),
                 "prefix_cache_pages": self.kv.cached_pages, "warms": len(self.warms),
                 "prefill_cost": self.scheduler.prefill_cost(), "decode_cost": self.decode_cost.linear(),
-                "max_prefill_tokens": self.scheduler.config.max_prefill_tokens}
+                "max_prefill_tokens": self.scheduler.config.max_prefill_tokens,
+                "max_long_batch_tokens": self.scheduler.config.max_long_batch_tokens}
 
     def accept(self, work: GenerateWork, sink: OutputSink) -> None:
         if work.kind == "warm":

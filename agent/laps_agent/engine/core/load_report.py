@@ -109,6 +109,8 @@ def load_report(role: str, snapshot: dict[str, Any], fetching: int,
         report["short_pending"] = list(queues.get(SHORT, (0, 0)))
         if snapshot.get("max_prefill_tokens"):
             report["max_prefill_tokens"] = snapshot["max_prefill_tokens"]
+        if snapshot.get("max_long_batch_tokens") is not None:   # 0 (its whole batch) is a value
+            report["max_long_batch_tokens"] = snapshot["max_long_batch_tokens"]
     return report
 
 

@@ -55,6 +55,7 @@ class LoadReport(NamedTuple):
     cost: PrefillCost | None = None          # its measured prefill cost; None: not reported
     short: tuple[int, int] | None = None     # (requests, tokens) of its queued shorts; None: not reported
     batch_tokens: int | None = None          # its max_prefill_tokens; None: not reported
+    long_batch_tokens: int | None = None     # its max_long_batch_tokens (0: all); None: not reported
 
 
 @dataclass(slots=True)
@@ -71,6 +72,7 @@ class _Pod:
     short: tuple[int, int] | None = None      # its queued shorts in that answer, if it had them
     own_short_then: tuple[int, int] = (0, 0)  # this gateway's short work on it when it asked
     batch_tokens: int | None = None           # its max_prefill_tokens, as last reported
+    long_batch_tokens: int | None = None      # its max_long_batch_tokens, as last reported
 
 
 class EngineLoads:
@@ -94,7 +96,7 @@ class EngineLoads:
                  held: Mapping[str, int] | None = None, max_prompt: int | None = None,
                  capacity: int | None = None, cost: PrefillCost | None = None,
                  short: tuple[int, int] | None = None, batch_tokens: int | None = None,
-                 own_held: OwnHeld = _NONE_HELD) -> None:
+                 long_batch_tokens: int | None = None, own_held: OwnHeld = _NONE_HELD) -> None:
         """The answer to the poll `mark`: the pod's figures, and `own_held` as of now."""
         pod = self._pods.get(name)
         if pod is None or mark[2] < pod.asked_at:
@@ -109,6 +111,8 @@ class EngineLoads:
             pod.cost = cost
         if batch_tokens:
             pod.batch_tokens = batch_tokens
+        if long_batch_tokens is not None:
+            pod.long_batch_tokens = long_batch_tokens
         pod.short, pod.own_short_then = short, mark[4]
         pod.held, pod.held_then = held, _own_part(mark[3], own_held)
 
@@ -140,6 +144,12 @@ class EngineLoads:
         """Pod `name`'s largest prefill batch in tokens as it last reported it (a setting)."""
         pod = self._pods.get(name)
         return pod.batch_tokens if pod is not None else None
+
+    def long_batch_tokens(self, name: str) -> int | None:
+        """Pod `name`'s long batch budget (its max_long_batch_tokens, 0: its whole batch) as it
+        last reported it (a setting); None while it has not."""
+        pod = self._pods.get(name)
+        return pod.long_batch_tokens if pod is not None else None
 
     def learnt_limit(self, name: str, limit: PromptLimit | None) -> None:
         """The longest prompt pod `name` takes, learnt apart from its load (stock SGLang's;
@@ -274,10 +284,20 @@ def parse_report(body: bytes) -> LoadReport:
                           int(doc.get("max_prompt_tokens", 0)) or None,
                           int(doc.get("max_pending_tokens", 0)) or None,
                           _cost(doc.get("prefill_cost")), _pair(doc.get("short_pending")),
-                          int(doc.get("max_prefill_tokens", 0)) or None)
+                          int(doc.get("max_prefill_tokens", 0)) or None,
+                          _budget(doc.get("max_long_batch_tokens")))
     except (KeyError, TypeError, AttributeError, OverflowError, IndexError) as exc:
         # OverflowError: a number JSON reads as infinite (1e400), which no count is.
         raise ValueError(f"not a load report: {exc!r}") from None
+
+
+def _budget(value) -> int | None:
+    """A reported max_long_batch_tokens: None when absent (an older engine), >= 0 (0: all)."""
+    if value is None:
+        return None
+    if int(value) < 0:
+        raise ValueError(f"not a load report: max_long_batch_tokens {value} < 0")
+    return int(value)
 
 
 class EngineLoadPoller:

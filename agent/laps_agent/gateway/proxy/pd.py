@@ -139,6 +139,7 @@ class PDProxy:
                        self.engine_loads.cost, held=held, exclude=frozenset(exclude), tiebreak=next(self._tiebreak),
                        max_pending_tokens_per_pod=0 if admitted else cfg.max_pending_tokens_per_pod,
                        capacity=self.engine_loads.capacity, batch_tokens=self.engine_loads.batch_tokens,
+                       long_batch_tokens=self.engine_loads.long_batch_tokens,
                        decode_held=lambda cls: decode_held(membership.decode, loads, cls, self._tracker.decode_held(cls),
                                                            self.engine_loads.others_held),
                        decode_slots=decode_slots(membership.decode, loads, self.engine_loads.slots),

@@ -105,6 +105,7 @@ class SimCluster:
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
         self.batch_tokens = sched.max_prefill_tokens
+        self.long_batch_tokens = sched.max_long_batch_tokens
 
         # A sized cluster has an engine for every pod it may run (autoscale.py: the fleet says
         # which exist); `prefill` and `decode` are the pods serving from the start.
@@ -313,7 +314,8 @@ class SimCluster:
         try:
             placed = place(r.routed_tokens, self.threshold, self.groups, self.decode_eps, loads, self._cost,
                            held=self.prefixes.held(r.conversation, r.prompt_tokens), tiebreak=next(self._tiebreak),
-                           batch_tokens=lambda name: self.batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
+                           batch_tokens=lambda name: self.batch_tokens,
+                           long_batch_tokens=lambda name: self.long_batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
                            capacity=self._capacity, protection=self.arrivals.protection, now=now)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
