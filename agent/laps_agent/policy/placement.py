@@ -26,7 +26,9 @@ The length groups are a preference, not a wall:
   group would hold it back longer than it runs; with none, wherever it finishes first (one pool).
   The shorts route around that pod while its long batch runs. With no usable long-group pod it
   goes to the short group.
-Equal predictions (within TIE_SHARE) prefer the request's own group, then an idle pod (its
+Pods of one hardware (measured costs within SAME_HARDWARE_SHARE of their mean) predict with that
+mean, so fitting noise does not rank them. Equal predictions (within TIE_SHARE) prefer the
+request's own group, then an idle pod (its
 prediction is exact; a busy one's an estimate), then take turns.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
 is within the token watermark at the pod's cost and, where the pod reports what it prefills in
@@ -73,6 +75,12 @@ class PrefillCost:
 # of the same hardware differ by noise; without it the one that measured fastest took every
 # request while the others idled.
 TIE_SHARE = 0.02
+
+# Pods whose measured costs (of a batch of `threshold` tokens) are within this share of the
+# pods' mean are one hardware and predict with that mean: each pod's fit carries its own noise
+# (the 72B profile's emulated pods differ by up to 15%), and the pod that measured fastest drew
+# the shorts while others idled (docs/design/placement.md). One further off keeps its own.
+SAME_HARDWARE_SHARE = 0.25
 
 # Before a pod has reported its cost: predictions in token-units (one per token, no overhead),
 # which rank pods as the pending-token rule did and turn a token bound into itself.
@@ -158,6 +166,19 @@ def predicted_seconds(load: EndpointLoad, cost: PrefillCost, cls: str, work: int
     return max(cost.seconds(work, math.ceil(work / batch_tokens)), total - done)
 
 
+def _shared_costs(costs: dict[str, PrefillCost | None], tokens: int) -> dict[str, PrefillCost | None]:
+    """The pods' measured costs, those within SAME_HARDWARE_SHARE of their mean (at `tokens`)
+    replaced by that mean; unmeasured pods stay None."""
+    measured = [c for c in costs.values() if c is not None]
+    if len(measured) < 2:
+        return costs
+    mean = PrefillCost(sum(c.overhead_s for c in measured) / len(measured),
+                       sum(c.per_token_s for c in measured) / len(measured))
+    at = mean.seconds(max(1, tokens))
+    return {name: mean if c is not None and abs(c.seconds(max(1, tokens)) - at) <= SAME_HARDWARE_SHARE * at else c
+            for name, c in costs.items()}
+
+
 def _long_batches(requests: int, tokens: int, batch_tokens: int) -> tuple[int, int]:
     """The tokens of the long batch that may be running, and how many such batches the pod's
     longs make: as many whole longs of the mean size as fit in one batch, at least one (the
@@ -188,7 +209,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection. Raises
     NoEndpointError when no pod is usable."""
     pooled = not groups.get(LONG)
-    costs = {e.name: cost(e.name) for eps in groups.values() for e in eps}   # asked once per pod
+    costs = _shared_costs({e.name: cost(e.name) for eps in groups.values() for e in eps}, threshold)
     stand_in = next((c for c in costs.values() if c is not None), UNMEASURED)
     candidates: list[_Candidate] = []
     for group in (SHORT, LONG):

@@ -255,6 +255,21 @@ def test_equal_pods_share_the_work_though_their_measured_costs_differ_by_noise()
     assert chosen == {"s0", "s1", "s2"}
 
 
+def test_a_pod_that_measured_a_little_faster_does_not_draw_shorts_from_idle_pods():
+    """Pods of one hardware whose fits differ by noise (here 15%) predict with their mean: a busy
+    pod whose running batch the gateway credits as done ties with the idle pods, and the idle one
+    wins the tie (it was predicted faster by its own fit and took the short, 0.1 s late, in the 72B
+    matrix); a pod twice as fast (other hardware) keeps its own cost."""
+    groups, decode = {"short": [ep("s0"), ep("s1")], "long": []}, [ep("d0")]
+    costs = {"s0": PrefillCost(0.023, 1e-4), "s1": PrefillCost(0.027, 1.15e-4)}
+    loads = {"s0": EndpointLoad(pending_requests=2, pending_tokens=300, short_requests=2, short_tokens=300,
+                                batch_since=0.0)}
+    for tiebreak in range(4):
+        assert put(100, loads, groups, decode, cost=costs.get, tiebreak=tiebreak, now=0.2).route.prefill.name == "s1"
+    faster = {"s0": PrefillCost(0.010, 0.5e-4), "s1": PrefillCost(0.027, 1.15e-4)}
+    assert put(100, loads, groups, decode, cost=faster.get, now=0.2).route.prefill.name == "s0"
+
+
 def test_before_any_cost_is_measured_pods_rank_by_their_pending_tokens():
     groups, decode = {"short": [ep("s0"), ep("s1")], "long": []}, [ep("d0")]
     loads = {"s0": busy(short_tokens=300, short_requests=1), "s1": busy(short_tokens=100, short_requests=1)}
