@@ -79,6 +79,7 @@ class SystemConfig:
     adaptive_window: bool = False
     long_in_window: str = "cost"
     max_long_wait_ms: float = 2000.0
+    max_long_batch_tokens: int | None = None   # None: the engines' default; 0: the whole batch budget
     groups: bool = True                 # False: one pool of prefill pods, no length classes
     estimator: str = "auto"             # how the gateway counts prompt tokens (ESTIMATORS)
     allocation: str = "none"            # moving pods between groups: "none" | "reference" | "laps"
@@ -97,7 +98,9 @@ class SystemConfig:
                 "--wait-window-ms", f"{self.wait_window_ms:g}",
                 "--adaptive-window" if self.adaptive_window else "--no-adaptive-window",
                 "--long-in-window", self.long_in_window,
-                "--max-long-wait-ms", f"{self.max_long_wait_ms:g}"]
+                "--max-long-wait-ms", f"{self.max_long_wait_ms:g}",
+                *([] if self.max_long_batch_tokens is None else
+                  ["--max-long-batch-tokens", str(self.max_long_batch_tokens)])]
 
     def local_args(self) -> list[str]:
         """`laps local` flags of the gateway side."""
@@ -112,9 +115,10 @@ class SystemConfig:
 SYSTEMS: dict[str, SystemConfig] = {
     "vanilla-pd": SystemConfig("vanilla-pd", laps_scheduler=False, wait_window_ms=0.0, groups=False,
                                 router="least-loaded"),
+    # The reference's long batches fill the whole batch budget (max_prefill_tokens).
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
-                              estimator="chars4", allocation="reference", max_pending_tokens_per_pod=0,
-                              router="least-loaded"),
+                              max_long_batch_tokens=0, estimator="chars4", allocation="reference",
+                              max_pending_tokens_per_pod=0, router="least-loaded"),
     "laps": SystemConfig("laps", allocation="laps", affinity=True, prefix_warm=True),
     "laps-noaffinity": SystemConfig("laps-noaffinity", allocation="laps"),
     # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how

@@ -149,3 +149,18 @@ def test_the_simulated_gateway_admits_only_what_each_pod_prefills_in_time():
         "--bootstrap-timeout", "3000")
     assert tight_refused > 0 and tight_ttft < 10 <= loose_ttft, (tight_refused, tight_ttft, loose_ttft)
     assert outcome("--bootstrap-timeout", "10", system="reference")[0] == 0   # its bound is 0: admission off
+
+
+def test_the_reference_runs_whole_budget_long_batches_and_laps_the_engines_budget():
+    """The reference system keeps its long batches as the reference repository runs them (the
+    whole max_prefill_tokens); laps's engines take the default long batch budget."""
+    from laps_agent.engine.flags import build_parser, scheduler_config
+    from laps_agent.policy.classes import LONG
+    from laps_agent.policy.scheduling.config import SchedulerConfig
+
+    def long_budget(system: str) -> int:
+        args = build_parser().parse_args(SYSTEMS[system].engine_args())
+        return scheduler_config(args, None, 16384).batch_tokens(LONG)
+
+    assert long_budget("reference") == 16384
+    assert long_budget("laps") == SchedulerConfig.max_long_batch_tokens < 16384
