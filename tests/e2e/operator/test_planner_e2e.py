@@ -62,8 +62,16 @@ def test_the_planner_sizes_the_pools_within_the_budget_freezes_without_metrics_a
         # --- 1. Demand arrives: both pools grow, within the budget, and status says why. -----
         demand.set("short", 20.0, 136, 150)
         demand.set("long", 8.0, 1800, 150)
-        grown = wait_for(lambda: (r := replicas()) != (1, 1) and r, "the pools to grow", timeout=60)
-        assert grown[0] > 1 and sum(grown) <= BUDGET                     # one GPU a pod
+        # The rate Prometheus reports ramps up over its window, so the first decisions may grow
+        # one pool alone; every state seen on the way stays within the budget (one GPU a pod).
+        seen: list[tuple[int, int]] = []
+
+        def both_grown() -> tuple[int, int] | None:
+            seen.append(r := replicas())
+            return r if min(r) > 1 else None
+
+        wait_for(both_grown, "both pools to grow", timeout=60)
+        assert all(sum(r) <= BUDGET for r in seen), seen
         auto = wait_for(lambda: (a := cluster.status().get("autoscaling")) and a["desired"]["prefill"] > 1 and a,
                         "status.autoscaling")
         assert (auto["desired"]["prefill"], auto["desired"]["decode"]) == replicas()
