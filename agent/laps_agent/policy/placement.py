@@ -27,9 +27,9 @@ The length groups are a preference, not a wall:
   The shorts route around that pod while its long batch runs. With no usable long-group pod it
   goes to the short group.
 Pods of one hardware (measured costs within SAME_HARDWARE_SHARE of their mean) predict with that
-mean, so fitting noise does not rank them. Equal predictions (within TIE_SHARE) prefer the
-request's own group, then an idle pod (its
-prediction is exact; a busy one's an estimate), then take turns.
+mean, so fitting noise does not rank them. Equal predictions (within TIE_SHARE) prefer an idle
+pod (its prediction is exact; a busy one's an estimate, and the gateway's clock of its batch may
+run ahead of the engine's), then the request's own group, then take turns.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
 is within the token watermark at the pod's cost and, where the pod reports what it prefills in
 time (its KV hand-off bound), within that. The chosen pod is the best one that takes it among
@@ -257,15 +257,15 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
 
 
 def _preference(allowed: list[_Candidate], tiebreak: int) -> list[_Candidate]:
-    """The candidates best first: those predicting within TIE_SHARE of the best are equals (its
-    own group first, then idle pods, then a rotation by `tiebreak`, so that equal pods share the
+    """The candidates best first: those predicting within TIE_SHARE of the best are equals (idle
+    pods first, then its own group, then a rotation by `tiebreak`, so that equal pods share the
     work), then the others by prediction."""
     best = min(c.predicted_s for c in allowed)
     n = len(allowed)
     near = [i for i in range(n) if allowed[i].predicted_s <= best * (1 + TIE_SHARE)]
     rest = sorted((i for i in range(n) if i not in near), key=lambda i: allowed[i].predicted_s)
-    near.sort(key=lambda i: (allowed[i].group != allowed[i].cls,
-                             allowed[i].load.pending_requests > 0, (i - tiebreak) % n))
+    near.sort(key=lambda i: (allowed[i].load.pending_requests > 0,
+                             allowed[i].group != allowed[i].cls, (i - tiebreak) % n))
     return [allowed[i] for i in near + rest]
 
 

@@ -117,6 +117,18 @@ def test_of_equal_pods_an_idle_one_is_preferred_to_one_whose_batch_is_nearly_don
         assert put(3000, loads, groups, decode, tiebreak=tiebreak, now=0.5).route.prefill.name == "s1"
 
 
+def test_an_idle_pod_of_the_other_group_comes_before_a_busy_one_of_its_own_predicting_the_same():
+    """The short-group pod's batch is credited as done (the gateway counts its short until the KV
+    is handed off), so it predicts the request's own prefill, as the idle long-group pod does;
+    the engine may still be running it: the idle pod serves the short at once."""
+    groups, decode = cluster(short=1, long_=1)
+    loads = {"s0": EndpointLoad(pending_requests=1, pending_tokens=130, short_requests=1, short_tokens=130,
+                                batch_since=0.0)}
+    for tiebreak in range(4):
+        placed = put(130, loads, groups, decode, tiebreak=tiebreak, now=1.0)
+        assert placed.route.prefill.name == "l0" and placed.route.cls == "short"
+
+
 def test_of_pods_each_running_one_batch_the_request_goes_to_the_one_nearest_its_end():
     """The gateway knows when each pod's running batch began (LoadTracker: its first dispatch
     to the pod idle, else the pod's last prefill's end): the batch that began first ends first."""
