@@ -13,10 +13,11 @@ from laps_agent.gateway.estimate import TokenEstimator
 from laps_agent.gateway.http.auth import read_keys
 from laps_agent.modelio.tokenizer import load_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
+from laps_agent.policy.planner import ttft_slos
 from laps_agent.policy.routing import AffinityBound
 from laps_agent.policy.systems import ESTIMATORS, ROUTERS
 from laps_agent.serving.exit_reason import ExitRecordingParser
-from laps_agent.serving.flag_types import at_least, non_negative, positive
+from laps_agent.serving.flag_types import at_least, non_negative, positive, slo_seconds
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
 # The types of flags laps local shares: a count of tokens (0 means something for each: every
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "pending prompt tokens are below this many per routable pod; beyond, "
                              "its class gets 429 + Retry-After; so does a request that would not fit "
                              "within what the pod it goes to reports it prefills in time (0: neither)")
+    limits.add_argument("--slo", type=slo_seconds, default=None,
+                        help="TTFT p90 SLOs per class, e.g. short=0.5,long=3 (default: "
+                             + ",".join(f"{c}={s:g}" for c, s in ttft_slos().items())
+                             + "): with --router predicted a long request may take a short-group pod "
+                               "whenever a short arriving behind its batch would still start in time")
     limits.add_argument("--max-decode-share", type=decode_share, default=GatewayConfig.max_decode_share,
                         help="admission control: each class may hold at most this share of the "
                              "decode pool's slots (its pods' max running requests, from their "
@@ -152,7 +158,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         served_model_name=args.served_model_name, length_threshold=args.length_threshold,
         max_body_bytes=args.max_body_bytes,
         max_pending_tokens_per_pod=args.max_pending_tokens_per_pod,
-        max_decode_share=args.max_decode_share, router=args.router,
+        max_decode_share=args.max_decode_share, ttft_slo_s=ttft_slos(args.slo), router=args.router,
         request_deadline_s=args.request_deadline_s, drain_grace_s=args.drain_grace_s,
         engine_load_poll=args.engine_load_poll,
         # Any interval above 0 passes the flag; polling faster than every 10 ms is no use.

@@ -1,12 +1,14 @@
 """Typed settings of one gateway process (what `laps gateway` flags turn into)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from laps_agent.gateway.prefix import DEFAULT_RECORD_BLOCKS_PER_POD
 from laps_agent.policy.admission import DEFAULT_MAX_DECODE_SHARE, DEFAULT_MAX_PENDING_TOKENS_PER_POD
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.outlier import DEFAULT_MAX_EJECTION_PERCENT
+from laps_agent.policy.planner import ttft_slos
 from laps_agent.policy.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.request_body import BODY_IDLE_TIMEOUT_S
@@ -53,6 +55,10 @@ class GatewayConfig:
     # ...and each class may hold at most this share of the decode pool's slots (its decode
     # pods' reported max running requests); beyond, 429. 0: no bound.
     max_decode_share: float = DEFAULT_MAX_DECODE_SHARE
+    # The TTFT SLO per class (spec.slo.ttftP90Seconds): routed by prediction, a long may take a
+    # short-group pod whenever a short arriving behind its batch would still start in time
+    # (policy/placement.py).
+    ttft_slo_s: Mapping[str, float] = field(default_factory=ttft_slos)
     # The prefill router (policy/systems.py ROUTERS): "predicted" sends each request where its
     # predicted time to first token is lowest, the groups a preference (policy/placement.py);
     # "least-loaded" keeps it in its class's group, on the pod with the fewest pending tokens

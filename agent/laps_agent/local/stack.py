@@ -47,6 +47,7 @@ from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
+from laps_agent.policy.planner import ttft_slos
 from laps_agent.policy.systems import (
     ALLOCATION_DEFAULTS,
     ESTIMATORS,
@@ -82,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the gateway's admission control: pending prompt tokens per prefill pod "
                         "beyond which a class gets 429, beside the engines' measured bound (0: "
                         "neither; default: laps gateway's)")
+    p.add_argument("--slo", type=slo_seconds, default=None,
+                   help="TTFT p90 SLOs, e.g. short=0.5,long=3: the gateway's (a long may take a short-group "
+                        "engine whenever a short behind its batch would still start in time) and, with "
+                        "--autoscale, what the planner sizes for (default: laps gateway's)")
     p.add_argument("--max-decode-share", type=decode_share, default=None,
                    help="the gateway's admission control: the share of the decode slots one class "
                         "may hold, beyond which it gets 429 (0: no bound; default: laps gateway's, "
@@ -117,7 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     scale = p.add_argument_group("autoscaling (the planner starting and stopping engines: local/planner.py)")
     scale.add_argument("--autoscale", action="store_true",
                        help="size the prefill and decode pools from the SLOs (--prefill/--decode: where they start)")
-    scale.add_argument("--slo", type=slo_seconds, default=None, help="TTFT p90 SLOs, e.g. short=0.5,long=3")
     add_planner_flags(scale, budget_help="GPUs of both pools together (one an engine with --device cuda)")
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--startup-timeout", type=float, default=600.0)
@@ -168,7 +172,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_ar
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),
                            prefix_affinity=args.prefix_affinity, prefix_warm=args.prefix_warm,
-                           router=args.router, **overrides)
+                           router=args.router, ttft_slo_s=ttft_slos(args.slo), **overrides)
     discovery = LocalDiscovery(spec, children, _say)
     app = create_app(config, discovery, TokenEstimator(tokenizer, args.estimator),
                      allocator=_allocator(args, children), planner=_planner(args, discovery, children, spawn, loaded_s))

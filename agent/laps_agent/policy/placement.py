@@ -23,7 +23,9 @@ The length groups are a preference, not a wall:
   no later than it would start in the long group plus p x its own prefill there, p the short
   group's need of protection (`ArrivalMix.protection`: 1 while at least FULL_PROTECTION_SHARE of
   recent requests are short, falling to 0 with none): with shorts around, only when the long
-  group would hold it back longer than it runs; with none, wherever it finishes first (one pool).
+  group would hold it back longer than it runs; with none, wherever it finishes first (one pool);
+  and wherever its own batch there is short enough that a short arriving behind it would still
+  start within SPILL_SLO_SHARE of its TTFT SLO (the gateway's --slo).
   The shorts route around that pod while its long batch runs. With no usable long-group pod it
   goes to the short group.
 Pods of one hardware (measured costs within SAME_HARDWARE_SHARE of their mean) predict with that
@@ -81,6 +83,11 @@ TIE_SHARE = 0.02
 # (the 72B profile's emulated pods differ by up to 15%), and the pod that measured fastest drew
 # the shorts while others idled (docs/design/placement.md). One further off keeps its own.
 SAME_HARDWARE_SHARE = 0.25
+
+# A long may join a short-group pod whenever the long batch it would run there is at most this
+# share of the short TTFT SLO: a short arriving behind it still starts in time, with the rest of
+# the SLO for its own prefill, the KV hand-off and its first decode step.
+SPILL_SLO_SHARE = 0.6
 
 # Before a pod has reported its cost: predictions in token-units (one per token, no overhead),
 # which rank pods as the pending-token rule did and turn a token bound into itself.
@@ -197,7 +204,8 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
           long_batch_tokens: Callable[[str], int | None] = lambda name: None,
           max_pending_tokens_per_pod: int = 0, capacity: Callable[[str], int | None] = lambda name: None,
           decode_held: Callable[[str], int] = lambda cls: 0, decode_slots: int = 0,
-          max_decode_share: float = 0.0, protection: float = 1.0, now: float | None = None) -> Placement:
+          max_decode_share: float = 0.0, protection: float = 1.0, now: float | None = None,
+          ttft_slo_s: Mapping[str, float] | None = None) -> Placement:
     """The placement of a request of `tokens` prompt tokens (the module docstring). `cost(pod)`:
     its measured prefill cost (None: not yet; another pod's, else UNMEASURED, stands in);
     `held(pod)`: its prompt tokens that pod is expected to hold (None: no affinity);
@@ -206,7 +214,8 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     `now`: the clock of the loads' `batch_since` (None: no batch credited);
     `max_pending_tokens_per_pod` 0: no admission bound (nor the in-time one); `capacity(pod)`:
     the tokens it reports it prefills in time; `decode_held(cls)`: requests of that class on the
-    decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection. Raises
+    decode pool of `decode_slots` slots; `protection`: ArrivalMix.protection; `ttft_slo_s`: the
+    TTFT SLO per class (None: no long batch is short enough to pass the protection). Raises
     NoEndpointError when no pod is usable."""
     pooled = not groups.get(LONG)
     costs = _shared_costs({e.name: cost(e.name) for eps in groups.values() for e in eps}, threshold)
@@ -233,7 +242,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     if not candidates:
         raise NoEndpointError(f"no usable prefill pod for a request ({tokens} tokens): "
                               + "; ".join(describe(f"prefill-{g}", groups.get(g, ()), loads, exclude) for g in (SHORT, LONG)))
-    allowed = candidates if pooled else _allowed(candidates, protection)
+    allowed = candidates if pooled else _allowed(candidates, protection, (ttft_slo_s or {}).get(SHORT))
     order = _preference(allowed, tiebreak)
     best = order[0]
     chosen = next((c for c in order if _takes(c, max_pending_tokens_per_pod, capacity)), None)
@@ -269,15 +278,24 @@ def _preference(allowed: list[_Candidate], tiebreak: int) -> list[_Candidate]:
     return [allowed[i] for i in near + rest]
 
 
-def _allowed(candidates: list[_Candidate], protection: float) -> list[_Candidate]:
+def _allowed(candidates: list[_Candidate], protection: float, short_slo_s: float | None) -> list[_Candidate]:
     """The pods the request may use (the module docstring's group preference)."""
     home = [c for c in candidates if c.group == c.cls or c.cls == SHORT]
     longs_home = [c for c in candidates if c.cls == LONG and c.group == LONG]
     if not any(c.cls == LONG for c in candidates) or not longs_home:
         return candidates   # short everywhere, or a long with no long-group pod: any pod
     best_home = min(c.predicted_s for c in longs_home)
-    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and c.predicted_s + protection * c.own_s <= best_home]
+    spill = [c for c in candidates if c.cls == LONG and c.group == SHORT and
+             (c.predicted_s + protection * c.own_s <= best_home or _short_enough(c, short_slo_s))]
     return home + spill
+
+
+def _short_enough(c: _Candidate, short_slo_s: float | None) -> bool:
+    """Whether the long batch this long would run on pod `c` (its own prefill, within the pod's
+    long batch budget) leaves a short arriving behind it in time: at most SPILL_SLO_SHARE of the
+    short TTFT SLO."""
+    return short_slo_s is not None and c.cost is not UNMEASURED and \
+        c.cost.seconds(min(c.work, c.batch)) <= SPILL_SLO_SHARE * short_slo_s
 
 
 def _holds_long(c: _Candidate) -> bool:

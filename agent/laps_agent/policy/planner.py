@@ -46,6 +46,13 @@ POOLS = ("prefill", "decode")
 DEFAULT_DECODE_SLOTS = 32
 
 
+def ttft_slos(given: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Each class's TTFT SLO from `short=`, `long=` and `all=` values (--slo): a class without
+    its own takes `all`, then the default."""
+    given = given or {}
+    return {c: float(given.get(c, given.get("all", DEFAULT_TTFT_SLO_S[c]))) for c in CLASSES}
+
+
 @dataclass(frozen=True)
 class ClassLoad:
     """One length class's arrivals over the last window, and what of it waits now."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from laps_agent.policy.classes import CLASSES
-from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, PlannerConfig, Slo
+from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, PlannerConfig, Slo, ttft_slos
 from laps_agent.serving.flag_types import non_negative, positive
 
 
@@ -33,9 +32,7 @@ def add_planner_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser, *, b
 def planner_slo(args: argparse.Namespace) -> Slo:
     """The SLOs the planner sizes for: --slo's TTFTs (a class without its own takes `all`, then
     the default) and --itl-slo."""
-    given = args.slo or {}
-    ttft = {c: given.get(c, given.get("all", DEFAULT_TTFT_SLO_S[c])) for c in CLASSES}
-    return Slo(ttft, args.itl_slo)
+    return Slo(ttft_slos(args.slo), args.itl_slo)
 
 
 def planner_config(args: argparse.Namespace, *, gpus_per_pod: int = 1, startup_s: float | None = None

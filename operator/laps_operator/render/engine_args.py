@@ -193,6 +193,9 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
         args += ["--max-pending-tokens-per-pod", str(spec.gateway.max_pending_tokens_per_pod)]
     if spec.gateway.max_decode_share is not None:
         args += ["--max-decode-share", _fmt(spec.gateway.max_decode_share)]
+    # The SLOs the planner sizes for are the ones the gateway places by (policy/placement.py).
+    ttft = spec.slo.ttft_p90_seconds
+    args += ["--slo", f"short={_fmt(ttft.short)},long={_fmt(ttft.long)}"]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]
     args += [

@@ -389,7 +389,8 @@ class ClusterSpec(_Model):
     laps: LapsSpec = Field(default=LapsSpec(), description="Length-Aware Prefill Scheduling: the classes, the "
                                                            "scheduler, the allocation loop")
     gateway: GatewaySpec = Field(default=GatewaySpec(), description="the gateway pods and their Service")
-    slo: SloSpec = Field(default=SloSpec(), description="the service level the planner sizes the pools for")
+    slo: SloSpec = Field(default=SloSpec(), description="the service level: the planner sizes the pools for it, the "
+                                                       "gateway places long prompts by the short one")
     autoscaling: AutoscalingSpec = Field(
         default=AutoscalingSpec(),
         description="the planner: prefill and decode replica counts from the SLOs, within a GPU budget (off by "

@@ -77,6 +77,20 @@ def test_a_long_request_spills_to_a_short_pod_only_when_the_long_group_would_hol
     assert placed.route.group == "short" and placed.route.cls == "long" and placed.route.fallback
 
 
+def test_a_long_takes_a_short_pod_whenever_a_short_behind_its_batch_would_still_start_in_time():
+    """With shorts around, a long that would not wait in the long group longer than it runs
+    stays there, unless its batch on the short-group pod is short enough (0.22 s here, within
+    0.6 x the 0.5 s short SLO) that a short arriving behind it would still start in time."""
+    groups, decode = cluster(short=1, long_=1)
+    loads = {"l0": busy(long_tokens=1000, long_requests=1)}
+    slo = {"short": 0.5, "long": 3.0}
+    assert put(2000, loads, groups, decode).route.prefill.name == "l0"
+    placed = put(2000, loads, groups, decode, ttft_slo_s=slo)
+    assert placed.route.prefill.name == "s0" and placed.route.cls == "long"
+    # A 4,000-token long runs a 0.42 s batch: a short behind it would be late.
+    assert put(4000, loads, groups, decode, ttft_slo_s=slo).route.prefill.name == "l0"
+
+
 def test_with_no_short_traffic_long_work_uses_the_short_group_as_one_pool():
     """Protection 1 (shorts around): a long stays in its group while it is held back less than it
     runs; protection 0 (none seen lately): it goes wherever it finishes first."""

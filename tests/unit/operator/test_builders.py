@@ -326,6 +326,19 @@ def test_the_gateways_admission_bounds_come_from_the_cr_or_its_own_defaults():
     assert off.max_pending_tokens_per_pod == 0 and off.max_decode_share == 0.0
 
 
+def test_the_gateway_places_by_the_slos_the_planner_sizes_for():
+    from laps_agent.gateway.cli import build_parser as gateway_parser
+    from laps_agent.gateway.cli import config_from_args
+    from laps_agent.policy.planner import ttft_slos
+
+    def config(**spec):
+        rendered = container(build_gateway_deployment(CLUSTER, spec_of(**spec)))["args"][1:]
+        return config_from_args(gateway_parser().parse_args(rendered))
+
+    assert config().ttft_slo_s == ttft_slos()
+    assert config(slo={"ttftP90Seconds": {"short": 0.3, "long": 8}}).ttft_slo_s == {"short": 0.3, "long": 8.0}
+
+
 def test_gateway_is_ready_on_health_and_alive_on_live():
     c = container(build_gateway_deployment(CLUSTER, spec_of()))
     # /health: 200 once it can route, 503 before (out of the Service, not restarted);

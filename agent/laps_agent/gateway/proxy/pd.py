@@ -144,7 +144,7 @@ class PDProxy:
                                                            self.engine_loads.others_held),
                        decode_slots=decode_slots(membership.decode, loads, self.engine_loads.slots),
                        max_decode_share=0.0 if admitted else cfg.max_decode_share,
-                       protection=self.arrivals.protection, now=self._tracker.now())
+                       protection=self.arrivals.protection, now=self._tracker.now(), ttft_slo_s=cfg.ttft_slo_s)
         if placed.route is None:
             cls = length_class(call.tokens, cfg.length_threshold)
             self._metrics.rejected_of[cls].inc()

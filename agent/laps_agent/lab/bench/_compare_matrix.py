@@ -90,7 +90,7 @@ def main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[str
         for sys_config in systems:
             where = out / f"cell-{k:02d}" / sys_config.name
             try:
-                result = run_system(_cell_args(args, cell), sys_config, engine_args, where, planned.spec, plans,
+                result = run_system(_cell_args(args, cell, slo), sys_config, engine_args, where, planned.spec, plans,
                                     planned.rate_scale, tokenizer)
             except RuntimeError as exc:
                 print(f"laps bench compare: {matrix.label(cell)}: {sys_config.name}: {exc}", file=sys.stderr)
@@ -112,10 +112,10 @@ def main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[str
     return 0
 
 
-def _cell_args(args: argparse.Namespace, cell) -> argparse.Namespace:
-    """The command-line arguments of one cell's systems: its shape and profile."""
+def _cell_args(args: argparse.Namespace, cell, slo: dict) -> argparse.Namespace:
+    """The command-line arguments of one cell's systems: its shape, profile and SLOs."""
     return argparse.Namespace(**{**vars(args), "prefill": cell.shape.prefill, "decode": cell.shape.decode,
-                                 "profile": cell.profile})
+                                 "profile": cell.profile, "slo": slo})
 
 
 def _interrupted(run: MatrixRun, out: Path, names: list[str]) -> int:

@@ -43,6 +43,8 @@ def local_args(args: argparse.Namespace, sys_config: SystemConfig, engine_args: 
         out += ["--profile", args.profile]
     if args.model:
         out += ["--model", args.model]
+    if getattr(args, "slo", None):   # the gateway's, as the simulator's (lab/sim/cluster.py)
+        out += ["--slo", ",".join(f"{cls}={seconds:g}" for cls, seconds in args.slo.items())]
     return out + engine_args
 
 

@@ -165,7 +165,7 @@ def _simulate_all(args: argparse.Namespace, engine_args: list[str], plan: Plan, 
         result = simulate(plan, profile, sys_config, prefill=args.prefill, decode=args.decode,
                           threshold=threshold, engine_args=tuple(engine_args), warmup=warmup,
                           hop_s=args.hop_ms / 1000, allocation_config=policy_config(args),
-                          interval_s=args.allocation_interval)
+                          interval_s=args.allocation_interval, ttft_slo_s=args.slo)
         result.meta["slo"] = args.slo
         paths = save(result, out / sys_config.name if len(systems) > 1 else out, slo=args.slo,
                      plots=not args.no_plots)

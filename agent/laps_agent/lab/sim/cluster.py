@@ -23,7 +23,7 @@ import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from laps_agent.emulated.core import EngineModel, Event, ModelRequest
@@ -44,7 +44,7 @@ from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
 from laps_agent.policy.placement import ArrivalMix, PrefillCost, place
-from laps_agent.policy.planner import Pools, join_group, keep_both_groups
+from laps_agent.policy.planner import Pools, join_group, keep_both_groups, ttft_slos
 from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
@@ -94,7 +94,8 @@ class SimCluster:
                  short_pods: int | None = None, allocation: AllocationConfig | None = None,
                  interval_s: float = INTERVAL_S, hop_s: float = HOP_S,
                  max_pending_tokens_per_pod: int | None = None, prefix_cache_tokens: int | None = None,
-                 oracle: bool = False, scaling: Scaling | None = None) -> None:
+                 oracle: bool = False, scaling: Scaling | None = None,
+                 ttft_slo_s: Mapping[str, float] | None = None) -> None:
         if prefill < 1 or decode < 1:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
@@ -156,6 +157,7 @@ class SimCluster:
         self.interval_s, self.hop_s = interval_s, hop_s
         bound = system.max_pending_tokens_per_pod if max_pending_tokens_per_pod is None else max_pending_tokens_per_pod
         self.max_pending_tokens_per_pod = DEFAULT_MAX_PENDING_TOKENS_PER_POD if bound is None else bound
+        self.ttft_slo_s = ttft_slos(ttft_slo_s)   # the gateway's --slo (a `short=`/`long=`/`all=` mapping)
         self.bootstrap_timeout_s = args.bootstrap_timeout   # what the engines report their figure by
         # What `laps local`'s StaticAllocator does, on the virtual clock (allocation.py).
         self.allocator = SimAllocator(system.allocation, self.allocation, self.prefill_eps)
@@ -316,7 +318,8 @@ class SimCluster:
                            held=self.prefixes.held(r.conversation, r.prompt_tokens), tiebreak=next(self._tiebreak),
                            batch_tokens=lambda name: self.batch_tokens,
                            long_batch_tokens=lambda name: self.long_batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
-                           capacity=self._capacity, protection=self.arrivals.protection, now=now)
+                           capacity=self._capacity, protection=self.arrivals.protection, now=now,
+                           ttft_slo_s=self.ttft_slo_s)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return

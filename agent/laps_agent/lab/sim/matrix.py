@@ -99,7 +99,7 @@ def simulate_cell(cell: PlannedCell, configs: Sequence[SystemConfig], slo: dict,
         result = simulate(cell.plan, cell.profile, config, prefill=cell.setup.prefill, decode=cell.setup.decode,
                           threshold=cell.spec.threshold, engine_args=tuple(engine_args),
                           chars_per_token=chars_per_token, hop_s=hop_s, allocation_config=allocation_config,
-                          interval_s=interval_s)
+                          interval_s=interval_s, ttft_slo_s=slo)
         out[config.name] = cell_metrics(result, slo)
     return out
 

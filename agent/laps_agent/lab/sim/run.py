@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -41,18 +42,20 @@ def simulate(plan: Plan, profile: Profile, sys_config: SystemConfig, *, prefill:
              threshold: int, engine_args: tuple[str, ...] = (), label: str | None = None,
              chars_per_token: float | None = None, warmup: Plan | None = None,
              hop_s: float = HOP_S, allocation_config: allocation.AllocationConfig | None = None,
-             interval_s: float = allocation.INTERVAL_S, scaling: Scaling | None = None) -> RunResult:
+             interval_s: float = allocation.INTERVAL_S, scaling: Scaling | None = None,
+             ttft_slo_s: Mapping[str, float] | None = None) -> RunResult:
     """One simulated run of `plan` on a cluster running `sys_config`, after `warmup` (requests
     replayed first on the same cluster and left out of the result, as `laps bench compare` warms
     each system up). `chars_per_token`: of the load generator's prompt text, for the reference's
     chars/4 estimate (default: measured on the default tokenizer's prompt builder, as
-    `laps bench run` builds prompts)."""
+    `laps bench run` builds prompts). `ttft_slo_s`: the gateway's --slo (None: its default)."""
     estimate = None
     if sys_config.estimator == "chars4":
         estimate = chars4_estimate(chars_per_token or default_chars_per_token())
     cluster = SimCluster(profile, sys_config, prefill=prefill, decode=decode, threshold=threshold,
                          engine_args=engine_args, estimate=estimate, hop_s=hop_s, allocation=allocation_config,
-                         interval_s=interval_s, oracle=sys_config.name == ORACLE.name, scaling=scaling)
+                         interval_s=interval_s, oracle=sys_config.name == ORACLE.name, scaling=scaling,
+                         ttft_slo_s=ttft_slo_s)
     skip, offset = 0, 0.0
     at, prompts, outputs_all, convs = plan.at, plan.prompt_tokens, plan.output_tokens, plan.conversation
     if warmup is not None and len(warmup):

@@ -136,6 +136,7 @@ def run_sizing(args: argparse.Namespace, engine_args: list[str], plan: Plan, pro
     for name in args.autoscale:
         start = peak if name == "static" else (args.prefill, args.decode)
         result = simulate(plan, profile, system, prefill=start[0], decode=start[1], threshold=threshold,
+                          ttft_slo_s=slo.ttft_s,
                           engine_args=tuple(engine_args), scaling=Scaling(name, config, slo))
         sized = result.meta["sizing"]
         duration = max(result.meta["duration_s"], plan.duration_s)
