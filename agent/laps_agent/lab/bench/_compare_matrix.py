@@ -64,13 +64,13 @@ def main_matrix(args: argparse.Namespace, engine_args: list[str], argv: list[str
     cells = matrix.cells()
     smallest = min(cells, key=lambda c: c.shape.prefill)
     out = args.out or RESULTS_DIR / (datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-compare-matrix")
-    if problem := systems_problem(_cell_args(args, smallest), systems, engine_args, out):
+    slo = dict(args.slo or matrix.spec.slo)
+    if problem := systems_problem(_cell_args(args, smallest, slo), systems, engine_args, out):
         return _error(problem)
     try:
         tokenizer = load_tokenizer(args.model or default_model_path())
     except (ValueError, OSError) as exc:  # TokenizerError is a ValueError
         return _error(f"cannot load the tokenizer: {exc}")
-    slo = dict(args.slo or matrix.spec.slo)
     budget = args.max_requests or matrix.spec.max_requests
     print(f"matrix {matrix.spec.name}: {len(cells)} cells x {len(systems)} systems over HTTP "
           f"({', '.join(names)}; baseline {names[0]}), each cell also simulated", flush=True)
