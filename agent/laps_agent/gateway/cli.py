@@ -17,7 +17,7 @@ from laps_agent.policy.planner import ttft_slos
 from laps_agent.policy.routing import AffinityBound
 from laps_agent.policy.systems import ESTIMATORS, ROUTERS
 from laps_agent.serving.exit_reason import ExitRecordingParser
-from laps_agent.serving.flag_types import at_least, non_negative, positive, slo_seconds
+from laps_agent.serving.flag_types import at_least, non_negative, positive, slo_seconds, slo_text
 from laps_agent.serving.listen import ListenError, bind_listening_socket, run_forever, url_host
 
 # The types of flags laps local shares: a count of tokens (0 means something for each: every
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "within what the pod it goes to reports it prefills in time (0: neither)")
     limits.add_argument("--slo", type=slo_seconds, default=None,
                         help="TTFT p90 SLOs per class, e.g. short=0.5,long=3 (default: "
-                             + ",".join(f"{c}={s:g}" for c, s in ttft_slos().items())
+                             + slo_text(ttft_slos())
                              + "): with --router predicted a long request may take a short-group pod "
                                "whenever a short arriving behind its batch would still start in time")
     limits.add_argument("--max-decode-share", type=decode_share, default=GatewayConfig.max_decode_share,

@@ -9,7 +9,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 Number = TypeVar("Number", int, float)
 
@@ -76,6 +76,13 @@ def slo_seconds(text: str) -> dict[str, float]:
         if not out[name.strip()] > 0:  # also refuses NaN
             raise argparse.ArgumentTypeError(f"SLO must be > 0 seconds: {part!r}")
     return out
+
+
+def slo_text(slos: Mapping[str, float]) -> str:
+    """The --slo flag's text for per-class SLOs in seconds: what slo_seconds reads back exactly
+    (repr of the float), so every writer of the flag (laps bench, the operator) passes the same
+    values as the caller holds."""
+    return ",".join(f"{cls}={float(seconds)!r}" for cls, seconds in slos.items())
 
 
 def unwritable_dir(path: Path) -> str | None:

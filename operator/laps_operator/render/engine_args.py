@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from laps_agent.policy.classes import LONG, SHORT
+from laps_agent.serving.flag_types import slo_text
 from laps_operator.naming import BOOTSTRAP_PORT, ENGINE_PORT, GATEWAY_PORT, LABELS_FILE, ClusterRef
 from laps_operator.spec.cluster import ClusterSpec
 
@@ -195,7 +197,7 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
         args += ["--max-decode-share", _fmt(spec.gateway.max_decode_share)]
     # The SLOs the planner sizes for are the ones the gateway places by (policy/placement.py).
     ttft = spec.slo.ttft_p90_seconds
-    args += ["--slo", f"short={_fmt(ttft.short)},long={_fmt(ttft.long)}"]
+    args += ["--slo", slo_text({SHORT: ttft.short, LONG: ttft.long})]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]
     args += [

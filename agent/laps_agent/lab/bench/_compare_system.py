@@ -14,7 +14,7 @@ from laps_agent.local import stack as local
 from laps_agent.local.process import LocalProcess
 from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.policy.systems import SIM_ONLY, SystemConfig, moves_pods, unused_allocation_flags
-from laps_agent.serving.flag_types import unwritable_dir
+from laps_agent.serving.flag_types import slo_text, unwritable_dir
 
 
 def systems_problem(args: argparse.Namespace, systems: list[SystemConfig], engine_args: list[str],
@@ -44,7 +44,7 @@ def local_args(args: argparse.Namespace, sys_config: SystemConfig, engine_args: 
     if args.model:
         out += ["--model", args.model]
     if getattr(args, "slo", None):   # the gateway's, as the simulator's (lab/sim/cluster.py)
-        out += ["--slo", ",".join(f"{cls}={seconds:g}" for cls, seconds in args.slo.items())]
+        out += ["--slo", slo_text(args.slo)]
     return out + engine_args
 
 
