@@ -66,10 +66,24 @@ def cluster_namespace(control_plane: ControlPlane, request: pytest.FixtureReques
         control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def _summary() -> list[str]:
+    return [*_reported, *(f"real control plane: Kubernetes {plane.version} (etcd, kube-apiserver, "
+                          f"controller-manager, scheduler, kwok) started in {plane.startup_s:.1f} s"
+                          for plane in _started)]
+
+
+def pytest_sessionfinish(session) -> None:
+    # On a pytest-xdist worker (make test runs two) the lines travel to the controller, which
+    # prints the run's summary; the worker prints none.
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["laps_report"] = _summary()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _reported.extend(getattr(node, "workeroutput", {}).get("laps_report", ()))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    for line in _reported:
+    for line in _summary():
         terminalreporter.write_line(line)
-    for plane in _started:
-        terminalreporter.write_line(f"real control plane: Kubernetes {plane.version} "
-                                    f"(etcd, kube-apiserver, controller-manager, scheduler, kwok) "
-                                    f"started in {plane.startup_s:.1f} s")

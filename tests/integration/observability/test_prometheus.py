@@ -229,8 +229,9 @@ def test_operator_panels_show_only_the_selected_namespaces_clusters(operator_met
         shown = clusters_shown(ALL_NAMESPACES)
         return shown if all(clusters == set(OPERATOR_CLUSTERS) for _, clusters in shown) else None
 
-    # increase() needs two scrapes of the rebalance counters before that query has a series.
-    everything = poll(all_shown, timeout=20, interval=0.25,
+    # increase() needs two scrapes of the rebalance counters before that query has a series
+    # (20 s was not enough once on a 2-core machine running two test workers and a simulation).
+    everything = poll(all_shown, timeout=60, interval=0.25,
                       message="every operator query to show the three clusters")
     titles = [title for title, _ in everything]
     # One namespace picked (Grafana sends a single value as is, or as a one-value group) and two.
