@@ -6,9 +6,9 @@ local:
 
 # Lint first (seconds): a layer broken or an import cycle fails the run before any test starts.
 # Then the suite in two parts, both always run: on two pytest-xdist workers (a test file whole on
-# one worker, so its module fixtures run once), then, with nothing beside them, the tests marked `alone` (they
-# measure time, or real SGLang sizes its KV cache from the machine's free memory). Exit status 5
-# is "nothing selected" (PYTEST_ARGS picked tests of one part only).
+# one worker, so its module fixtures run once), then the tests marked `alone` (why: the marker in
+# pyproject.toml) with nothing beside them. Exit status 5 is "nothing selected" (PYTEST_ARGS
+# picked tests of one part only).
 test:
 	./scripts/setup.sh --with-prometheus --with-sglang --with-controlplane
 	$(MAKE) --no-print-directory lint

@@ -24,8 +24,7 @@ def pytest_collection_modifyitems(items):
         tier = item.path.relative_to(tests_dir).parts[0]
         if tier in TIERS:
             item.add_marker(tier)
-        # make test runs the suite on two pytest-xdist workers, then the `alone` tests by
-        # themselves: real SGLang on CPU sizes its KV cache from the machine's free memory,
-        # which the other worker moves (in the trial it failed to start).
+        # Real SGLang on CPU sizes its KV cache from the machine's free memory (the `alone`
+        # marker: pyproject.toml).
         if tier == "sglang":
             item.add_marker("alone")

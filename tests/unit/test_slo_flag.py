@@ -1,5 +1,6 @@
-"""The TTFT SLOs travel as `--slo` text from `laps bench compare` to `laps local` and from the
-operator to the gateway: the receiver must read back the values the sender held."""
+"""The TTFT SLOs travel as `--slo` text from `laps bench compare` to `laps local`: laps local
+must read back the values bench compare was given (the operator's rendering of spec.slo for the
+gateway: tests/unit/operator/test_builders.py)."""
 import argparse
 
 from laps_agent.lab.bench._compare_system import local_args
