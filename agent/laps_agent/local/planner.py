@@ -98,7 +98,7 @@ class LocalPlanner:
         for cls in CLASSES:
             classes[cls] = ClassLoad.counted(delta[cls, "requests"], delta[cls, "prompt"], delta[cls, "prompt"],
                                              delta[cls, "output"], span, float(tracker.group_pending(cls)[0]))
-        return Observation(now, classes, float(sum(tracker.decode_held(c) for c in CLASSES)))
+        return Observation(now, classes, float(sum(tracker.decode_held(c) for c in CLASSES)), span)
 
     def costs(self) -> PodCosts | None:
         loads = self.gateway.proxy.engine_loads

@@ -17,10 +17,13 @@ Rules, in order:
    Work waiting now (a backlog the pods did not keep up with) is served within the next
    interval on top of the arrivals: it adds waiting / interval to the class's rate.
 3. Lead: scaling up plans for the rate predicted `startup_s + interval_s` ahead (the trend of the
-   observed total rate), since a pod ordered now serves only after it has loaded its model.
+   observed total rate, the part of it beyond its sampling noise), since a pod ordered now serves
+   only after it has loaded its model.
 4. Hysteresis: up at once; down only to the highest need of the last `scale_down_stabilization_s`
-   (a dip does not give pods back that the load will want again); a planner without history
-   (just turned on, or restarted without its state) counts the set counts as needed at first.
+   (a dip does not give pods back that the load will want again), each need taken at the rate's
+   upper noise bound (`rate_bound`): a pod is given back only when the load is below its count by
+   more than a count of arrivals varies by chance. A planner without history (just turned on, or
+   restarted without its state) counts the set counts as needed at first.
 5. Limits: each pool within [min, max] and at most `max_step` pods per interval each way.
 6. Budget: the GPUs of the pods that exist (draining ones too, they still hold theirs) plus
    those ordered never exceed `gpu_budget`, on any step: when both pools want more than it has,
@@ -44,6 +47,10 @@ DEFAULT_ITL_SLO_S = 0.05
 POOLS = ("prefill", "decode")
 # A decode pod's slots where its engines report none (the builtin engine's --max-running-requests).
 DEFAULT_DECODE_SLOTS = 32
+# Sampling noise, in standard deviations of a Poisson count of arrivals: a rate (or its trend)
+# counts as moved only beyond this many (about one interval in 700 goes past it by chance; at 2,
+# one in 40 did, and a constant load still changed direction up to 4 times an hour).
+NOISE_Z = 3.0
 
 
 def ttft_slos(given: Mapping[str, float] | None = None) -> dict[str, float]:
@@ -82,6 +89,7 @@ class Observation:
     at: float                                  # when it was measured, on the caller's clock
     classes: Mapping[str, ClassLoad]
     decode_running: float | None = None        # requests on the decode pool now (all pods)
+    span_s: float | None = None                # the seconds the rates were counted over; None: one interval
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ class PlannerConfig:
     gpus_per_decode: int = 1
     interval_s: float = 30.0
     max_step: int = 4                          # pods per pool per interval, each way
-    scale_down_stabilization_s: float = 300.0
+    scale_down_stabilization_s: float = 120.0
     startup_s: float = 120.0                   # from ordering a pod to its serving (model load)
     stale_after_s: float | None = None         # None: 3 intervals
     headroom: float = 0.7                      # the share of an SLO a prediction may use
@@ -275,6 +283,19 @@ def need(classes: Mapping[str, ClassLoad], costs: PodCosts, slo: Slo, config: Pl
     return Need(prefill, decode, min(per_class[SHORT], prefill), "; ".join(limits))
 
 
+def rate_bound(rate: float, span_s: float) -> float:
+    """The rate's upper noise bound: `rate` counted over `span_s` seconds, plus NOISE_Z standard
+    deviations of that count (Poisson: the square root of the count)."""
+    return rate + NOISE_Z * math.sqrt(max(rate, 0.0) / span_s)
+
+
+def trend_noise(rate: float, span_s: float) -> float:
+    """NOISE_Z standard deviations of the smoothed trend at a steady `rate`: a slope is two
+    rates' difference over one span (variance 2 rate / span^3), and halving it into the last
+    trend (`_trend`) leaves a third of that variance."""
+    return NOISE_Z * math.sqrt(2 * max(rate, 0.0) / span_s ** 3 / 3)
+
+
 def _trend(state: PlannerState, now: float, rate: float) -> float:
     """The observed total rate's slope, smoothed over about two observations (rule 3)."""
     if state.last_rate is None or now <= state.last_rate[0]:
@@ -302,20 +323,23 @@ def plan(observation: Observation | None, costs: PodCosts | None, slo: Slo, desi
     if costs is None:
         return frozen("costs unknown: no engine has reported its measured cost yet")
     rate = sum(x.rate for x in observation.classes.values())
+    span = observation.span_s or config.interval_s
     trend = _trend(state, now, rate)
     current = need(observation.classes, costs, slo, config, observation.decode_running)
     lead = config.startup_s + config.interval_s
-    ahead = rate + max(trend, 0.0) * lead
+    ahead = rate + max(trend - trend_noise(rate, span), 0.0) * lead
     upcoming = need(_scaled(observation.classes, ahead / rate), costs, slo, config) if rate > 0 else current
+    kept = (need(_scaled(observation.classes, rate_bound(rate, span) / rate), costs, slo, config,
+                 observation.decode_running) if rate > 0 else current)
     needs = _window(state.needs, desired, now, config.scale_down_stabilization_s,
-                    (max(current.prefill, upcoming.prefill), max(current.decode, upcoming.decode)))
-    want = {}
+                    (max(kept.prefill, upcoming.prefill), max(kept.decode, upcoming.decode)))
+    want, held = {}, {}
     for i, pool in enumerate(POOLS):
         up = max(getattr(current, pool), getattr(upcoming, pool))
-        held = max(n[i + 1] for n in needs)    # rule 4: the highest need of the window
+        held[pool] = max(n[i + 1] for n in needs)    # rule 4: the highest need of the window
         lo, hi = getattr(config, f"min_{pool}"), getattr(config, f"max_{pool}")
         now_set = getattr(desired, pool)
-        want[pool] = min(max(up if up > now_set else min(held, now_set), lo), hi)
+        want[pool] = min(max(up if up > now_set else min(held[pool], now_set), lo), hi)
     reason_budget = ""
     if config.gpu_budget is not None:
         want, reason_budget = _share_budget(want, config)
@@ -327,7 +351,7 @@ def plan(observation: Observation | None, costs: PodCosts | None, slo: Slo, desi
     directions, changes = _directions(state.directions, state.changes, desired, target)
     new_state = PlannerState(needs, (now, rate), trend, directions, changes)
     short = max(0, min(upcoming.short, target["prefill"]))
-    reason = _reason(current, upcoming, desired, target, rate, trend, reason_budget)
+    reason = _reason(current, upcoming, held, desired, target, rate, trend, reason_budget, config)
     return Plan(target["prefill"], target["decode"], short, reason, False, new_state, current)
 
 
@@ -388,14 +412,17 @@ def _room(target: dict[str, int], desired: Pools, existing: Pools, config: Plann
     return out, reason
 
 
-def _reason(current: Need, upcoming: Need, desired: Pools, target: dict[str, int], rate: float,
-            trend: float, budget: str) -> str:
+def _reason(current: Need, upcoming: Need, held: Mapping[str, int], desired: Pools, target: dict[str, int],
+            rate: float, trend: float, budget: str, config: PlannerConfig) -> str:
     moves = [f"{p} {getattr(desired, p)}->{target[p]}" for p in POOLS if target[p] != getattr(desired, p)]
     head = ", ".join(moves) if moves else "no change"
     parts = [f"{head}: {rate:.2f} req/s (trend {trend:+.3f}/s) needs prefill {current.prefill}"
              f" (short {current.short}), decode {current.decode}"]
     if (upcoming.prefill, upcoming.decode) != (current.prefill, current.decode):
         parts.append(f"ahead of start-up: prefill {upcoming.prefill}, decode {upcoming.decode}")
+    if any(target[p] > getattr(current, p) and held[p] > getattr(current, p) for p in POOLS):
+        parts.append(f"kept for the last {config.scale_down_stabilization_s:g}s at the rate's noise bound: "
+                     f"prefill {held['prefill']}, decode {held['decode']}")
     if budget:
         parts.append(budget)
     if current.limit:

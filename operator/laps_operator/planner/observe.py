@@ -39,10 +39,15 @@ class Reading:
     decode_held: Mapping[str, float] = field(default_factory=dict)   # decode pod -> its running requests
 
 
+def rate_window_s(window_s: float) -> float:
+    """The seconds the rates are counted over (Prometheus needs two scrapes in the window)."""
+    return max(window_s, MIN_WINDOW_S)
+
+
 def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
     ns = f'namespace="{cluster.namespace}"'
     gateways = f'{ns},pod=~"{gateway_pod_regex(cluster)}"'
-    window = f"[{int(round(max(window_s, MIN_WINDOW_S) * 1000))}ms]"
+    window = f"[{int(round(rate_window_s(window_s) * 1000))}ms]"
     return {
         "arrivals": f"sum by (class) (rate(laps_gateway_arrivals_total{{{gateways}}}{window}))",
         "tokens": f"sum by (class, kind) (rate(laps_gateway_arrival_tokens_total{{{gateways}}}{window}))",
@@ -53,8 +58,8 @@ def queries(cluster: ClusterRef, window_s: float) -> dict[str, str]:
     }
 
 
-def observation(results: Mapping[str, Samples], now: float) -> Reading:
-    """The queries' answers -> Reading (pure)."""
+def observation(results: Mapping[str, Samples], now: float, span_s: float | None = None) -> Reading:
+    """The queries' answers -> Reading (pure); `span_s`: the seconds the rates were counted over."""
     arrivals = {s.get("class"): v for s, v in results["arrivals"] if s.get("class") in CLASSES}
     if not arrivals:
         return Reading(None, None, "MetricsMissing", "no laps_gateway_arrivals_total series: is Prometheus "
@@ -67,7 +72,7 @@ def observation(results: Mapping[str, Samples], now: float) -> Reading:
         classes[cls] = ClassLoad.counted(arrivals.get(cls, 0.0), prompt, prompt, tokens.get((cls, "output"), 0.0),
                                          1.0, max(0.0, waiting.get(cls, 0.0)))
     running = sum(v for _, v in results["decode"]) if results["decode"] else None
-    observed = Observation(now, classes, running)
+    observed = Observation(now, classes, running, span_s)
     held = {s["pod"]: v for s, v in results["decode"] if s.get("pod")}
     cost = {s.get("term"): v for s, v in results["cost"]}
     overhead, per_token = cost.get("overhead", math.nan), cost.get("per_token", math.nan)
@@ -129,4 +134,4 @@ def read(url: str, cluster: ClusterRef, window_s: float, now: float, *, timeout_
                 return Reading(None, None, "MetricsMissing", f"cannot query {url}: {type(exc).__name__}: {exc}"[:500])
             except ValueError as exc:
                 return Reading(None, None, "MetricsMissing", f"Prometheus at {url}, {name}: {exc}"[:500])
-    return observation(results, now)
+    return observation(results, now, rate_window_s(window_s))

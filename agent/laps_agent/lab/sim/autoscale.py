@@ -194,7 +194,7 @@ class SimScaler:
         classes = {c: ClassLoad.counted(w.count[c], w.uncached[c], w.prompt[c], w.output[c], span, waiting.get(c, 0.0))
                    for c in CLASSES}
         self._window, self._since = _Window(), now
-        return Observation(now, classes, decode_running)
+        return Observation(now, classes, decode_running, span)
 
     def decide(self, now: float, costs: PodCosts | None, decode_running: float, waiting: dict[str, float],
                busy: dict[str, float]) -> Pools | None:
