@@ -51,6 +51,9 @@ DEFAULT_DECODE_SLOTS = 32
 # counts as moved only beyond this many (about one interval in 700 goes past it by chance; at 2,
 # one in 40 did, and a constant load still changed direction up to 4 times an hour).
 NOISE_Z = 3.0
+# The newest slope's weight in the trend: about 1/w intervals' slopes averaged, so that a steady
+# ramp stands out of the noise (at 0.5 the noise hid the diurnal day's rise, and pods came late).
+TREND_WEIGHT = 0.2
 
 
 def ttft_slos(given: Mapping[str, float] | None = None) -> dict[str, float]:
@@ -290,18 +293,19 @@ def rate_bound(rate: float, span_s: float) -> float:
 
 
 def trend_noise(rate: float, span_s: float) -> float:
-    """NOISE_Z standard deviations of the smoothed trend at a steady `rate`: a slope is two
-    rates' difference over one span (variance 2 rate / span^3), and halving it into the last
-    trend (`_trend`) leaves a third of that variance."""
-    return NOISE_Z * math.sqrt(2 * max(rate, 0.0) / span_s ** 3 / 3)
+    """NOISE_Z standard deviations of the smoothed trend at a steady `rate`: each slope is two
+    rates' difference over one span, and their exponential mean (`_trend`, weight w) varies by
+    w^2 x 2 / (2 - w) x the variance of one rate (rate / span), over span^2."""
+    w = TREND_WEIGHT
+    return NOISE_Z * w * math.sqrt(2 / (2 - w) * max(rate, 0.0) / span_s) / span_s
 
 
 def _trend(state: PlannerState, now: float, rate: float) -> float:
-    """The observed total rate's slope, smoothed over about two observations (rule 3)."""
+    """The observed total rate's slope, smoothed over about 1 / TREND_WEIGHT observations (rule 3)."""
     if state.last_rate is None or now <= state.last_rate[0]:
         return state.trend
     slope = (rate - state.last_rate[1]) / (now - state.last_rate[0])
-    return 0.5 * state.trend + 0.5 * slope
+    return (1 - TREND_WEIGHT) * state.trend + TREND_WEIGHT * slope
 
 
 def _scaled(classes: Mapping[str, ClassLoad], factor: float) -> dict[str, ClassLoad]:

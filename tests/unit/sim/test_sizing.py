@@ -39,8 +39,8 @@ def test_the_planner_meets_the_slos_through_a_day_with_fewer_gpu_seconds(diurnal
         # 99.7% against its 99.9%, with 26 steps over 16 GPUs).
         assert planner[f"{cls}_attainment"] >= hpa[f"{cls}_attainment"] - 0.005
     assert hpa["over_budget"] > 0
-    assert planner["gpu_seconds"] <= 0.85 * static["gpu_seconds"]     # measured 0.82x (the target, 0.7x, not met)
-    assert planner["gpu_seconds"] <= 0.75 * hpa["gpu_seconds"]        # measured 0.69x
+    assert planner["gpu_seconds"] <= 0.85 * static["gpu_seconds"]     # measured 0.83x (the target, 0.7x, not met)
+    assert planner["gpu_seconds"] <= 0.75 * hpa["gpu_seconds"]        # measured 0.70x
     assert planner["direction_changes_per_hour"] <= 4                 # N = 4 an hour: up, then down, per pool
 
 
