@@ -194,12 +194,11 @@ def test_decisions_slower_than_two_intervals_still_confirm_a_move(monkeypatch):
     assert moves[:1] == [Move("c-prefill-1", "short", "long")]
 
 
-def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
+def test_turned_off_the_loop_clears_what_it_last_read_and_wanted(cluster_metrics):
     """Off after it ran with pressure known: `kubectl get laps -o wide` had gone on showing the
     last pressure, lastDecision the last decision, the gauge the last value, and a move wanted
     once (1/2) was made on the first interval after the loop came back on, hours later."""
     kube = make_kube(allocation={"confirmIntervals": 2})
-    metrics.start_cluster("ns", "c", "uid-1")   # as the operator does when it first sees the cluster
     step(kube, "ns", "c", LONG_HEAVY, NOW)   # wanted 1/2: no move yet
     assert live_status(kube)["allocation"]["policy"]["streak"] == 1
     assert metrics.PRESSURE.labels(cluster="ns/c", group="long")._value.get() == 4.0
@@ -228,7 +227,6 @@ def test_turned_off_the_loop_clears_what_it_last_read_and_wanted():
     cond = condition(live_status(kube)["conditions"], PRESSURE_UNAVAILABLE)
     assert (cond["status"], cond["reason"], cond["message"]) == ("False", "PressureKnown", "pressure is known")
     assert step(kube, "ns", "c", LONG_HEAVY, NOW + 3601).move is not None
-    metrics.forget_cluster("ns", "c")
 
 
 def test_only_pods_that_serve_are_counted_and_moved():

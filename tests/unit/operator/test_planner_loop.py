@@ -119,8 +119,7 @@ def test_the_planners_memory_survives_a_round_trip_through_status():
     assert state_to_status(state) == status["autoscaling"]["planner"]
 
 
-def test_a_step_sets_the_counts_within_the_budget_and_says_why():
-    metrics.start_cluster("ns", "c", "uid-1")
+def test_a_step_sets_the_counts_within_the_budget_and_says_why(cluster_metrics):
     kube = FakeKube()
     kube.add(lapscluster())
     outcome = step(kube, "ns", "c", observe.observation(answers(rate=(60.0, 20.0)), NOW), NOW, "uid-1")
