@@ -265,6 +265,30 @@ class ControlPlane:
             raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
         return result
 
+    def wait_owner_kind_known(self, api_version: str, kind: str, timeout: float = 90.0) -> None:
+        """Wait until the API server's admission can map `kind` (a CRD's, just created): the
+        OwnerReferencesPermissionEnforcement plugin looks an owner's kind up in a discovery
+        cache that kube-apiserver refreshes only every so often, and until then it refuses any
+        child with `blockOwnerDeletion` to that kind ("cannot find RESTMapping"), whoever asks.
+        A user's cluster meets this once, right after installing the chart; the tests install it
+        again and again. Probed with a server-side dry run of such a child."""
+        import json
+
+        from tests.support.waiting import poll
+
+        probe = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+            "name": "laps-owner-kind-probe", "namespace": "default", "ownerReferences": [{
+                "apiVersion": api_version, "kind": kind, "name": "probe", "blockOwnerDeletion": True,
+                "uid": "00000000-0000-0000-0000-000000000000"}]}})
+
+        def known() -> bool:
+            result = self.kubectl("create", "--dry-run=server", "-f", "-", stdin=probe, check=False)
+            if result.returncode != 0 and "cannot find RESTMapping" not in result.stderr:
+                raise ControlPlaneError(f"the owner-kind probe failed: {result.stderr}")
+            return result.returncode == 0
+
+        poll(known, timeout=timeout, interval=0.5, message=f"admission to know the kind {kind} ({api_version})")
+
     def kubectl_json(self, *args: str, **kwargs) -> dict | None:
         result = self.kubectl(*args, "-o", "json", **kwargs)
         if result.returncode != 0:
