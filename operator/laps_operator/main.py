@@ -20,14 +20,13 @@ import kubernetes
 from laps_agent.policy.groups import GroupPlan
 from laps_operator import metrics
 from laps_operator.allocation.tick import AllocationLoop
-from laps_operator.naming import CLUSTER_LABEL, MANAGER, ROLE_LABEL
+from laps_operator.naming import CLUSTER_LABEL, GROUP, MANAGER, PLURAL, ROLE_LABEL, VERSION
 from laps_operator.planner.tick import PlannerLoop
 from laps_operator.reconcile import writers
 from laps_operator.reconcile.cycle import cluster_ref, delete_children, reconcile, refresh_cluster, sync_groups_of
 from laps_operator.reconcile.kube import Kube, KubeError
 from laps_operator.reconcile.refusals import RepairRefusals
 from laps_operator.reconcile.workers import ClusterLoops, Ticker
-from laps_operator.spec.cluster import GROUP, PLURAL, VERSION
 
 T = TypeVar("T")
 MANAGED = {"app.kubernetes.io/managed-by": MANAGER}

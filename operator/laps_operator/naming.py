@@ -4,6 +4,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The custom resource's API: group, version, kind and plural (the CRD, kopf's handlers, owner references).
+GROUP = "laps.io"
+VERSION = "v1alpha1"
+KIND = "LAPSCluster"
+PLURAL = "lapsclusters"
+
 MANAGER = "laps-operator"
 # The operator's own label and annotation keys (these labels, apply.LAST_APPLIED, kopf's state on
 # the LAPSCluster): a CR's podLabels, podAnnotations and serviceAnnotations may not use it.
@@ -81,8 +87,8 @@ class ClusterRef:
 
     def owner_reference(self) -> dict:
         return {
-            "apiVersion": "laps.io/v1alpha1",
-            "kind": "LAPSCluster",
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
             "name": self.name,
             "uid": self.uid,
             "controller": True,

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from laps_agent.local.engines import free_ports
-from laps_operator.spec.cluster import GROUP, KIND, VERSION
+from laps_operator.naming import GROUP, KIND, VERSION
 from tests.cluster.story import wait_for
 from tests.support.waiting import stop_process
 

@@ -26,7 +26,7 @@ import httpx
 import yaml
 
 from laps_agent.policy.classes import CLASSES
-from laps_operator.spec.cluster import GROUP, KIND, VERSION
+from laps_operator.naming import GROUP, KIND, VERSION
 from tests.support import waiting
 from tests.support.controlplane import ControlPlane
 from tests.support.fixtures_cluster import report

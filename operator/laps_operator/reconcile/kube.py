@@ -12,6 +12,8 @@ from typing import Any
 
 import kubernetes
 
+from laps_operator.naming import KIND, PLURAL
+
 # kind -> (plural, namespaced). Everything the operator reads or writes.
 PLURALS: dict[str, tuple[str, bool]] = {
     "ConfigMap": ("configmaps", True),
@@ -25,7 +27,7 @@ PLURALS: dict[str, tuple[str, bool]] = {
     "Deployment": ("deployments", True),
     "PodMonitor": ("podmonitors", True),
     "NetworkPolicy": ("networkpolicies", True),
-    "LAPSCluster": ("lapsclusters", True),
+    KIND: (PLURAL, True),
 }
 
 MERGE_PATCH = "application/merge-patch+json"

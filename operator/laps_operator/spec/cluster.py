@@ -46,11 +46,6 @@ from laps_operator.spec.pods import (
     ResourcesSpec,
 )
 
-GROUP = "laps.io"
-VERSION = "v1alpha1"
-KIND = "LAPSCluster"
-PLURAL = "lapsclusters"
-
 # The data plane's own defaults (laps_agent.policy): a knob left out of the CR runs the engines,
 # the plugin and the allocation policy as `laps engine`, `laps local` and `laps sim` do.
 _SCHEDULER = SchedulerConfig()

@@ -59,8 +59,8 @@ from pydantic import BaseModel, Strict, TypeAdapter
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from laps_operator.naming import CLUSTER_NAME_PATTERN, MANAGER, MAX_CLUSTER_NAME
-from laps_operator.spec.cluster import GROUP, KIND, PLURAL, VERSION, ClusterSpec
+from laps_operator.naming import CLUSTER_NAME_PATTERN, GROUP, KIND, MANAGER, MAX_CLUSTER_NAME, PLURAL, VERSION
+from laps_operator.spec.cluster import ClusterSpec
 from laps_operator.spec.status import ClusterStatus
 
 CRD_FILE = "charts/laps/crds/lapscluster.yaml"
