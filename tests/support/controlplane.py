@@ -266,12 +266,14 @@ class ControlPlane:
         return result
 
     def wait_owner_kind_known(self, api_version: str, kind: str, timeout: float = 90.0) -> None:
-        """Wait until the API server's admission can map `kind` (a CRD's, just created): the
-        OwnerReferencesPermissionEnforcement plugin looks an owner's kind up in a discovery
-        cache that kube-apiserver refreshes only every so often, and until then it refuses any
-        child with `blockOwnerDeletion` to that kind ("cannot find RESTMapping"), whoever asks.
-        A user's cluster meets this once, right after installing the chart; the tests install it
-        again and again. Probed with a server-side dry run of such a child."""
+        """Wait until the API server's admission can map `kind` (a CRD's): the
+        OwnerReferencesPermissionEnforcement plugin looks an owner's kind up in kube-apiserver's
+        own discovery cache, and while that does not know it, it refuses any child with
+        `blockOwnerDeletion` to that kind ("cannot find RESTMapping"), whoever asks. Seen once
+        in make test, right after a chart install on a worker's control plane; not reproduced
+        alone (a CRD created, deleted and re-created there was mapped within 0.1 s each time),
+        so the tests wait for it rather than assume it. Probed with a server-side dry run of
+        such a child."""
         import json
 
         from tests.support.waiting import poll
