@@ -9,6 +9,7 @@ GROUP = "laps.io"
 VERSION = "v1alpha1"
 KIND = "LAPSCluster"
 PLURAL = "lapsclusters"
+API_VERSION = f"{GROUP}/{VERSION}"
 
 MANAGER = "laps-operator"
 # The operator's own label and annotation keys (these labels, apply.LAST_APPLIED, kopf's state on
@@ -87,7 +88,7 @@ class ClusterRef:
 
     def owner_reference(self) -> dict:
         return {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": API_VERSION,
             "kind": KIND,
             "name": self.name,
             "uid": self.uid,

@@ -26,7 +26,7 @@ import httpx
 import yaml
 
 from laps_agent.policy.classes import CLASSES
-from laps_operator.naming import GROUP, KIND, VERSION
+from laps_operator.naming import API_VERSION, KIND
 from tests.support import waiting
 from tests.support.controlplane import ControlPlane
 from tests.support.fixtures_cluster import report
@@ -182,7 +182,7 @@ class Story:
         finally:
             helm.close()
         assert release["status"] == "deployed", release
-        self.plane.wait_owner_kind_known(f"{GROUP}/{VERSION}", KIND)
+        self.plane.wait_owner_kind_known(API_VERSION, KIND)
         if edit_rules is not None:
             role = json.loads(self.kubectl("get", "clusterrole", RELEASE, "-o", "json"))
             role["rules"] = edit_rules(role["rules"])

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from laps_operator.naming import GROUP, KIND, VERSION
+from laps_operator.naming import API_VERSION, KIND
 from laps_operator.reconcile.kube import Kube, KubeError, Ref
 from laps_operator.status.conditions import condition, now_rfc3339, set_condition
 
@@ -51,7 +51,7 @@ def forget(namespace: str, name: str) -> None:
 
 
 def cr_ref(namespace: str, name: str) -> Ref:
-    return Ref(f"{GROUP}/{VERSION}", KIND, namespace, name)
+    return Ref(API_VERSION, KIND, namespace, name)
 
 
 def patch_status(kube: Kube, namespace: str, name: str, status: dict[str, Any],

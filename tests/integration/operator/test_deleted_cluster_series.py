@@ -18,6 +18,7 @@ import prometheus_client
 import pytest
 
 from laps_operator import main
+from laps_operator.naming import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from laps_operator.reconcile.cycle import reconcile
 from laps_operator.reconcile.kube import Kube
 from tests.e2e.operator.conftest import CRD
@@ -26,7 +27,6 @@ from tests.support.kube_gates import ApiGate
 from tests.support.waiting import poll
 
 NS = "default"
-GROUP, VERSION, PLURAL = "laps.io", "v1alpha1", "lapsclusters"
 
 
 class HeldPrometheus:
@@ -89,7 +89,7 @@ def held(memo, kube_api):
 
 
 def lapscluster(name: str, prometheus_url: str, replicas: int = 4) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LAPSCluster", "metadata": {"name": name, "namespace": NS},
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": NS},
             "spec": {"model": {"name": "m", "path": "/models/m.gguf"}, "prefill": {"replicas": replicas},
                      "laps": {"allocation": {"enabled": True, "intervalSeconds": 1, "confirmIntervals": 1,
                                              "cooldownSeconds": 0}},

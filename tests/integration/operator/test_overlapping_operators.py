@@ -17,6 +17,7 @@ import types
 import kubernetes
 import pytest
 
+from laps_operator.naming import API_VERSION, GROUP, GROUP_LABEL, KIND, PLURAL, VERSION
 from laps_operator.reconcile.cycle import reconcile, sync_groups_of
 from laps_operator.reconcile.kube import Kube
 from tests.e2e.operator.conftest import CRD
@@ -24,8 +25,6 @@ from tests.support.kube_gates import ApiGate
 from tests.support.waiting import poll
 
 NS = "default"
-GROUP, VERSION, PLURAL = "laps.io", "v1alpha1", "lapsclusters"
-GROUP_LABEL = "laps.io/prefill-group"
 MERGE = "application/merge-patch+json"
 
 
@@ -38,7 +37,7 @@ def kube(kube_api):
 
 def test_a_group_sync_never_puts_back_a_move_the_other_operator_made_meanwhile(kube_api, kube):
     kube.custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "LAPSCluster", "metadata": {"name": "c", "namespace": NS},
+        "apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "c", "namespace": NS},
         "spec": {"model": {"name": "m", "path": "/models/m.gguf"}, "prefill": {"replicas": 4},
                  "laps": {"allocation": {"enabled": True}}}})
     for i in range(4):   # the StatefulSet's pods (the emulator runs no StatefulSet controller)
