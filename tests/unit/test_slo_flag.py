@@ -1,9 +1,12 @@
 """The TTFT SLOs travel as `--slo` text from `laps bench compare` to `laps local`: laps local
-must read back the values bench compare was given (the operator's rendering of spec.slo for the
-gateway: tests/unit/operator/test_builders.py)."""
+must read back the values bench compare was given, and passes the long one's starvation bound to
+its engines (the operator's rendering of spec.slo: tests/unit/operator/test_builders.py)."""
 import argparse
 
+from laps_agent.engine.flags import long_wait_args
 from laps_agent.lab.bench._compare_system import local_args
+from laps_agent.policy.classes import LONG
+from laps_agent.policy.planner import DEFAULT_TTFT_SLO_S
 from laps_agent.policy.systems import system
 from laps_agent.serving.flag_types import slo_seconds
 
@@ -13,3 +16,13 @@ def test_bench_compare_gives_laps_local_the_slos_to_the_last_digit():
     args = argparse.Namespace(engine="emulated", prefill=2, decode=1, profile=None, model=None, slo=slos)
     out = local_args(args, system("laps"), [])
     assert slo_seconds(out[out.index("--slo") + 1]) == slos
+
+
+def test_the_engines_starvation_bound_follows_the_long_slo_unless_its_flag_is_given():
+    """What `laps local` and `laps sim` add to the engines' flags from --slo: the default SLO keeps
+    the default bound; a tighter long SLO lowers it to 2/3 of the SLO; a looser one never raises it."""
+    assert long_wait_args([], DEFAULT_TTFT_SLO_S[LONG]) == ["--max-long-wait-ms", "2000"]
+    assert long_wait_args([], 2.0) == ["--max-long-wait-ms", "1333.3"]
+    assert long_wait_args([], 30.0) == ["--max-long-wait-ms", "2000"]
+    assert long_wait_args(["--max-long-wait-ms", "900"], 2.0) == []
+    assert long_wait_args(["--max-long-wait-ms=900"], 2.0) == []

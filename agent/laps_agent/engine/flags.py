@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 
 from laps_agent.engine.core.config import DTYPE_CHOICES
 from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS, BucketGrid
-from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
+from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig, slo_long_wait_ms
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.serving.flag_types import positive_ints
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-in-window", choices=LONG_IN_WINDOW_RULES, default=SchedulerConfig.long_in_window,
                    help="while the window holds short requests: run a waiting long batch only if "
                         "that costs the short ones less (cost), or always (the reference's rule)")
-    p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms)
+    p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms,
+                   help="starvation bound: a long request waiting this long runs next (`laps local` "
+                        "and `laps sim` lower it to a share of their --slo's long TTFT where that is less)")
     p.add_argument("--max-long-batch-tokens", type=int, default=SchedulerConfig.max_long_batch_tokens,
                    help="uncached tokens of a long prefill batch at most (within --max-prefill-tokens; "
                         "0: all of it): a short request arriving behind a long batch waits for one")
@@ -92,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--log-level", default=os.environ.get("LAPS_LOG_LEVEL", "info"))
     return p
+
+
+def long_wait_args(engine_args: Sequence[str], long_ttft_slo_s: float | None) -> list[str]:
+    """The --max-long-wait-ms the long TTFT SLO asks for (slo_long_wait_ms), where `engine_args`
+    do not set it: what `laps local` and `laps sim` add to the engines' flags."""
+    if any(a == "--max-long-wait-ms" or a.startswith("--max-long-wait-ms=") for a in engine_args):
+        return []
+    return ["--max-long-wait-ms", f"{slo_long_wait_ms(long_ttft_slo_s):g}"]
 
 
 def scheduler_config(args: argparse.Namespace, grid: BucketGrid | None, max_prefill_tokens: int

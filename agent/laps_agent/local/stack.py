@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from laps_agent.engine.flags import long_wait_args
 from laps_agent.gateway.allocator import StaticAllocator
 from laps_agent.gateway.cli import TOKENS, auth_args_problem, decode_share
 from laps_agent.gateway.config import GatewayConfig
@@ -85,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "neither; default: laps gateway's)")
     p.add_argument("--slo", type=slo_seconds, default=None,
                    help="TTFT p90 SLOs, e.g. short=0.5,long=3: the gateway's (a long may take a short-group "
-                        "engine whenever a short behind its batch would still start in time) and, with "
-                        "--autoscale, what the planner sizes for (default: laps gateway's)")
+                        "engine whenever a short behind its batch would still start in time), the engines' "
+                        "starvation bound for long prompts (a share of the long SLO, unless "
+                        "--max-long-wait-ms sets it) and, with --autoscale, what the planner sizes for "
+                        "(default: laps gateway's)")
     p.add_argument("--max-decode-share", type=decode_share, default=None,
                    help="the gateway's admission control: the share of the decode slots one class "
                         "may hold, beyond which it gets 429 (0: no bound; default: laps gateway's, "
@@ -320,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(gpu_line)
         common = [*backend, "--device", args.device, "--length-threshold", str(args.length_threshold),
                   "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args, *gpu_split,
+                  *long_wait_args(engine_args, ttft_slos(args.slo)[LONG]),
                   *(["--served-model-name", args.served_model_name] if args.served_model_name else [])]
         counts = {"prefill": args.prefill, "decode": args.decode}
 

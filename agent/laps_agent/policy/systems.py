@@ -78,7 +78,7 @@ class SystemConfig:
     wait_window_ms: float = 5.0
     adaptive_window: bool = False
     long_in_window: str = "cost"
-    max_long_wait_ms: float = 2000.0
+    max_long_wait_ms: float | None = None    # None: from the long TTFT SLO (scheduling.config.slo_long_wait_ms)
     max_long_batch_tokens: int | None = None   # None: the engines' default; 0: the whole batch budget
     groups: bool = True                 # False: one pool of prefill pods, no length classes
     estimator: str = "auto"             # how the gateway counts prompt tokens (ESTIMATORS)
@@ -98,7 +98,7 @@ class SystemConfig:
                 "--wait-window-ms", f"{self.wait_window_ms:g}",
                 "--adaptive-window" if self.adaptive_window else "--no-adaptive-window",
                 "--long-in-window", self.long_in_window,
-                "--max-long-wait-ms", f"{self.max_long_wait_ms:g}",
+                *([] if self.max_long_wait_ms is None else ["--max-long-wait-ms", f"{self.max_long_wait_ms:g}"]),
                 *([] if self.max_long_batch_tokens is None else
                   ["--max-long-batch-tokens", str(self.max_long_batch_tokens)])]
 

@@ -72,7 +72,7 @@ def _builtin_owned(spec: ClusterSpec, role: str) -> list[Owned]:
             _opt("--wait-window-ms", _fmt(sched.wait_window_ms), "laps.scheduler.waitWindowMs"),
             _opt("--wait-max-batch", sched.wait_max_batch, "laps.scheduler.waitMaxBatch"),
             _switch("--adaptive-window", sched.adaptive_window, "laps.scheduler.adaptiveWindow"),
-            _opt("--max-long-wait-ms", _fmt(sched.max_long_wait_ms), "laps.scheduler.maxLongWaitMs"),
+            _opt("--max-long-wait-ms", _fmt(spec.max_long_wait_ms), "laps.scheduler.maxLongWaitMs"),
             _opt("--max-long-batch-tokens", sched.max_long_batch_tokens, "laps.scheduler.maxLongBatchTokens"),
             _switch("--batch-prefill-graphs", graphs.enabled, "laps.batchPrefillGraphs.enabled"),
             _opt("--batch-prefill-graphs-batch-sizes", _csv(graphs.batch_sizes), "laps.batchPrefillGraphs.batchSizes"),
@@ -157,7 +157,7 @@ def plugin_env_fields(spec: ClusterSpec) -> dict[str, tuple[str | None, str]]:
         "LAPS_WAIT_WINDOW_MS": ("laps.scheduler.waitWindowMs", _fmt(sched.wait_window_ms)),
         "LAPS_WAIT_MAX_BATCH": ("laps.scheduler.waitMaxBatch", str(sched.wait_max_batch)),
         "LAPS_ADAPTIVE_WINDOW": ("laps.scheduler.adaptiveWindow", "1" if sched.adaptive_window else "0"),
-        "LAPS_MAX_LONG_WAIT_MS": ("laps.scheduler.maxLongWaitMs", _fmt(sched.max_long_wait_ms)),
+        "LAPS_MAX_LONG_WAIT_MS": ("laps.scheduler.maxLongWaitMs", _fmt(spec.max_long_wait_ms)),
         "LAPS_MAX_LONG_BATCH_TOKENS": ("laps.scheduler.maxLongBatchTokens", str(sched.max_long_batch_tokens)),
         "LAPS_LABELS_FILE": (None, LABELS_FILE),
     }

@@ -29,7 +29,7 @@ from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, PlannerConfig
 from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS
-from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.config import LONG_WAIT_SLO_SHARE, SchedulerConfig, slo_long_wait_ms
 from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, url_problem
 from laps_operator.spec.gpus import gpu_count_problem
 from laps_operator.spec.network import NetworkPolicySpec
@@ -148,8 +148,11 @@ class SchedulerSpec(_Model):
     adaptive_window: bool = Field(default=_SCHEDULER.adaptive_window,
                                   description="tune window, target depth and short-batch size from observed "
                                               "arrivals and batch costs")
-    max_long_wait_ms: float = Field(default=_SCHEDULER.max_long_wait_ms, ge=0,
-                                    description="starvation bound: a long request waiting this long runs next")
+    max_long_wait_ms: float | None = Field(
+        default=None, ge=0,
+        description=f"starvation bound: a long request waiting this long runs next (unset: "
+                    f"{_SCHEDULER.max_long_wait_ms:g} ms, or {LONG_WAIT_SLO_SHARE:.2g} of "
+                    f"slo.ttftP90Seconds.long where that is less)")
     max_long_batch_tokens: int = Field(default=_SCHEDULER.max_long_batch_tokens, ge=0, le=1048576,
                                        description="uncached tokens of a long prefill batch at most (0: the "
                                                    "whole batch budget): a short request arriving behind a "
@@ -446,6 +449,14 @@ class ClusterSpec(_Model):
             if problem := gpu_count_problem(role, self.engine, pool):
                 raise ValueError(problem)
         return self
+
+    @property
+    def max_long_wait_ms(self) -> float:
+        """The prefill engines' starvation bound: laps.scheduler.maxLongWaitMs, else the long TTFT
+        SLO's share (slo_long_wait_ms), so that a tighter SLO is not missed by design."""
+        if self.laps.scheduler.max_long_wait_ms is not None:
+            return self.laps.scheduler.max_long_wait_ms
+        return slo_long_wait_ms(self.slo.ttft_p90_seconds.long)
 
     @property
     def warm(self) -> bool:

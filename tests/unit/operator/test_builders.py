@@ -121,6 +121,23 @@ def test_builtin_prefill_args_render_every_laps_knob():
     assert args[-2:] == ["--kv-pages", "512"]
 
 
+@pytest.mark.parametrize("backend", ["builtin", "sglang"])
+def test_the_starvation_bound_follows_the_long_slo_unless_the_cr_sets_it(backend):
+    """A long TTFT SLO of 2 s leaves a long prompt kept waiting 2 s no time for its own prefill:
+    unset, the engines' bound is 2/3 of the long SLO where that is below 2000 ms."""
+    def bound(**fields) -> float:
+        spec = spec_of(engine={"backend": backend, "image": "img"}, **fields)
+        c = container(build_prefill_statefulset(CLUSTER, spec))
+        if backend == "sglang":
+            return float(next(e["value"] for e in c["env"] if e["name"] == "LAPS_MAX_LONG_WAIT_MS"))
+        return float(flag(c["args"], "--max-long-wait-ms"))
+
+    assert bound() == 2000                                                   # the default 3 s SLO
+    assert bound(slo={"ttftP90Seconds": {"long": 2}}) == pytest.approx(1333.3)
+    assert bound(slo={"ttftP90Seconds": {"long": 10}}) == 2000               # a looser SLO: the default
+    assert bound(slo={"ttftP90Seconds": {"long": 2}}, laps={"scheduler": {"maxLongWaitMs": 900}}) == 900
+
+
 def test_decode_deployment_renders_decode_role_without_prefill_only_parts():
     dep = build_decode_deployment(CLUSTER, spec_of(decode={"replicas": 3}))
     assert dep["spec"]["replicas"] == 3

@@ -58,7 +58,8 @@ def test_defaults_the_data_plane_also_has_come_from_it():
     config, policy = SchedulerConfig(), AllocationConfig()
     assert scheduler["waitWindowMs"]["default"] == config.wait_window_ms == 5.0
     assert scheduler["waitMaxBatch"]["default"] == config.wait_max_batch
-    assert scheduler["maxLongWaitMs"]["default"] == config.max_long_wait_ms
+    # Unset, the starvation bound follows spec.slo (ClusterSpec.max_long_wait_ms): no fixed default.
+    assert "default" not in scheduler["maxLongWaitMs"]
     assert scheduler["maxLongBatchTokens"]["default"] == config.max_long_batch_tokens
     assert scheduler["enabled"]["default"] is config.enabled
     assert scheduler["adaptiveWindow"]["default"] is config.adaptive_window

@@ -30,7 +30,7 @@ from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.core.load_report import in_time_tokens
-from laps_agent.engine.flags import bucket_grid, build_parser, scheduler_config
+from laps_agent.engine.flags import bucket_grid, build_parser, long_wait_args, scheduler_config
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import LoadTracker
@@ -100,8 +100,8 @@ class SimCluster:
             raise ValueError("a cluster needs at least one prefill and one decode engine")
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
         # the simulated engines are configured exactly as `laps local` configures real ones.
-        args = build_parser().parse_args([*system.engine_args(), "--length-threshold", str(threshold),
-                                          *engine_args])
+        flags = [*system.engine_args(), "--length-threshold", str(threshold), *engine_args]
+        args = build_parser().parse_args([*flags, *long_wait_args(flags, ttft_slos(ttft_slo_s)[LONG])])
         grid = bucket_grid(args)
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
