@@ -10,6 +10,7 @@ VERSION = "v1alpha1"
 KIND = "LAPSCluster"
 PLURAL = "lapsclusters"
 API_VERSION = f"{GROUP}/{VERSION}"
+CRD_NAME = f"{PLURAL}.{GROUP}"
 
 MANAGER = "laps-operator"
 # The operator's own label and annotation keys (these labels, apply.LAST_APPLIED, kopf's state on

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from laps_agent.local.engines import free_ports
-from laps_operator.naming import API_VERSION, KIND
+from laps_operator.naming import API_VERSION, CRD_NAME, KIND
 from tests.cluster.story import wait_for
 from tests.support.waiting import stop_process
 
@@ -149,7 +149,7 @@ def start_operator(control_plane, programs):
     """`laps operator` as the cluster's admin, after `kubectl apply` of the chart's CRD; the
     LAPSClusters a test made in `default` are deleted after it."""
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "charts/laps/crds/lapscluster.yaml"))
-    control_plane.kubectl("wait", "--for=condition=Established", "crd/lapsclusters.laps.io")
+    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}")
     control_plane.wait_owner_kind_known(API_VERSION, KIND)
 
     def start(**env: str):

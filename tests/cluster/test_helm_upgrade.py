@@ -15,10 +15,10 @@ import helm_python
 import pytest
 import yaml
 
+from laps_operator.naming import CRD_NAME
 from tests.cluster.story import CHART, RELEASE, RELEASE_NS, REPO
 
 CRD_FILE = CHART / "crds" / "lapscluster.yaml"
-CRD_NAME = "lapsclusters.laps.io"
 NEW_FIELD = "imagePullSecrets"   # a spec field the chart's CRD has and the older one lacks
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from laps_operator.naming import CRD_NAME
 from tests.cluster.story import REPO, Story, wait_for
 
 EXAMPLE = str(REPO / "examples" / "lapscluster.yaml")
@@ -31,7 +32,7 @@ def test_users_of_the_built_in_roles_read_and_apply_lapsclusters_in_their_namesp
             return control_plane.kubectl(*args, kubeconfig=users[role], stdin=stdin, check=False)
 
         # The controller aggregates asynchronously: `edit` may create LAPSClusters once it has.
-        wait_for(lambda: kubectl("edit", "auth", "can-i", "create", "lapsclusters.laps.io", "-n", ns).stdout.strip()
+        wait_for(lambda: kubectl("edit", "auth", "can-i", "create", CRD_NAME, "-n", ns).stdout.strip()
                  == "yes", "the chart's rules aggregated into edit")
 
         refused = kubectl("view", "apply", "-n", ns, "-f", EXAMPLE)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from laps_operator.naming import CRD_NAME
 from tests.unit.operator.test_crd import CROSS_FIELD, INVALID, MINIMAL, NAMES, with_spec
 
 CRD = "charts/laps/crds/lapscluster.yaml"
@@ -15,7 +16,7 @@ CRD = "charts/laps/crds/lapscluster.yaml"
 @pytest.fixture
 def kubectl_apply(control_plane, cluster_namespace):
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", CRD)
-    control_plane.kubectl("wait", "--for=condition=Established", "crd/lapsclusters.laps.io")
+    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}")
 
     def apply(doc: dict):
         return control_plane.kubectl("apply", "--dry-run=server", "-n", cluster_namespace, "-f", "-",

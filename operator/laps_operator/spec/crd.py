@@ -59,7 +59,7 @@ from pydantic import BaseModel, Strict, TypeAdapter
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from laps_operator.naming import CLUSTER_NAME_PATTERN, GROUP, KIND, MANAGER, MAX_CLUSTER_NAME, PLURAL, VERSION
+from laps_operator.naming import CLUSTER_NAME_PATTERN, CRD_NAME, GROUP, KIND, MANAGER, MAX_CLUSTER_NAME, PLURAL, VERSION
 from laps_operator.spec.cluster import ClusterSpec
 from laps_operator.spec.status import ClusterStatus
 
@@ -316,7 +316,7 @@ def crd() -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{PLURAL}.{GROUP}",
+            "name": CRD_NAME,
             "labels": {"app.kubernetes.io/name": "laps", "app.kubernetes.io/managed-by": MANAGER},
             "annotations": {SPEC_SHA256: spec_sha256(spec)},
         },
