@@ -26,3 +26,4 @@ def test_the_engines_starvation_bound_follows_the_long_slo_unless_its_flag_is_gi
     assert long_wait_args([], 30.0) == ["--max-long-wait-ms", "2000"]
     assert long_wait_args(["--max-long-wait-ms", "900"], 2.0) == []
     assert long_wait_args(["--max-long-wait-ms=900"], 2.0) == []
+    assert long_wait_args(["--max-long-wait", "900"], 2.0) == []   # argparse takes abbreviations

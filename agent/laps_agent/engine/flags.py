@@ -97,10 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def long_wait_args(engine_args: Sequence[str], long_ttft_slo_s: float | None) -> list[str]:
+def long_wait_args(engine_args: Sequence[str], long_ttft_slo_s: float) -> list[str]:
     """The --max-long-wait-ms the long TTFT SLO asks for (slo_long_wait_ms), where `engine_args`
-    do not set it: what `laps local` and `laps sim` add to the engines' flags."""
-    if any(a == "--max-long-wait-ms" or a.startswith("--max-long-wait-ms=") for a in engine_args):
+    do not set it (as the engine's parser reads them, abbreviations too): what `laps local` and
+    `laps sim` add to the engines' flags."""
+    parser = build_parser()
+    parser.set_defaults(max_long_wait_ms=None)
+    if parser.parse_known_args(list(engine_args))[0].max_long_wait_ms is not None:
         return []
     return ["--max-long-wait-ms", f"{slo_long_wait_ms(long_ttft_slo_s):g}"]
 

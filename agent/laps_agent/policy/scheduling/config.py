@@ -21,13 +21,10 @@ def long_batch_budget(max_prefill_tokens: int, max_long_batch_tokens: int) -> in
 LONG_WAIT_SLO_SHARE = 2 / 3
 
 
-def slo_long_wait_ms(long_ttft_slo_s: float | None) -> float:
+def slo_long_wait_ms(long_ttft_slo_s: float) -> float:
     """The starvation bound where none is set: the default (SchedulerConfig.max_long_wait_ms), or
-    LONG_WAIT_SLO_SHARE of the long TTFT SLO where that is less (None: no SLO known)."""
-    default = SchedulerConfig.max_long_wait_ms
-    if long_ttft_slo_s is None:
-        return default
-    return min(default, round(LONG_WAIT_SLO_SHARE * long_ttft_slo_s * 1000.0, 1))
+    LONG_WAIT_SLO_SHARE of the long TTFT SLO where that is less."""
+    return min(SchedulerConfig.max_long_wait_ms, round(LONG_WAIT_SLO_SHARE * long_ttft_slo_s * 1000.0, 1))
 
 
 @dataclass(frozen=True)
