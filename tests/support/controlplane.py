@@ -17,6 +17,7 @@ own processes are never exercised), kube-proxy (Service IPs route nowhere), DNS,
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pathlib
 import shutil
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from tests.support.waiting import stop_process
+from tests.support.waiting import poll, stop_process
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build_controlplane.sh"
@@ -182,8 +183,6 @@ class ControlPlane:
     def audit(self, since: int = 0) -> list[dict]:
         """The audit log's events from the `since`-th on (ServiceAccounts outside kube-system):
         user, verb, objectRef, responseStatus, annotations (the authoriser's decision and reason)."""
-        import json
-
         if self.audit_log.exists():
             with self.audit_log.open("rb") as log:
                 log.seek(self._audit_offset)
@@ -274,10 +273,6 @@ class ControlPlane:
         alone (a CRD created, deleted and re-created there was mapped within 0.1 s each time),
         so the tests wait for it rather than assume it. Probed with a server-side dry run of
         such a child."""
-        import json
-
-        from tests.support.waiting import poll
-
         probe = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
             "name": "laps-owner-kind-probe", "namespace": "default", "ownerReferences": [{
                 "apiVersion": api_version, "kind": kind, "name": "probe", "blockOwnerDeletion": True,
@@ -295,8 +290,6 @@ class ControlPlane:
         result = self.kubectl(*args, "-o", "json", **kwargs)
         if result.returncode != 0:
             return None
-        import json
-
         return json.loads(result.stdout)
 
     def logs(self) -> str:
