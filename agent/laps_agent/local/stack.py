@@ -317,13 +317,16 @@ def main(argv: list[str] | None = None) -> int:
         most = args.prefill_max + args.decode_max if args.autoscale else len(plan)
         gpu_split, gpu_line = (shared_gpu_args(args.device, engine_args, max(most, len(plan)))
                                if args.engine == "builtin" else ([], None))
+        # Parsed before "starting" is said: a Ctrl-C between that line and the first engine's
+        # start ends without a "stopped" line, so nothing slow belongs there.
+        long_wait = long_wait_args(engine_args, ttft_slos(args.slo)[LONG])
         _say(f"starting {args.prefill} prefill + {args.decode} decode {args.engine} engines on {model} "
              f"(logs in {workdir})")
         if gpu_line:
             _say(gpu_line)
         common = [*backend, "--device", args.device, "--length-threshold", str(args.length_threshold),
                   "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args, *gpu_split,
-                  *long_wait_args(engine_args, ttft_slos(args.slo)[LONG]),
+                  *long_wait,
                   *(["--served-model-name", args.served_model_name] if args.served_model_name else [])]
         counts = {"prefill": args.prefill, "decode": args.decode}
 
