@@ -122,28 +122,32 @@ class LocalPlanner:
         decision = plan(self.observation(now), self.costs(), self.slo, desired, existing, self.state, now,
                         self.config)
         self.state = decision.state
+        # The decision is shown before its engines start, each named as its process starts: one
+        # is routed (and counted in /laps_status) once it answers, which can be seconds before
+        # the decision's last engine does.
         started, stopping = [], []
-        for pool in POOLS:
-            change = getattr(decision, pool) - getattr(desired, pool)
-            for _ in range(max(change, 0)):
-                started.append(await self._start(pool, decision.short if decision.short >= 0 else None))
-            if change < 0:
-                stopping += await self._retire(pool, -change)
         self.decisions.append({"time": now, "prefill": decision.prefill, "decode": decision.decode,
                                "frozen": decision.frozen, "reason": decision.reason,
                                "started": started, "stopping": stopping})
+        for pool in POOLS:
+            change = getattr(decision, pool) - getattr(desired, pool)
+            for _ in range(max(change, 0)):
+                await self._start(pool, decision.short if decision.short >= 0 else None, started)
+            if change < 0:
+                stopping += await self._retire(pool, -change)
         if started or stopping:
             self.say(f"autoscale: {decision.reason}" + (f"; starting {', '.join(started)}" if started else "")
                      + (f"; draining {', '.join(stopping)}" if stopping else ""))
 
-    async def _start(self, pool: str, short_target: int | None) -> str:
+    async def _start(self, pool: str, short_target: int | None, started: list[str]) -> None:
+        """One engine for `pool`, its name added to `started` (the decision's) once its process runs."""
         spec = self.discovery.spec
         group = join_group({SHORT: spec.prefill_short, LONG: spec.prefill_long}, short_target) \
             if pool == "prefill" else None
         child = await asyncio.to_thread(self.spawn, pool, group)
         self.children.append(child)
+        started.append(child.name)
         await self.discovery.adopt(child)   # routed once it answers, as at start
-        return child.name
 
     async def _retire(self, pool: str, count: int) -> list[str]:
         loads = self.gateway.tracker.loads()
