@@ -35,11 +35,10 @@ run ahead of the engine's), then the request's own group, then take turns.
 Admission: a pod takes the request when it holds nothing, or when its predicted prefill end
 is within the token watermark at the pod's cost and, where the pod reports what it prefills in
 time (its KV hand-off bound), within that. The chosen pod is the best one that takes it among
-those the request may use; failing those, a long goes to a short-group pod that takes it and
-already holds long work (a short there waits for the long batch under way either way); it is
-refused (429) only when none would. So a class is never shed while a pod it may use idles (a
-short may use every pod). Refused long work sent to any short-group pod that takes it, even one
-holding only shorts, was measured worse (long attainment and sheds: docs/design/placement.md).
+those the request may use; failing those, a long goes to a short-group pod that takes it, one
+already holding long work first (a short there waits for the long batch under way either way);
+it is refused (429) only when none would. So prefill admission sheds no request while a prefill
+pod idles (the decode share, admission.py rule 3, still refuses a class holding its share).
 The decode pod is the least loaded (routing.py's rule), and a class holding its share of the
 decode slots is refused (admission.py rule 3). The gateway and `laps sim` both call `place`.
 Why this rule, and what it changed on the workload matrix: docs/design/placement.md."""
@@ -246,9 +245,12 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
     order = _preference(allowed, tiebreak)
     best = order[0]
     chosen = next((c for c in order if _takes(c, max_pending_tokens_per_pod, capacity)), None)
-    if chosen is None and (running_long := [c for c in candidates if c not in allowed and _holds_long(c)]):
-        chosen = next((c for c in _preference(running_long, tiebreak)
-                       if _takes(c, max_pending_tokens_per_pod, capacity)), None)
+    if chosen is None:   # a long its pods refuse: short-group pods holding long work first, then any
+        for spill in ([c for c in candidates if c not in allowed and _holds_long(c)],
+                      [c for c in candidates if c not in allowed and not _holds_long(c)]):
+            if chosen is None and spill:
+                chosen = next((c for c in _preference(spill, tiebreak)
+                               if _takes(c, max_pending_tokens_per_pod, capacity)), None)
     decode_ep = least_loaded(decode, loads, exclude, tiebreak)
     if decode_ep is None:
         raise NoEndpointError(f"no usable decode pod: {describe('decode', decode, loads, exclude)}")
