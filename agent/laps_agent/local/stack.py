@@ -46,6 +46,7 @@ from laps_agent.local.planner import LocalPlanner
 from laps_agent.local.signals_deferred import SignalsDeferred
 from laps_agent.modelio.model_files import default_model_path
 from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokenizer_problem
+from laps_agent.policy.admission import gateway_decode_share
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
 from laps_agent.policy.planner import ttft_slos
@@ -168,9 +169,7 @@ def _serve_gateway(args, children: list[EngineChild], tokenizer, sock, engine_ar
         overrides["max_pending_tokens_per_pod"] = max(args.max_pending_tokens_per_pod, 0)
     if args.request_deadline_s is not None:
         overrides["request_deadline_s"] = max(args.request_deadline_s, 0.0)
-    if args.max_decode_share is not None or args.single_pool:
-        # One pool serves one class: there is no other class to keep decode slots free for.
-        overrides["max_decode_share"] = 0.0 if args.max_decode_share is None else args.max_decode_share
+    overrides["max_decode_share"] = gateway_decode_share(args.single_pool, args.max_decode_share)
     config = GatewayConfig(served_model_name=served_name(children, args.served_model_name),
                            length_threshold=threshold, api_keys_file=args.api_keys_file,
                            rate_limit_per_key=max(args.rate_limit_per_key, 0.0),

@@ -117,6 +117,15 @@ def decode_held(members: Sequence[Endpoint], loads: Mapping[str, EndpointLoad], 
     return own + sum(others(e.name, cls) for e in members if loads.get(e.name, _IDLE).healthy)
 
 
+def gateway_decode_share(single_pool: bool, share: float | None = None) -> float:
+    """The decode share a gateway runs with: `share` where one is set, else DEFAULT_MAX_DECODE_SHARE,
+    but none in front of one pool (`laps local --single-pool`, the simulator's one-pool systems):
+    its pods serve every request alike, so there is no class to keep decode slots free for."""
+    if share is not None:
+        return share
+    return 0.0 if single_pool else DEFAULT_MAX_DECODE_SHARE
+
+
 def decode_share_bound(share: float, slots: int) -> int | None:
     """The most requests one class may hold on a decode pool of `slots` (None: no bound); at
     least one, so a pool of few slots still serves both classes."""

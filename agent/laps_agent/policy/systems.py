@@ -102,10 +102,19 @@ class SystemConfig:
                 *([] if self.max_long_batch_tokens is None else
                   ["--max-long-batch-tokens", str(self.max_long_batch_tokens)])]
 
+    @property
+    def max_decode_share(self) -> float | None:
+        """The gateway's decode share (admission.py rule 3): none where the system has no
+        admission control (a pending bound of 0: the reference router queues without limit);
+        else None, the gateway's own rule (admission.gateway_decode_share)."""
+        return 0.0 if self.max_pending_tokens_per_pod == 0 else None
+
     def local_args(self) -> list[str]:
         """`laps local` flags of the gateway side."""
         bound = ([] if self.max_pending_tokens_per_pod is None
                  else ["--max-pending-tokens-per-pod", str(self.max_pending_tokens_per_pod)])
+        if self.max_decode_share is not None:
+            bound += ["--max-decode-share", f"{self.max_decode_share:g}"]
         return (["--estimator", self.estimator, "--router", self.router, "--allocation", self.allocation, *bound]
                 + ([] if self.groups else ["--single-pool"])
                 + ([] if self.affinity else ["--no-prefix-affinity"])

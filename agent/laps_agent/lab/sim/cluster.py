@@ -13,7 +13,9 @@ from the profile, a prefix cache on each prefill engine). A request's path mirro
   -> (systems with prefix warming, a conversation's turn) one hop later its prefill engine is
      sent prompt + answer to compute when idle (engine/pd/prefix_warm.py).
 
-Admission is the gateway's `admission.refusal` (the decode share is not modelled); network hops
+Admission is the gateway's, decode share included (each class's requests counted from dispatch
+until their answer ends, as the gateway counts them; the share `laps local` runs the system with:
+none for one pool or without admission control); network hops
 take `hop_s` each (default 1 ms); client think time and failures are not modelled. What the
 simulator models, and how far it agrees with the emulated cluster: docs/design/simulator.md.
 """
@@ -38,7 +40,7 @@ from laps_agent.lab.results.records import TimelineSample
 from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
 from laps_agent.lab.sim.autoscale import Scaling, SimFleet, SimScaler, pod_costs
 from laps_agent.lab.sim.prefix import SimPrefixes
-from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, in_time_route, refusal
+from laps_agent.policy.admission import DEFAULT_MAX_PENDING_TOKENS_PER_POD, gateway_decode_share, in_time_route, refusal
 from laps_agent.policy.allocation import AllocationConfig, fleet_cost, offered_seconds
 from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
@@ -70,6 +72,7 @@ class SimRequest:
     conversation: int = -1
     cached: int = -1              # prompt tokens its prefill engine found cached (-1: never got there)
     expected: int = 0             # what the gateway expected it to find
+    held_cls: str | None = None   # the class the gateway counts it in on the decode pool (its route's)
     tokens: int = 0               # completion tokens its decode engine gave (capped by the context)
 
 
@@ -106,6 +109,8 @@ class SimCluster:
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
         self.batch_tokens = sched.max_prefill_tokens
+        self.decode_slots_per_pod = running   # what each decode engine reports as its slots
+        self.max_decode_share = gateway_decode_share(not system.groups, system.max_decode_share)
         self.long_batch_tokens = sched.max_long_batch_tokens
 
         # A sized cluster has an engine for every pod it may run (autoscale.py: the fleet says
@@ -304,9 +309,10 @@ class SimCluster:
             return
         bound = self.max_pending_tokens_per_pod
         d, pod = in_time_route(d, r.routed_tokens, self.groups[d.group], loads, self._capacity, bound)
-        if refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]), 0, 0, bound, 0.0,
-                   pod) is not None:   # refused before any engine
-            self._fail(r, now, 429, f"the {d.group} prefill group is overloaded")
+        why = refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]),
+                      self.tracker.decode_held(d.cls), self._decode_slots(), bound, self.max_decode_share, pod)
+        if why is not None:   # refused before any engine
+            self._fail(r, now, 429, why)
             return
         self._dispatch(r, now, d)
 
@@ -319,7 +325,8 @@ class SimCluster:
                            batch_tokens=lambda name: self.batch_tokens,
                            long_batch_tokens=lambda name: self.long_batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
                            capacity=self._capacity, protection=self.arrivals.protection, now=now,
-                           ttft_slo_s=self.ttft_slo_s)
+                           ttft_slo_s=self.ttft_slo_s, decode_held=self.tracker.decode_held,
+                           decode_slots=self._decode_slots(), max_decode_share=self.max_decode_share)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
             return
@@ -327,6 +334,10 @@ class SimCluster:
             self._fail(r, now, 429, placed.refusal)
             return
         self._dispatch(r, now, placed.route)
+
+    def _decode_slots(self) -> int:
+        """The decode pool's slots, as the gateway sums its serving decode pods' reports."""
+        return self.decode_slots_per_pod * len(self.decode_eps)
 
     def _cost(self, name: str) -> PrefillCost | None:
         cost = self.prefill[self._prefill_index[name]].scheduler.prefill_cost()
@@ -336,7 +347,8 @@ class SimCluster:
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
         r.expected = d.cached  # the pod's work is what it is not expected to hold, as the gateway books it
         r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, d.work(r.routed_tokens), d.cls)
-        self.tracker.begin_decode(d.decode.name)
+        r.held_cls = d.cls
+        self.tracker.begin_decode(d.decode.name, d.cls)
         self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
         if self.hop_s > 0:
             heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
@@ -419,7 +431,7 @@ class SimCluster:
                 if ev.finished:
                     r.done, r.status, r.tokens = ev.time + 2 * self.hop_s, 200, ev.tokens
                     self._last_end = max(self._last_end, r.done)
-                    self.tracker.end_decode(self._decode_all[r.decode].name)
+                    self.tracker.end_decode(self._decode_all[r.decode].name, r.held_cls)
                     self._finished += 1
                     if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
                         heapq.heappush(self._heap, (ev.time + self.hop_s, next(self._seq), _WARM, r.index))
@@ -430,7 +442,7 @@ class SimCluster:
         if r.ticket is not None:
             r.ticket.done()
         if r.decode >= 0:
-            self.tracker.end_decode(self._decode_all[r.decode].name)
+            self.tracker.end_decode(self._decode_all[r.decode].name, r.held_cls)
         self._finished += 1
 
 
