@@ -13,13 +13,17 @@ stays that class's problem instead of failing late, after the KV hand-off timeou
    none refuses. A pod that reports no figure is bounded by rule 1 alone.
 3. Decode share: both classes share the decode pool, so a class may hold at most
    `max_decode_share` of its slots (the routable decode pods' reported max running requests),
-   from dispatch until the answer ends; unknown slots, no share. Other gateway replicas'
-   requests count from the engines' `held_by_class` (engine_load.py), as of the last poll.
+   from dispatch until the answer ends; unknown slots, no share. A request still queued for its
+   prefill counts only if its prefill is predicted to end within the time its class's answers
+   have lately held a decode slot (`share_counted`): one predicted later reaches the pool after
+   today's holders have left it. Other gateway replicas' requests count from the engines'
+   `held_by_class` (engine_load.py), as of the last poll.
 
 Why each rule, where it falls short, and what it was measured to change:
 docs/design/overload.md."""
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -124,6 +128,30 @@ def gateway_decode_share(single_pool: bool, share: float | None = None) -> float
     if share is not None:
         return share
     return 0.0 if single_pool else DEFAULT_MAX_DECODE_SHARE
+
+
+# How much the last answer weighs in a class's decode residence (about the last 20 answers).
+DECODE_RESIDENCE_WEIGHT = 0.05
+
+
+def share_counted(prefill_ends: Sequence[float], now: float, residence_s: float | None) -> int:
+    """How many of a class's requests still queued for their prefill, predicted to end it at
+    `prefill_ends` (sorted; the clock of `now`), hold a place in its decode share now: those
+    predicted to reach the decode pool within `residence_s`, the seconds its answers have lately
+    held a decode slot (from the KV hand-off to the last byte). Before any answer has ended
+    (None), all of them: a flood of long answers is bounded from its first request.
+    (Counted from dispatch alone, longs queued behind a burst's shorts filled the long share
+    while the decode engines idled: docs/design/placement.md.)"""
+    if residence_s is None:
+        return len(prefill_ends)
+    return bisect_left(prefill_ends, now + residence_s)
+
+
+def residence_update(residence_s: float | None, seconds: float) -> float:
+    """A class's decode residence after an answer held its slot for `seconds`."""
+    if residence_s is None:
+        return seconds
+    return residence_s + DECODE_RESIDENCE_WEIGHT * (seconds - residence_s)
 
 
 def decode_share_bound(share: float, slots: int) -> int | None:

@@ -125,6 +125,12 @@ class Placement:
     route: RouteDecision | None    # None: refused
     predicted_s: float             # the prefill's predicted end on the chosen pod (refused: the best)
     refusal: str | None = None     # why it is refused (then 429); None: placed
+    in_seconds: bool = True        # False: predicted_s is in token-units (no pod measured its cost yet)
+
+    def prefill_end_at(self, now: float) -> float | None:
+        """When the placed request's prefill is predicted to end on the clock of `now` (None:
+        refused, or not predicted in seconds)."""
+        return now + self.predicted_s if self.route is not None and self.in_seconds else None
 
 
 @dataclass(slots=True)
@@ -264,7 +270,7 @@ def place(tokens: int, threshold: int, groups: Mapping[str, Sequence[Endpoint]],
                          f"the {chosen.cls} class is overloaded in the decode pool: it holds {holding} requests, "
                          f"its share is {share} ({max_decode_share:g} of {decode_slots} decode slots); "
                          f"retry later")
-    return Placement(route, chosen.predicted_s)
+    return Placement(route, chosen.predicted_s, in_seconds=chosen.cost is not UNMEASURED)
 
 
 def _preference(allowed: list[_Candidate], tiebreak: int) -> list[_Candidate]:

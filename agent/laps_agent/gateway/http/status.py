@@ -44,13 +44,14 @@ def readiness(membership: Membership, loads: Mapping[str, EndpointLoad]) -> tupl
 def _decode(gateway: Gateway, membership: Membership, loads: Mapping[str, EndpointLoad]) -> dict:
     """`slots`: the routable pods' reported max running requests; `max_held_per_class`: the
     decode share's bound (None: none); `held`: the requests there per class, as admission counts
-    them (every gateway replica's, where the engines report classes); `held_here`: this
-    gateway's own."""
+    them (every gateway replica's, where the engines report classes; this gateway's without those
+    queued for a prefill predicted to end after the class's answers lately left: admission.py
+    rule 3); `held_here`: this gateway's own, dispatch to last byte."""
     engine_loads, tracker = gateway.proxy.engine_loads, gateway.tracker
     slots = decode_slots(membership.decode, loads, engine_loads.slots)
     return {"pods": [_pod(e, loads.get(e.name), engine_loads.report(e.name)) for e in membership.decode],
             "slots": slots, "max_held_per_class": decode_share_bound(gateway.config.max_decode_share, slots),
-            "held": {cls: decode_held(membership.decode, loads, cls, tracker.decode_held(cls),
+            "held": {cls: decode_held(membership.decode, loads, cls, tracker.decode_share_held(cls),
                                       engine_loads.others_held) for cls in CLASSES},
             "held_here": {cls: tracker.decode_held(cls) for cls in CLASSES}}
 

@@ -10,7 +10,10 @@ dispatch to it idle and again at each prefill end while work remains (EndpointLo
 the router credits what that batch has done). A *decode* pod's pending requests count until the
 whole answer is relayed; so do each class's requests on the decode pool (its decode share,
 admission.py) and on each decode pod (with those ever sent there: what engine_load.py takes out
-of the pod's own per-class report).
+of the pod's own per-class report). What the decode share counts of them (`decode_share_held`)
+leaves out the requests still queued for a prefill predicted to end later than their class's
+answers lately held a slot (admission.share_counted): each request's `DecodeHold` records its
+predicted prefill end, its hand-off, and at its end how long it held its slot.
 Health is passive: `eject_after_failures` failed calls in a row make a pod unhealthy for
 `eject_seconds`; one success resets its count. Ejection is capped per pool (a prefill group, or
 the decode pool; policy/outlier.py): a pod whose ejection would take out its pool's last healthy
@@ -25,6 +28,7 @@ back after that starts afresh (no failures, no ejection), as the prefix record t
 (affinity.py)."""
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
+from laps_agent.policy.admission import residence_update, share_counted
 from laps_agent.policy.classes import CLASSES, SHORT
 from laps_agent.policy.outlier import may_eject
 from laps_agent.policy.routing import EndpointLoad
@@ -43,6 +48,24 @@ log = logging.getLogger(__name__)
 class _GroupPending:
     requests: int = 0
     tokens: int = 0
+
+
+class DecodeHold:
+    """One request's place in its class's decode share, from dispatch to its answer's end:
+    while its prefill is to come, its predicted end (`prefill_end_at`, the tracker's clock;
+    None: not predicted, counted at once), then the moment of its hand-off."""
+
+    __slots__ = ("cls", "prefill_end_at", "handed_off_at", "ended")
+
+    def __init__(self, cls: str, prefill_end_at: float | None) -> None:
+        self.cls, self.prefill_end_at = cls, prefill_end_at
+        self.handed_off_at: float | None = None
+        self.ended = False
+
+    @property
+    def waiting(self) -> bool:
+        """Counted by its predicted prefill end (not handed off, and predicted)."""
+        return self.handed_off_at is None and self.prefill_end_at is not None
 
 
 class PrefillTicket:
@@ -81,6 +104,12 @@ class LoadTracker:
             metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
         self._offered: dict[str, float] = dict.fromkeys(CLASSES, 0.0)   # class -> prefill seconds arrived
         self._decode_held: dict[str, int] = {}   # class -> its requests on the decode pool
+        # The decode share's count (DecodeHold): per class, the holds counted at once, the
+        # predicted prefill ends (sorted) of those still waiting, and the seconds its answers
+        # have lately held a slot.
+        self._share_now: dict[str, int] = {}
+        self._share_waiting: dict[str, list[float]] = {}
+        self._residence: dict[str, float] = {}
         # pod -> class -> [requests held there now, requests ever sent there]: what this
         # gateway's share of a decode engine's held_by_class can be (engine_load.py)
         self._held_on: dict[str, dict[str, list[int]]] = {}
@@ -181,25 +210,62 @@ class LoadTracker:
         if ticket.endpoint in self._departed:
             self._forget_if_idle(ticket.endpoint)
 
-    def begin_decode(self, endpoint: str, cls: str | None = None) -> None:
+    def begin_decode(self, endpoint: str, cls: str | None = None,
+                     prefill_end_at: float | None = None) -> DecodeHold | None:
+        """Book a request on decode pod `endpoint`; with its class, its place in the decode
+        share (its prefill predicted to end at `prefill_end_at`, on this tracker's clock)."""
         self._load(endpoint).pending_requests += 1
-        if cls is not None:
-            self._decode_held[cls] = self._decode_held.get(cls, 0) + 1
-            counts = self._held_on.setdefault(endpoint, {}).setdefault(cls, [0, 0])
-            counts[0] += 1
-            counts[1] += 1
+        if cls is None:
+            return None
+        self._decode_held[cls] = self._decode_held.get(cls, 0) + 1
+        counts = self._held_on.setdefault(endpoint, {}).setdefault(cls, [0, 0])
+        counts[0] += 1
+        counts[1] += 1
+        hold = DecodeHold(cls, prefill_end_at)
+        if hold.waiting:
+            bisect.insort(self._share_waiting.setdefault(cls, []), prefill_end_at)
+        else:
+            self._share_now[cls] = self._share_now.get(cls, 0) + 1
+        return hold
 
-    def end_decode(self, endpoint: str, cls: str | None = None) -> None:
+    def hand_off(self, hold: DecodeHold | None) -> None:
+        """The request's prefill phase ended: it counts in its class's share from now on."""
+        if hold is None or hold.ended or hold.handed_off_at is not None:
+            return
+        if hold.waiting:
+            self._unwait(hold)
+            self._share_now[hold.cls] = self._share_now.get(hold.cls, 0) + 1
+        hold.handed_off_at = self._clock()
+
+    def end_decode(self, endpoint: str, cls: str | None = None, hold: DecodeHold | None = None) -> None:
         self._load(endpoint).pending_requests -= 1
         if cls is not None:
             self._decode_held[cls] -= 1
             self._held_on[endpoint][cls][0] -= 1
+        if hold is not None and not hold.ended:
+            hold.ended = True
+            if hold.waiting:
+                self._unwait(hold)
+            else:
+                self._share_now[hold.cls] -= 1
+            if hold.handed_off_at is not None:
+                self._residence[hold.cls] = residence_update(self._residence.get(hold.cls),
+                                                             self._clock() - hold.handed_off_at)
         if endpoint in self._departed:
             self._forget_if_idle(endpoint)
+
+    def _unwait(self, hold: DecodeHold) -> None:
+        waiting = self._share_waiting[hold.cls]
+        del waiting[bisect.bisect_left(waiting, hold.prefill_end_at)]
 
     def decode_held(self, cls: str) -> int:
         """Requests of class `cls` this gateway holds on the decode pool (dispatch to last byte)."""
         return self._decode_held.get(cls, 0)
+
+    def decode_share_held(self, cls: str) -> int:
+        """Of those, the ones its decode share counts now (admission.share_counted)."""
+        return self._share_now.get(cls, 0) + share_counted(self._share_waiting.get(cls, ()), self._clock(),
+                                                           self._residence.get(cls))
 
     def held_on(self, endpoint: str) -> dict[str, tuple[int, int]]:
         """Per class, (requests held on `endpoint` now, requests ever sent there)."""

@@ -30,7 +30,7 @@ from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.prefix import PrefixChain, PrefixRecord
 from laps_agent.gateway.proxy.engine_load import EngineLoadPoller, EngineLoads
 from laps_agent.gateway.proxy.failures import GatewayError, Retryable, UpstreamStatus, judge_status
-from laps_agent.gateway.proxy.load import LoadTracker, PrefillTicket
+from laps_agent.gateway.proxy.load import DecodeHold, LoadTracker, PrefillTicket
 from laps_agent.gateway.proxy.payload import PDPayload, upstream_headers
 from laps_agent.gateway.proxy.relay import Leftovers
 from laps_agent.gateway.proxy.replies import EventAligner, Reply, StreamReply, sse_error
@@ -121,7 +121,7 @@ class PDProxy:
         cfg, members, capacity = self._config, membership.groups.get(d.group, ()), self.engine_loads.capacity
         d, pod = in_time_route(d, call.tokens, members, loads, capacity, cfg.max_pending_tokens_per_pod)
         message = refusal(d, group_load(members, loads, self._tracker.group_pending(d.group)[1]),
-                          decode_held(membership.decode, loads, d.cls, self._tracker.decode_held(d.cls),
+                          decode_held(membership.decode, loads, d.cls, self._tracker.decode_share_held(d.cls),
                                       self.engine_loads.others_held),
                           decode_slots(membership.decode, loads, self.engine_loads.slots),
                           cfg.max_pending_tokens_per_pod, cfg.max_decode_share, pod)
@@ -131,16 +131,18 @@ class PDProxy:
         return d
 
     def place(self, call: ProxyCall, exclude: set[str], membership: Membership,
-              loads: Mapping[str, EndpointLoad], held, admitted: bool) -> RouteDecision:
-        """The predicted-TTFT router (policy/placement.py): the route, or 429 with the reason.
-        `admitted`: a retry of an admitted request, placed without the admission bounds."""
+              loads: Mapping[str, EndpointLoad], held, admitted: bool) -> tuple[RouteDecision, float | None]:
+        """The predicted-TTFT router (policy/placement.py): the route and when its prefill is
+        predicted to end (the tracker's clock; None: not predicted in seconds), or 429 with the
+        reason. `admitted`: a retry of an admitted request, placed without the admission bounds."""
         cfg = self._config
         placed = place(call.tokens, cfg.length_threshold, membership.groups, membership.decode, loads,
                        self.engine_loads.cost, held=held, exclude=frozenset(exclude), tiebreak=next(self._tiebreak),
                        max_pending_tokens_per_pod=0 if admitted else cfg.max_pending_tokens_per_pod,
                        capacity=self.engine_loads.capacity, batch_tokens=self.engine_loads.batch_tokens,
                        long_batch_tokens=self.engine_loads.long_batch_tokens,
-                       decode_held=lambda cls: decode_held(membership.decode, loads, cls, self._tracker.decode_held(cls),
+                       decode_held=lambda cls: decode_held(membership.decode, loads, cls,
+                                                           self._tracker.decode_share_held(cls),
                                                            self.engine_loads.others_held),
                        decode_slots=decode_slots(membership.decode, loads, self.engine_loads.slots),
                        max_decode_share=0.0 if admitted else cfg.max_decode_share,
@@ -149,7 +151,7 @@ class PDProxy:
             cls = length_class(call.tokens, cfg.length_threshold)
             self._metrics.rejected_of[cls].inc()
             raise GatewayError(429, "overloaded", placed.refusal, cfg.retry_after_s)
-        return placed.route
+        return placed.route, placed.prefill_end_at(self._tracker.now())
 
     async def forward(self, call: ProxyCall) -> Reply | StreamReply:
         exclude: set[str] = set()
@@ -168,11 +170,12 @@ class PDProxy:
             self._follow_pool(membership)
             # One view of the pods' loads (own + engine-reported) serves routing and admission.
             loads = self.engine_loads.merged(self._tracker.loads())
+            prefill_end_at = None
             try:
                 if self._config.router == "predicted":
                     if attempt == 0:
                         self.arrivals.observe(length_class(call.tokens, self._config.length_threshold) == SHORT)
-                    decision = self.place(call, exclude, membership, loads, held, admitted=attempt > 0)
+                    decision, prefill_end_at = self.place(call, exclude, membership, loads, held, admitted=attempt > 0)
                 else:
                     decision = self.route(call.tokens, exclude, membership, loads, held)
                     if attempt == 0:
@@ -190,7 +193,7 @@ class PDProxy:
             else:
                 self._metrics.retries.inc()
             try:
-                return await self._attempt(call, decision)
+                return await self._attempt(call, decision, prefill_end_at)
             except Retryable as exc:
                 exclude.update(exc.endpoints)
                 failure = exc.error
@@ -200,14 +203,15 @@ class PDProxy:
         failure.busy = all_busy   # a pod that failed before the last refusal still makes it a failure
         raise failure
 
-    async def _attempt(self, call: ProxyCall, d: RouteDecision) -> Reply | StreamReply:
+    async def _attempt(self, call: ProxyCall, d: RouteDecision,
+                       prefill_end_at: float | None = None) -> Reply | StreamReply:
         payload = call.body.pieces(d.prefill.bootstrap_host, d.prefill.bootstrap_port,
                                    self._rooms.getrandbits(63))
         ticket = self._tracker.begin_prefill(d.group, d.prefill.name, d.work(call.tokens), d.cls)
         self.affinity.sent(d, call.prefix)
-        self._tracker.begin_decode(d.decode.name, d.cls)
+        hold = self._tracker.begin_decode(d.decode.name, d.cls, prefill_end_at)
         headers = upstream_headers(d.cls, call.request_id)
-        prefill = asyncio.create_task(self._prefill(d, call, payload, headers, ticket))
+        prefill = asyncio.create_task(self._prefill(d, call, payload, headers, ticket, hold))
         decode = asyncio.create_task(self._decode(d, call, payload, headers))
         handed_over = False
         try:
@@ -215,34 +219,35 @@ class PDProxy:
             if prefill in done and decode not in done:
                 prefill.result()  # raises if the prefill pod failed: decode would wait forever
             result = await decode
-            self._end_prefill_phase(call, ticket)  # the decode pod's first byte says so
+            self._end_prefill_phase(call, ticket, hold)  # the decode pod's first byte says so
             self._metrics.ttft_of[d.cls].observe(call.prefill_ended - call.started)
             if isinstance(result, Reply):
                 if not call.engine_checked:
                     call.engine_checked = self.affinity.engine_answer(d, result.body)
                 self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
-                self._tracker.end_decode(d.decode.name, d.cls)
+                self._tracker.end_decode(d.decode.name, d.cls, hold)
                 handed_over = True
                 self._leftovers.let_finish(prefill)
                 return result
             response, chunks, first = result
             handed_over = True
-            return self._relay(call, d, prefill, response, chunks, first)
+            return self._relay(call, d, prefill, response, chunks, first, hold)
         finally:
             if not handed_over:
                 prefill.cancel()
                 decode.cancel()
                 ticket.done()
-                self._tracker.end_decode(d.decode.name, d.cls)
+                self._tracker.end_decode(d.decode.name, d.cls, hold)
                 # Retrieve outcomes so a task failing after its sibling is never "unretrieved".
                 await asyncio.gather(prefill, decode, return_exceptions=True)
 
-    def _end_prefill_phase(self, call: ProxyCall, ticket: PrefillTicket) -> None:
+    def _end_prefill_phase(self, call: ProxyCall, ticket: PrefillTicket, hold: DecodeHold | None) -> None:
         if ticket.done():  # only the first of the two signals counts
             call.prefill_ended = time.monotonic()
+            self._tracker.hand_off(hold)
 
     async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
-                       headers: bytes, ticket: PrefillTicket) -> None:
+                       headers: bytes, ticket: PrefillTicket, hold: DecodeHold | None) -> None:
         pod = d.prefill
         try:
             response = await self._pool.post(*address(pod.url), call.path, payload, headers)
@@ -254,7 +259,7 @@ class PDProxy:
         self._tracker.record_success(pod.name)
         if not call.engine_checked:
             call.engine_checked = self.affinity.engine_answer(d, body)
-        self._end_prefill_phase(call, ticket)
+        self._end_prefill_phase(call, ticket, hold)
 
     async def _decode(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
                       headers: bytes):
@@ -317,7 +322,8 @@ class PDProxy:
         return Retryable((pod.name,), error) if blame.retry else error
 
     def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,
-               response: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes) -> StreamReply:
+               response: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes,
+               hold: DecodeHold | None) -> StreamReply:
         closed = False
 
         async def close() -> None:
@@ -325,7 +331,7 @@ class PDProxy:
             if closed:
                 return
             closed = True
-            self._tracker.end_decode(d.decode.name, d.cls)
+            self._tracker.end_decode(d.decode.name, d.cls, hold)
             self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
             self._leftovers.let_finish(prefill)
             await chunks.aclose()  # releases (or closes, if unfinished) the connection

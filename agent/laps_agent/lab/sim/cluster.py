@@ -13,9 +13,9 @@ from the profile, a prefix cache on each prefill engine). A request's path mirro
   -> (systems with prefix warming, a conversation's turn) one hop later its prefill engine is
      sent prompt + answer to compute when idle (engine/pd/prefix_warm.py).
 
-Admission is the gateway's, decode share included (each class's requests counted from dispatch
-until their answer ends, as the gateway counts them; the share `laps local` runs the system with:
-none for one pool or without admission control); network hops
+Admission is the gateway's, decode share included (each class's requests counted as the
+gateway's LoadTracker counts them; the share `laps local` runs the system with: none for one
+pool or without admission control); network hops
 take `hop_s` each (default 1 ms); client think time and failures are not modelled. What the
 simulator models, and how far it agrees with the emulated cluster: docs/design/simulator.md.
 """
@@ -35,7 +35,7 @@ from laps_agent.engine.core.load_report import in_time_tokens
 from laps_agent.engine.flags import bucket_grid, build_parser, long_wait_args, scheduler_config
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
-from laps_agent.gateway.proxy.load import LoadTracker
+from laps_agent.gateway.proxy.load import DecodeHold, LoadTracker
 from laps_agent.lab.results.records import TimelineSample
 from laps_agent.lab.sim.allocation import INTERVAL_S, SimAllocator, runs_loop, timeline_sample
 from laps_agent.lab.sim.autoscale import Scaling, SimFleet, SimScaler, pod_costs
@@ -72,7 +72,7 @@ class SimRequest:
     conversation: int = -1
     cached: int = -1              # prompt tokens its prefill engine found cached (-1: never got there)
     expected: int = 0             # what the gateway expected it to find
-    held_cls: str | None = None   # the class the gateway counts it in on the decode pool (its route's)
+    hold: DecodeHold | None = None   # its place in its class's decode share, as the gateway books it
     tokens: int = 0               # completion tokens its decode engine gave (capped by the context)
 
 
@@ -310,7 +310,7 @@ class SimCluster:
         bound = self.max_pending_tokens_per_pod
         d, pod = in_time_route(d, r.routed_tokens, self.groups[d.group], loads, self._capacity, bound)
         why = refusal(d, (len(self.groups[d.group]), self.tracker.group_pending(d.group)[1]),
-                      self.tracker.decode_held(d.cls), self._decode_slots(), bound, self.max_decode_share, pod)
+                      self.tracker.decode_share_held(d.cls), self._decode_slots(), bound, self.max_decode_share, pod)
         if why is not None:   # refused before any engine
             self._fail(r, now, 429, why)
             return
@@ -325,7 +325,7 @@ class SimCluster:
                            batch_tokens=lambda name: self.batch_tokens,
                            long_batch_tokens=lambda name: self.long_batch_tokens, max_pending_tokens_per_pod=self.max_pending_tokens_per_pod,
                            capacity=self._capacity, protection=self.arrivals.protection, now=now,
-                           ttft_slo_s=self.ttft_slo_s, decode_held=self.tracker.decode_held,
+                           ttft_slo_s=self.ttft_slo_s, decode_held=self.tracker.decode_share_held,
                            decode_slots=self._decode_slots(), max_decode_share=self.max_decode_share)
         except NoEndpointError as exc:
             self._fail(r, now, 503, str(exc))
@@ -333,7 +333,7 @@ class SimCluster:
         if placed.route is None:
             self._fail(r, now, 429, placed.refusal)
             return
-        self._dispatch(r, now, placed.route)
+        self._dispatch(r, now, placed.route, placed.prefill_end_at(now))
 
     def _decode_slots(self) -> int:
         """The decode pool's slots, as the gateway sums its serving decode pods' reports."""
@@ -343,12 +343,11 @@ class SimCluster:
         cost = self.prefill[self._prefill_index[name]].scheduler.prefill_cost()
         return None if cost is None else PrefillCost(*cost)
 
-    def _dispatch(self, r: SimRequest, now: float, d: RouteDecision) -> None:
+    def _dispatch(self, r: SimRequest, now: float, d: RouteDecision, prefill_end_at: float | None = None) -> None:
         r.prefill, r.decode = self._prefill_index[d.prefill.name], self._decode_index[d.decode.name]
         r.expected = d.cached  # the pod's work is what it is not expected to hold, as the gateway books it
         r.ticket = self.tracker.begin_prefill(d.group, d.prefill.name, d.work(r.routed_tokens), d.cls)
-        r.held_cls = d.cls
-        self.tracker.begin_decode(d.decode.name, d.cls)
+        r.hold = self.tracker.begin_decode(d.decode.name, d.cls, prefill_end_at)
         self.prefixes.sent(d.prefill.name, r.conversation, r.prompt_tokens)  # as the gateway records
         if self.hop_s > 0:
             heapq.heappush(self._heap, (now + 2 * self.hop_s, next(self._seq), _ARRIVE, r.index))
@@ -397,6 +396,7 @@ class SimCluster:
 
     def _kv_arrived(self, r: SimRequest, now: float) -> None:
         r.ticket.done()  # the prefill engine's answer ends once the decode engine has the KV
+        self.tracker.hand_off(r.hold)
         engine = self.decode[r.decode]
         errors = engine.add(ModelRequest(r.index, "decode", r.prompt_tokens, r.output_tokens, r.sent,
                                          cls=r.cls), now)
@@ -431,7 +431,7 @@ class SimCluster:
                 if ev.finished:
                     r.done, r.status, r.tokens = ev.time + 2 * self.hop_s, 200, ev.tokens
                     self._last_end = max(self._last_end, r.done)
-                    self.tracker.end_decode(self._decode_all[r.decode].name, r.held_cls)
+                    self.tracker.end_decode(self._decode_all[r.decode].name, r.hold.cls if r.hold else None, r.hold)
                     self._finished += 1
                     if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
                         heapq.heappush(self._heap, (ev.time + self.hop_s, next(self._seq), _WARM, r.index))
@@ -442,7 +442,7 @@ class SimCluster:
         if r.ticket is not None:
             r.ticket.done()
         if r.decode >= 0:
-            self.tracker.end_decode(self._decode_all[r.decode].name, r.held_cls)
+            self.tracker.end_decode(self._decode_all[r.decode].name, r.hold.cls if r.hold else None, r.hold)
         self._finished += 1
 
 
