@@ -37,12 +37,12 @@ def test_the_decode_share_counts_a_queued_request_once_its_prefill_is_due_within
     clock[0] = 0.2
     tracker.hand_off(first)
     clock[0] = 1.2
-    tracker.end_decode("d0", "long", first)                 # its answer held the slot for 1 s
+    tracker.end_decode("d0", first)                 # its answer held the slot for 1 s
     assert (tracker.decode_held("long"), tracker.decode_share_held("long")) == (1, 0)
     clock[0] = 2.1
     assert tracker.decode_share_held("long") == 1           # 0.9 s from its predicted prefill end
     unpredicted = tracker.begin_decode("d0", "long")        # no prediction: counted at once
     assert tracker.decode_share_held("long") == 2 and tracker.decode_share_held("short") == 0
-    tracker.end_decode("d0", "long", unpredicted)
-    tracker.end_decode("d0", "long", queued)                # failed before its hand-off: no residence
+    tracker.end_decode("d0", unpredicted)
+    tracker.end_decode("d0", queued)                # failed before its hand-off: no residence
     assert tracker.decode_share_held("long") == 0

@@ -103,10 +103,9 @@ class LoadTracker:
             metrics.pending_requests_of[group].set_function(lambda p=pending: p.requests)
             metrics.pending_tokens_of[group].set_function(lambda p=pending: p.tokens)
         self._offered: dict[str, float] = dict.fromkeys(CLASSES, 0.0)   # class -> prefill seconds arrived
-        self._decode_held: dict[str, int] = {}   # class -> its requests on the decode pool
-        # The decode share's count (DecodeHold): per class, the holds counted at once, the
-        # predicted prefill ends (sorted) of those still waiting, and the seconds its answers
-        # have lately held a slot.
+        # Each class's requests on the decode pool (DecodeHold), as the decode share counts
+        # them: those counted at once, the predicted prefill ends (sorted) of those still
+        # waiting, and the seconds its answers have lately held a slot.
         self._share_now: dict[str, int] = {}
         self._share_waiting: dict[str, list[float]] = {}
         self._residence: dict[str, float] = {}
@@ -210,14 +209,10 @@ class LoadTracker:
         if ticket.endpoint in self._departed:
             self._forget_if_idle(ticket.endpoint)
 
-    def begin_decode(self, endpoint: str, cls: str | None = None,
-                     prefill_end_at: float | None = None) -> DecodeHold | None:
-        """Book a request on decode pod `endpoint`; with its class, its place in the decode
+    def begin_decode(self, endpoint: str, cls: str, prefill_end_at: float | None = None) -> DecodeHold:
+        """Book a request of class `cls` on decode pod `endpoint`, and its place in the decode
         share (its prefill predicted to end at `prefill_end_at`, on this tracker's clock)."""
         self._load(endpoint).pending_requests += 1
-        if cls is None:
-            return None
-        self._decode_held[cls] = self._decode_held.get(cls, 0) + 1
         counts = self._held_on.setdefault(endpoint, {}).setdefault(cls, [0, 0])
         counts[0] += 1
         counts[1] += 1
@@ -228,21 +223,20 @@ class LoadTracker:
             self._share_now[cls] = self._share_now.get(cls, 0) + 1
         return hold
 
-    def hand_off(self, hold: DecodeHold | None) -> None:
+    def hand_off(self, hold: DecodeHold) -> None:
         """The request's prefill phase ended: it counts in its class's share from now on."""
-        if hold is None or hold.ended or hold.handed_off_at is not None:
+        if hold.ended or hold.handed_off_at is not None:
             return
         if hold.waiting:
             self._unwait(hold)
             self._share_now[hold.cls] = self._share_now.get(hold.cls, 0) + 1
         hold.handed_off_at = self._clock()
 
-    def end_decode(self, endpoint: str, cls: str | None = None, hold: DecodeHold | None = None) -> None:
+    def end_decode(self, endpoint: str, hold: DecodeHold) -> None:
+        """The request `begin_decode` booked as `hold` ended (answered, failed or cancelled)."""
         self._load(endpoint).pending_requests -= 1
-        if cls is not None:
-            self._decode_held[cls] -= 1
-            self._held_on[endpoint][cls][0] -= 1
-        if hold is not None and not hold.ended:
+        self._held_on[endpoint][hold.cls][0] -= 1
+        if not hold.ended:
             hold.ended = True
             if hold.waiting:
                 self._unwait(hold)
@@ -260,7 +254,7 @@ class LoadTracker:
 
     def decode_held(self, cls: str) -> int:
         """Requests of class `cls` this gateway holds on the decode pool (dispatch to last byte)."""
-        return self._decode_held.get(cls, 0)
+        return self._share_now.get(cls, 0) + len(self._share_waiting.get(cls, ()))
 
     def decode_share_held(self, cls: str) -> int:
         """Of those, the ones its decode share counts now (admission.share_counted)."""

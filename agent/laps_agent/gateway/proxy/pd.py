@@ -225,7 +225,7 @@ class PDProxy:
                 if not call.engine_checked:
                     call.engine_checked = self.affinity.engine_answer(d, result.body)
                 self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
-                self._tracker.end_decode(d.decode.name, d.cls, hold)
+                self._tracker.end_decode(d.decode.name, hold)
                 handed_over = True
                 self._leftovers.let_finish(prefill)
                 return result
@@ -237,17 +237,17 @@ class PDProxy:
                 prefill.cancel()
                 decode.cancel()
                 ticket.done()
-                self._tracker.end_decode(d.decode.name, d.cls, hold)
+                self._tracker.end_decode(d.decode.name, hold)
                 # Retrieve outcomes so a task failing after its sibling is never "unretrieved".
                 await asyncio.gather(prefill, decode, return_exceptions=True)
 
-    def _end_prefill_phase(self, call: ProxyCall, ticket: PrefillTicket, hold: DecodeHold | None) -> None:
+    def _end_prefill_phase(self, call: ProxyCall, ticket: PrefillTicket, hold: DecodeHold) -> None:
         if ticket.done():  # only the first of the two signals counts
             call.prefill_ended = time.monotonic()
             self._tracker.hand_off(hold)
 
     async def _prefill(self, d: RouteDecision, call: ProxyCall, payload: tuple[memoryview, bytes],
-                       headers: bytes, ticket: PrefillTicket, hold: DecodeHold | None) -> None:
+                       headers: bytes, ticket: PrefillTicket, hold: DecodeHold) -> None:
         pod = d.prefill
         try:
             response = await self._pool.post(*address(pod.url), call.path, payload, headers)
@@ -323,7 +323,7 @@ class PDProxy:
 
     def _relay(self, call: ProxyCall, d: RouteDecision, prefill: asyncio.Task,
                response: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes,
-               hold: DecodeHold | None) -> StreamReply:
+               hold: DecodeHold) -> StreamReply:
         closed = False
 
         async def close() -> None:
@@ -331,7 +331,7 @@ class PDProxy:
             if closed:
                 return
             closed = True
-            self._tracker.end_decode(d.decode.name, d.cls, hold)
+            self._tracker.end_decode(d.decode.name, hold)
             self._metrics.request_seconds_of[d.cls].observe(time.monotonic() - call.started)
             self._leftovers.let_finish(prefill)
             await chunks.aclose()  # releases (or closes, if unfinished) the connection

@@ -431,7 +431,7 @@ class SimCluster:
                 if ev.finished:
                     r.done, r.status, r.tokens = ev.time + 2 * self.hop_s, 200, ev.tokens
                     self._last_end = max(self._last_end, r.done)
-                    self.tracker.end_decode(self._decode_all[r.decode].name, r.hold.cls if r.hold else None, r.hold)
+                    self.tracker.end_decode(self._decode_all[r.decode].name, r.hold)
                     self._finished += 1
                     if self.system.prefix_warm and r.conversation >= 0:  # decode engine -> prefill engine
                         heapq.heappush(self._heap, (ev.time + self.hop_s, next(self._seq), _WARM, r.index))
@@ -442,7 +442,7 @@ class SimCluster:
         if r.ticket is not None:
             r.ticket.done()
         if r.decode >= 0:
-            self.tracker.end_decode(self._decode_all[r.decode].name, r.hold.cls if r.hold else None, r.hold)
+            self.tracker.end_decode(self._decode_all[r.decode].name, r.hold)
         self._finished += 1
 
 
