@@ -6,7 +6,7 @@ import argparse
 from laps_agent.engine.flags import long_wait_args
 from laps_agent.lab.bench._compare_system import local_args
 from laps_agent.policy.classes import LONG
-from laps_agent.policy.planner import DEFAULT_TTFT_SLO_S
+from laps_agent.policy.slo import DEFAULT_TTFT_SLO_S
 from laps_agent.policy.systems import system
 from laps_agent.serving.flag_types import slo_seconds
 
@@ -27,3 +27,17 @@ def test_the_engines_starvation_bound_follows_the_long_slo_unless_its_flag_is_gi
     assert long_wait_args(["--max-long-wait-ms", "900"], 2.0) == []
     assert long_wait_args(["--max-long-wait-ms=900"], 2.0) == []
     assert long_wait_args(["--max-long-wait", "900"], 2.0) == []   # argparse takes abbreviations
+
+
+def test_the_engines_get_the_slos_their_decode_order_counts_deadlines_by():
+    """`laps local` and `laps sim` pass their --slo to the engines (decode admission by deadline,
+    policy/scheduling/decode_order.py) with the starvation bound, unless the engines' flags set
+    their own."""
+    from laps_agent.engine.flags import build_parser, decode_order, slo_args
+    from laps_agent.policy.slo import ttft_slos
+
+    given = ttft_slos({"short": 0.3, "long": 2.0})
+    args = slo_args([], given)
+    assert args == ["--slo", "short=0.3,long=2.0", "--max-long-wait-ms", "1333.3"]
+    assert decode_order(build_parser().parse_args(args)).ttft_slo_s == given
+    assert slo_args(["--slo", "all=1"], given) == ["--max-long-wait-ms", "1333.3"]

@@ -10,7 +10,7 @@ from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.prefix_cache import PrefixCacheModel
 from laps_agent.emulated.profile import load_profile
 from laps_agent.engine.core.config import EngineConfig
-from laps_agent.engine.flags import bucket_grid, scheduler_config
+from laps_agent.engine.flags import bucket_grid, decode_order, scheduler_config
 from laps_agent.engine.http.serve import check_server_flags, server_settings
 from laps_agent.engine.http.server import EngineServer
 from laps_agent.engine.metrics import EngineMetrics
@@ -34,7 +34,7 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
     max_running = args.max_running_requests or profile.engine.max_running_requests
     config = EngineConfig(role=args.role, scheduler=sched, batch_prefill_graphs=grid is not None,
                           batch_prefill_graphs_mode=args.batch_prefill_graphs_mode, max_running_requests=max_running,
-                          context_len=context)
+                          context_len=context, decode_order=decode_order(args))
     name = args.served_model_name or profile.model.name
     metrics = EngineMetrics(args.role, name, args.labels_file, args.bootstrap_timeout)
     evicted = [0]   # the cache model's evictions already reported
@@ -47,7 +47,7 @@ def build_emulated(args: argparse.Namespace) -> tuple[EngineServer, EmulatedEngi
 
     model = EngineModel(profile, args.role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                         max_running=max_running, kv_pages=args.kv_pages, context_len=context,
-                        on_prefill=on_prefill, on_warm=metrics.observe_warm)
+                        on_prefill=on_prefill, on_warm=metrics.observe_warm, decode_order=config.decode_order)
     if args.prefix_cache and args.role != "decode":   # decode engines keep no cache (as the builtin)
         model.prefix_cache = PrefixCacheModel(model.num_pages * model.page_size, model.page_size)
     calibrate(model)

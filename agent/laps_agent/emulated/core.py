@@ -37,6 +37,7 @@ from laps_agent.engine.core.warm_queue import Warm, WarmQueue
 from laps_agent.modelio.prompt_rules import over_context_message
 from laps_agent.policy.scheduling.buckets import BucketGrid
 from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.decode_order import DecodeOrder, next_admitted
 from laps_agent.policy.scheduling.queues import PrefillItem, PrefillScheduler
 from laps_agent.policy.scheduling.window import PrefillCostModel
 
@@ -50,8 +51,11 @@ class EngineModel:
                  context_len: int | None = None, token_events: bool = True,
                  on_prefill: Callable[[PrefillRecord], None] | None = None,
                  prefix_cache: PrefixCacheModel | None = None,
-                 on_warm: Callable[[str, int], None] | None = None) -> None:
+                 on_warm: Callable[[str, int], None] | None = None,
+                 decode_order: DecodeOrder | None = None) -> None:
         self.profile, self.role = profile, role
+        # Which import takes a free decode slot: by deadline (decode_order.py), None: FIFO.
+        self.decode_order = decode_order
         self.scheduler = PrefillScheduler(scheduler, grid)
         self.grid, self.batch_prefill_graphs_mode = grid, batch_prefill_graphs_mode
         self.max_running = max_running or profile.engine.max_running_requests
@@ -107,6 +111,8 @@ class EngineModel:
         self.requests[req.rid] = req
         if req.kind == "decode":
             req.cls = req.cls or self.scheduler.classify(req.prompt_tokens - req.cached_tokens)
+            if self.decode_order is not None:
+                req.due = self.decode_order.deadline(req.arrival, req.prompt_tokens)
             self.imports.append(req.rid)
         else:  # classified, as the builtin engine, by what is not cached here
             if self.prefix_cache is not None:
@@ -182,12 +188,14 @@ class EngineModel:
 
     def _admit_imports(self, t: float, events: list[Event]) -> None:
         while self.imports and len(self.running) < self.max_running:
-            req = self.requests[self.imports[0]]
+            rid = (self.imports[0] if self.decode_order is None
+                   else next_admitted(self.imports, lambda r: self.requests[r].due, t))
+            req = self.requests[rid]
             pages = self._pages_for(kv_reservation("decode", req.prompt_tokens, req.max_new_tokens,
                                                    self.context_len, self.capacity_tokens))
             if pages > self.free_pages:
                 return
-            self.imports.popleft()
+            self.imports.remove(rid)
             self.free_pages -= pages
             req.pages = pages
             self._first_token(req, t, events)

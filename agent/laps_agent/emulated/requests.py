@@ -21,7 +21,7 @@ class ModelRequest:
     kind: str                 # "generate" (prefill + decode here) | "prefill" | "decode" (KV arrived)
     prompt_tokens: int
     max_new_tokens: int
-    arrival: float            # the caller's clock
+    arrival: float            # the caller's clock (decode: when its request reached the engine)
     cached_tokens: int = 0
     cls: str = ""
     pages: int = 0            # KV pages held
@@ -29,6 +29,7 @@ class ModelRequest:
     start_step: int = 0       # decode steps done by the engine when it joined the running set
     blocks: Sequence[int] | None = None   # the prompt's KV-page keys, for the prefix cache
     gateway_cls: str | None = None        # the class the gateway sent (X-LAPS-Class), for metrics
+    due: float = 0.0          # decode: when its first token is due (DecodeOrder.deadline)
 
 
 @dataclass(slots=True)

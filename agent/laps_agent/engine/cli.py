@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from laps_agent.engine.core.calibration import calibrate_prefill
 from laps_agent.engine.core.config import EngineConfig, kv_pages_for_memory
-from laps_agent.engine.flags import bucket_grid, build_parser, scheduler_config
+from laps_agent.engine.flags import bucket_grid, build_parser, decode_order, scheduler_config
 from laps_agent.engine.http.serve import check_server_flags, run_engine, server_settings
 from laps_agent.engine.http.server import EngineServer
 from laps_agent.engine.metrics import EngineMetrics
@@ -99,7 +99,7 @@ def build(args: argparse.Namespace) -> tuple[EngineServer, Engine]:
     config = EngineConfig(role=args.role, scheduler=sched, batch_prefill_graphs=grid is not None,
                           batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                           max_running_requests=max_running, context_len=context,
-                          prefix_cache=args.prefix_cache)
+                          prefix_cache=args.prefix_cache, decode_order=decode_order(args))
     name = args.served_model_name or loaded.name
     metrics = EngineMetrics(args.role, name, args.labels_file, args.bootstrap_timeout)
     engine = Engine(runner, loaded.tokenizer, config, grid=grid,

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from laps_agent.engine.core.config import DTYPE_CHOICES
+from laps_agent.policy.classes import LONG
 from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS, BucketGrid
 from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig, slo_long_wait_ms
+from laps_agent.policy.scheduling.decode_order import DECODE_ORDERS, DecodeOrder
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.exit_reason import ExitRecordingParser
-from laps_agent.serving.flag_types import positive_ints
+from laps_agent.serving.flag_types import positive_ints, slo_seconds, slo_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-long-wait-ms", type=float, default=SchedulerConfig.max_long_wait_ms,
                    help="starvation bound: a long request waiting this long runs next (`laps local` "
                         "and `laps sim` lower it to a share of their --slo's long TTFT where that is less)")
+    p.add_argument("--decode-order", choices=DECODE_ORDERS, default=DECODE_ORDERS[0],
+                   help="decode role, with the LAPS scheduler: which request whose KV arrived takes a "
+                        "free decode slot: the one whose first token is due first (deadline, by --slo), "
+                        "or the one that arrived first (fifo, as stock SGLang)")
+    p.add_argument("--slo", type=slo_seconds, default=None,
+                   help="TTFT SLO per class, e.g. short=0.5,long=3 (default: the gateway's defaults): a "
+                        "decode engine with the LAPS scheduler gives a free decode slot to the request "
+                        "whose first token is due first (policy/scheduling/decode_order.py); `laps local`, "
+                        "`laps sim` and the operator pass their own")
     p.add_argument("--max-long-batch-tokens", type=int, default=SchedulerConfig.max_long_batch_tokens,
                    help="uncached tokens of a long prefill batch at most (within --max-prefill-tokens; "
                         "0: all of it): a short request arriving behind a long batch waits for one")
@@ -108,6 +119,15 @@ def long_wait_args(engine_args: Sequence[str], long_ttft_slo_s: float) -> list[s
     return ["--max-long-wait-ms", f"{slo_long_wait_ms(long_ttft_slo_s):g}"]
 
 
+def slo_args(engine_args: Sequence[str], ttft_slo_s: Mapping[str, float]) -> list[str]:
+    """The engine flags the TTFT SLOs (`ttft_slos`) ask for where `engine_args` do not set them:
+    --slo (the decode order) and --max-long-wait-ms (long_wait_args). What `laps local` and
+    `laps sim` add to the engines' flags; the operator writes the same from spec.slo."""
+    parser = build_parser()
+    given = parser.parse_known_args(list(engine_args))[0].slo is not None
+    return [*([] if given else ["--slo", slo_text(ttft_slo_s)]), *long_wait_args(engine_args, ttft_slo_s[LONG])]
+
+
 def scheduler_config(args: argparse.Namespace, grid: BucketGrid | None, max_prefill_tokens: int
                      ) -> SchedulerConfig:
     """The prefill scheduler's configuration from the flags; `max_prefill_tokens`: the backend's
@@ -119,6 +139,14 @@ def scheduler_config(args: argparse.Namespace, grid: BucketGrid | None, max_pref
         max_long_batch_tokens=args.max_long_batch_tokens,
         max_batch_size=max(args.wait_max_batch, grid.max_batch_size if grid else 1),
         max_prefill_tokens=max_prefill_tokens)
+
+
+def decode_order(args: argparse.Namespace) -> DecodeOrder | None:
+    """The order requests whose KV arrived take decode slots: by TTFT deadline with the LAPS
+    scheduler and --decode-order deadline, else None (FIFO, as stock SGLang)."""
+    if not args.laps_scheduler or args.decode_order != "deadline":
+        return None
+    return DecodeOrder.from_slo(args.slo, args.length_threshold)
 
 
 def bucket_grid(args: argparse.Namespace) -> BucketGrid | None:

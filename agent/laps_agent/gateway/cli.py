@@ -13,8 +13,8 @@ from laps_agent.gateway.estimate import TokenEstimator
 from laps_agent.gateway.http.auth import read_keys
 from laps_agent.modelio.tokenizer import load_tokenizer, tokenizer_problem
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
-from laps_agent.policy.planner import ttft_slos
 from laps_agent.policy.routing import AffinityBound
+from laps_agent.policy.slo import ttft_slos
 from laps_agent.policy.systems import ESTIMATORS, ROUTERS
 from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.serving.flag_types import at_least, non_negative, positive, slo_seconds, slo_text

@@ -8,8 +8,8 @@ from laps_agent.gateway.prefix import DEFAULT_RECORD_BLOCKS_PER_POD
 from laps_agent.policy.admission import DEFAULT_MAX_DECODE_SHARE, DEFAULT_MAX_PENDING_TOKENS_PER_POD
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD
 from laps_agent.policy.outlier import DEFAULT_MAX_EJECTION_PERCENT
-from laps_agent.policy.planner import ttft_slos
 from laps_agent.policy.routing import DEFAULT_AFFINITY_BOUND, AffinityBound
+from laps_agent.policy.slo import ttft_slos
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.request_body import BODY_IDLE_TIMEOUT_S
 

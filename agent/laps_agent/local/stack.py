@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from laps_agent.engine.flags import long_wait_args
+from laps_agent.engine.flags import slo_args
 from laps_agent.gateway.allocator import StaticAllocator
 from laps_agent.gateway.cli import TOKENS, auth_args_problem, decode_share
 from laps_agent.gateway.config import GatewayConfig
@@ -49,7 +49,7 @@ from laps_agent.modelio.tokenizer import load_tokenizer, save_tokenizer, tokeniz
 from laps_agent.policy.admission import gateway_decode_share
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
 from laps_agent.policy.groups import initial_short_count
-from laps_agent.policy.planner import ttft_slos
+from laps_agent.policy.slo import ttft_slos
 from laps_agent.policy.systems import (
     ALLOCATION_DEFAULTS,
     ESTIMATORS,
@@ -318,14 +318,14 @@ def main(argv: list[str] | None = None) -> int:
                                if args.engine == "builtin" else ([], None))
         # Parsed before "starting" is said: a Ctrl-C between that line and the first engine's
         # start ends without a "stopped" line, so nothing slow belongs there.
-        long_wait = long_wait_args(engine_args, ttft_slos(args.slo)[LONG])
+        slo = slo_args(engine_args, ttft_slos(args.slo))
         _say(f"starting {args.prefill} prefill + {args.decode} decode {args.engine} engines on {model} "
              f"(logs in {workdir})")
         if gpu_line:
             _say(gpu_line)
         common = [*backend, "--device", args.device, "--length-threshold", str(args.length_threshold),
                   "--prefix-warm" if args.prefix_warm else "--no-prefix-warm", *engine_args, *gpu_split,
-                  *long_wait,
+                  *slo,
                   *(["--served-model-name", args.served_model_name] if args.served_model_name else [])]
         counts = {"prefill": args.prefill, "decode": args.decode}
 

@@ -39,11 +39,8 @@ from dataclasses import dataclass, field, replace
 from laps_agent.policy.allocation import highest_first
 from laps_agent.policy.classes import CLASSES, LONG, SHORT
 from laps_agent.policy.groups import joining_group
+from laps_agent.policy.slo import SLO_QUANTILE
 
-# The quantile the SLOs are stated at (spec.slo: TTFT p90, ITL p90), and their defaults.
-SLO_QUANTILE = 0.9
-DEFAULT_TTFT_SLO_S = {SHORT: 0.5, LONG: 3.0}
-DEFAULT_ITL_SLO_S = 0.05
 POOLS = ("prefill", "decode")
 # A decode pod's slots where its engines report none (the builtin engine's --max-running-requests).
 DEFAULT_DECODE_SLOTS = 32
@@ -54,13 +51,6 @@ NOISE_Z = 3.0
 # The newest slope's weight in the trend: about 1/w intervals' slopes averaged, so that a steady
 # ramp stands out of the noise (at 0.5 the noise hid the diurnal day's rise, and pods came late).
 TREND_WEIGHT = 0.2
-
-
-def ttft_slos(given: Mapping[str, float] | None = None) -> dict[str, float]:
-    """Each class's TTFT SLO from `short=`, `long=` and `all=` values (--slo): a class without
-    its own takes `all`, then the default."""
-    given = given or {}
-    return {c: float(given.get(c, given.get("all", DEFAULT_TTFT_SLO_S[c]))) for c in CLASSES}
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ so that real, emulated and simulated comparisons compare the same systems.
 - `reference`: the reference LAPS (Jianshu-She/LAPS): dual queue + fixed window in which a waiting
   long batch always runs, no bound on a long request's wait, length by the router's chars/4,
   prefill pods half short, half long, moved by its pending-count rule, no admission control (it
-  queues without limit).
+  queues without limit), decode slots in arrival order.
 - `laps`: this project: exact token counts at the gateway, the cost rule during the window, the
-  starvation bound, the same half/half split moved by laps_agent.policy.allocation.
+  starvation bound, decode slots by first-token deadline, the same half/half split moved by
+  laps_agent.policy.allocation.
 - `laps-static` / `laps-reference-rule`: `laps` with the split never moved / moved by the
   reference's pending-count rule (to compare allocation alone).
 - `laps` and its variants route with cache affinity and classify by the expected uncached
@@ -91,6 +92,9 @@ class SystemConfig:
     # The prefill router: "predicted" (placement.py) | "least-loaded" (routing.py) | "cache_aware"
     # (cache_aware.py, simulated only).
     router: str = "predicted"
+    # Decode slots by first-token deadline (policy/scheduling/decode_order.py) with the LAPS
+    # scheduler; False: in arrival order (the reference's, stock SGLang's).
+    decode_by_deadline: bool = True
 
     def engine_args(self) -> list[str]:
         """`laps engine` flags (passed through `laps local`)."""
@@ -100,7 +104,8 @@ class SystemConfig:
                 "--long-in-window", self.long_in_window,
                 *([] if self.max_long_wait_ms is None else ["--max-long-wait-ms", f"{self.max_long_wait_ms:g}"]),
                 *([] if self.max_long_batch_tokens is None else
-                  ["--max-long-batch-tokens", str(self.max_long_batch_tokens)])]
+                  ["--max-long-batch-tokens", str(self.max_long_batch_tokens)]),
+                *([] if self.decode_by_deadline else ["--decode-order", "fifo"])]
 
     @property
     def max_decode_share(self) -> float | None:
@@ -127,7 +132,7 @@ SYSTEMS: dict[str, SystemConfig] = {
     # The reference's long batches fill the whole batch budget (max_prefill_tokens).
     "reference": SystemConfig("reference", long_in_window="always", max_long_wait_ms=float("inf"),
                               max_long_batch_tokens=0, estimator="chars4", allocation="reference",
-                              max_pending_tokens_per_pod=0, router="least-loaded"),
+                              max_pending_tokens_per_pod=0, router="least-loaded", decode_by_deadline=False),
     "laps": SystemConfig("laps", allocation="laps", affinity=True, prefix_warm=True),
     "laps-noaffinity": SystemConfig("laps-noaffinity", allocation="laps"),
     # The allocation variants of `laps` alone (the other knobs as `laps`): for comparing how

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, PlannerConfig, Slo, ttft_slos
+from laps_agent.policy.planner import PlannerConfig, Slo
+from laps_agent.policy.slo import DEFAULT_ITL_SLO_S, ttft_slos
 from laps_agent.serving.flag_types import non_negative, positive
 
 

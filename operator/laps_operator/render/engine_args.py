@@ -79,6 +79,12 @@ def _builtin_owned(spec: ClusterSpec, role: str) -> list[Owned]:
             _opt("--batch-prefill-graphs-seq-lengths", _csv(graphs.seq_lengths), "laps.batchPrefillGraphs.seqLengths"),
             _opt("--labels-file", LABELS_FILE, None),
         ]
+    else:   # decode: the LAPS scheduler orders decode admission by the TTFT SLOs (decode_order.py)
+        ttft = spec.slo.ttft_p90_seconds
+        owned += [
+            _switch("--laps-scheduler", sched.enabled, "laps.scheduler.enabled"),
+            _opt("--slo", slo_text({SHORT: ttft.short, LONG: ttft.long}), "slo.ttftP90Seconds"),
+        ]
     return owned
 
 

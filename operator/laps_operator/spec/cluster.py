@@ -27,9 +27,10 @@ from pydantic import (
 
 from laps_agent.policy.allocation import DEFAULT_INTERVAL_S, AllocationConfig
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT
-from laps_agent.policy.planner import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, PlannerConfig
+from laps_agent.policy.planner import PlannerConfig
 from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS
 from laps_agent.policy.scheduling.config import LONG_WAIT_SLO_SHARE, SchedulerConfig, slo_long_wait_ms
+from laps_agent.policy.slo import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S
 from laps_operator.spec.formats import PROMETHEUS_URL_PATTERN, url_problem
 from laps_operator.spec.gpus import gpu_count_problem
 from laps_operator.spec.network import NetworkPolicySpec

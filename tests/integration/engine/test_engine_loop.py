@@ -298,3 +298,46 @@ def test_a_broken_output_consumer_is_logged_with_the_clients_request_id(make_eng
                                request_id="client-id-9"), broken)
     poll(lambda: any(r.getMessage() == "request client-id-9: output sink failed (engine rid engine-rid-2)"
                      for r in caplog.records), message="the sink failure logged with the request id")
+
+
+@pytest.mark.parametrize("by_deadline", [True, False])
+def test_a_decode_engine_gives_a_freed_slot_to_the_short_prompt_first(tiny_loaded, by_deadline):
+    """Decode admission by deadline (policy/scheduling/decode_order.py) in the builtin engine: with
+    its one slot busy, a long prompt's KV arrives, then a short one's; when the slot frees, the
+    short one (due 0.5 s after it was received) gets its first token before the long one (due
+    3 s after). Without a deadline order (--no-laps-scheduler, as stock SGLang) arrival order."""
+    import torch
+
+    from laps_agent.engine.model.runner import ModelRunner
+    from laps_agent.policy.scheduling.decode_order import DecodeOrder
+
+    runner = ModelRunner(tiny_loaded, num_pages=512, page_size=16)
+    order = DecodeOrder.from_slo({"short": 0.5, "long": 3.0}, length_threshold=64) if by_deadline else None
+    engine = Engine(runner, tiny_loaded.tokenizer,
+                    EngineConfig(role="decode", max_running_requests=1, context_len=4096, decode_order=order))
+    engine.start()
+    try:
+        cfg = runner.config
+
+        def decode(rid: str, tokens: int, new: int, received: float) -> GenerateWork:
+            kv = torch.zeros((cfg.num_layers, 2, tokens, cfg.num_kv_heads, cfg.head_dim), dtype=runner.k_pool.dtype)
+            return GenerateWork(rid, prompt(tokens), SamplingParams(max_new_tokens=new, ignore_eos=True),
+                                kind="decode", kv=kv, first_token=5, received=received)
+
+        outs: queue.Queue = queue.Queue()
+        engine.submit(decode("busy", 16, 3000, time.monotonic()), outs.put)
+        assert outs.get(timeout=30).rid == "busy"   # its first token: it holds the one slot
+        now = time.monotonic()
+        engine.submit_many([(decode("long", 200, 2, now), outs.put), (decode("short", 20, 2, now + 0.001), outs.put)])
+        engine.abort("busy")   # after both are queued (one inbox, in order): the slot frees now
+        firsts = []
+        for out in iter(lambda: outs.get(timeout=30), None):
+            if out.rid == "busy" and out.finished:
+                assert out.finish_reason == "abort"
+            elif out.rid != "busy" and out.rid not in firsts:
+                firsts.append(out.rid)
+            if len(firsts) == 2:
+                break
+        assert firsts == (["short", "long"] if by_deadline else ["long", "short"])
+    finally:
+        engine.stop()

@@ -302,6 +302,18 @@ def test_rendered_builtin_engine_args_are_what_laps_engine_accepts():
     decode = engine_parser().parse_args(container(build_decode_deployment(CLUSTER, spec))["args"][1:])
     assert decode.role == "decode" and decode.device == "cpu"
     assert prefill.max_queued_requests is None and decode.max_queued_requests is None  # engine default
+    # Decode admission follows the same scheduler switch (off here: arrival order, no deadline).
+    assert decode.laps_scheduler is False
+
+
+def test_decode_engines_order_admission_by_the_slos_the_gateway_places_by():
+    from laps_agent.engine.cli import build_parser as engine_parser
+    from laps_agent.engine.flags import decode_order
+
+    spec = spec_of(slo={"ttftP90Seconds": {"short": 0.3, "long": 8}}, laps={"lengthThreshold": 384})
+    decode = engine_parser().parse_args(container(build_decode_deployment(CLUSTER, spec))["args"][1:])
+    order = decode_order(decode)
+    assert order.ttft_slo_s == {"short": 0.3, "long": 8.0} and order.length_threshold == 384
 
 
 def test_the_engine_queue_bound_comes_from_the_cr():
@@ -346,7 +358,7 @@ def test_the_gateways_admission_bounds_come_from_the_cr_or_its_own_defaults():
 def test_the_gateway_places_by_the_slos_the_planner_sizes_for():
     from laps_agent.gateway.cli import build_parser as gateway_parser
     from laps_agent.gateway.cli import config_from_args
-    from laps_agent.policy.planner import ttft_slos
+    from laps_agent.policy.slo import ttft_slos
 
     def config(**spec):
         rendered = container(build_gateway_deployment(CLUSTER, spec_of(**spec)))["args"][1:]

@@ -166,31 +166,51 @@ def test_the_reference_runs_whole_budget_long_batches_and_laps_the_engines_budge
     assert long_budget("laps") == SchedulerConfig.max_long_batch_tokens < 16384
 
 
+# A spike of chats with 200-400-token answers, 5x the rate for 5 s of every 20: it fills both
+# decode pods' slots (4 prefill + 2 decode pods of the H200 profile).
+SPIKE = {"name": "spike", "seed": 5, "phases": [{
+    "name": "p", "duration_s": 20,
+    "arrival": {"process": "bursty", "rate": 15, "burst_factor": 5, "burst_s": 5, "period_s": 20},
+    "prompt_tokens": {"distribution": "lmsys"},
+    "output_tokens": {"distribution": "uniform", "min": 200, "max": 400}}]}
+SPIKE_SLO = {"short": 0.5, "long": 3.0}
+# Decode engines that admit in arrival order, as stock SGLang's decode servers (our plugin
+# schedules prefill only).
+FIFO_DECODE = ("--decode-order", "fifo")
+
+
+def spike_attainment(system: str, engine_args: tuple[str, ...] = ()) -> tuple[dict, set]:
+    """Per class, the share of the spike's requests answered within SPIKE_SLO (a refused request
+    is a miss), and the reasons of the 429s."""
+    records = run(parse_workload(SPIKE), system, prefill=4, decode=2, ttft_slo_s=SPIKE_SLO,
+                  engine_args=engine_args).records.columns
+    attained = {}
+    for cls, bound in SPIKE_SLO.items():
+        sent = records["cls"] == cls
+        attained[cls] = float((sent & (records["status"] == 200) & (records["ttft_s"] <= bound)).sum() / sent.sum())
+    refusals = {str(e).split(":")[0] for e, s in zip(records["error"], records["status"]) if s == 429}
+    return attained, refusals
+
+
 def test_the_simulated_gateway_keeps_each_class_within_its_decode_share():
     """As the gateway does (admission.py rule 3, counted from dispatch until the answer ends;
-    `laps local` runs one pool without a share). A spike of chats with 200-400-token answers,
-    5x the rate for 5 s of every 20, fills both decode pods' slots; with no share (one pool) the
-    spike's requests queue for a slot behind each other and half of each class misses its SLO.
-    With the share the class beyond 3/4 of the slots gets 429 naming the decode pool, and more of
-    both classes start in time (a refused request counts as a miss). The held-out cell this was
-    found in: docs/design/placement.md."""
-    spec = parse_workload({"name": "spike", "seed": 5, "phases": [{
-        "name": "p", "duration_s": 20,
-        "arrival": {"process": "bursty", "rate": 15, "burst_factor": 5, "burst_s": 5, "period_s": 20},
-        "prompt_tokens": {"distribution": "lmsys"},
-        "output_tokens": {"distribution": "uniform", "min": 200, "max": 400}}]})
-    plan = plan_requests(spec)
-    slo = {"short": 0.5, "long": 3.0}
-
-    def in_slo(system: str) -> tuple[dict, set]:
-        records = run(spec, system, prefill=4, decode=2, ttft_slo_s=slo).records.columns
-        attained = {}
-        for cls, bound in slo.items():
-            sent = records["cls"] == cls
-            attained[cls] = float((sent & (records["status"] == 200) & (records["ttft_s"] <= bound)).sum() / sent.sum())
-        refusals = {str(e).split(":")[0] for e, s in zip(records["error"], records["status"]) if s == 429}
-        return attained, refusals
-
-    (shared, why), (unbounded, _) = in_slo("laps"), in_slo("laps-pooled")
-    assert len(plan) > 500 and any("overloaded in the decode pool" in w for w in why), why
+    `laps local` runs one pool without a share), in front of decode engines that admit in arrival
+    order (FIFO_DECODE). With no share (one pool) the spike's requests queue for a slot behind
+    each other and half of the short ones miss their SLO. With the share the class beyond 3/4 of
+    the slots gets 429 naming the decode pool, and more of both classes start in time (a refused
+    request counts as a miss). The held-out cell this was found in: docs/design/placement.md."""
+    assert len(plan_requests(parse_workload(SPIKE))) > 500
+    (shared, why), (unbounded, _) = spike_attainment("laps", FIFO_DECODE), spike_attainment("laps-pooled", FIFO_DECODE)
+    assert any("overloaded in the decode pool" in w for w in why), why
     assert shared["short"] > unbounded["short"] + 0.1 and shared["long"] >= unbounded["long"], (shared, unbounded)
+
+
+@pytest.mark.parametrize("system", ["laps", "laps-pooled"])
+def test_decode_engines_that_admit_by_deadline_start_more_of_a_spike_in_time(system):
+    """decode_order.py: when the spike fills the decode slots, a freed slot goes to the request
+    whose first token is due first (a short prompt's 0.5 s before a long one's 3 s), not to the
+    one whose KV came first; short prompts gain at least 5 points, long ones lose at most one."""
+    by_deadline, _ = spike_attainment(system)
+    fifo, _ = spike_attainment(system, FIFO_DECODE)
+    assert by_deadline["short"] > fifo["short"] + 0.05, (by_deadline, fifo)
+    assert by_deadline["long"] >= fifo["long"] - 0.01, (by_deadline, fifo)

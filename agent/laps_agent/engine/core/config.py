@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from laps_agent.policy.scheduling.buckets import BATCH_PREFILL_GRAPHS_MODES
 from laps_agent.policy.scheduling.config import SchedulerConfig
+from laps_agent.policy.scheduling.decode_order import DecodeOrder
 
 # `--dtype` of `laps engine` and `laps bench engine` (loader.resolve_dtype maps them to torch).
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -28,6 +29,8 @@ class EngineConfig:
     # Keep the KV of full prompt pages after a request (radix tree, kv_cache.py) and skip
     # recomputing them for later prompts with the same prefix. Decode-role engines ignore it.
     prefix_cache: bool = True
+    # Decode role: which request whose KV arrived takes a free slot (decode_order.py); None: FIFO.
+    decode_order: DecodeOrder | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -116,7 +116,9 @@ class EngineCore:
         live = _Live(work, sink, stop, cls=self._classify(len(work.input_ids)), cached=work.cached_tokens)
         self._live[work.rid] = live
         if work.kind == "decode":
-            self.pd.queue_import(work.rid)
+            order = self.config.decode_order
+            self.pd.queue_import(work.rid, 0.0 if order is None else order.deadline(
+                work.arrival if work.received is None else work.received, len(work.input_ids)))
         else:
             # Matched at admission, so the request is classified (and counted in the queues) by
             # what prefill will really compute here. Nothing is held until the batch starts:
@@ -154,10 +156,12 @@ class EngineCore:
                               self.config.context_len, self.kv.capacity_tokens)
 
     def _admit_imports(self) -> bool:
-        """Decode role: requests whose KV arrived take their pages, in arrival order, while
-        decode slots are free; each then sends its first token (the prefill engine's)."""
-        worked = False
-        while (rid := self.pd.next_import()) is not None and len(self._running) < self.config.max_running_requests:
+        """Decode role: requests whose KV arrived take their pages while decode slots are free,
+        by deadline (config.decode_order) or in arrival order; each then sends its first token
+        (the prefill engine's)."""
+        worked, by_deadline = False, self.config.decode_order is not None
+        while len(self._running) < self.config.max_running_requests and \
+                (rid := self.pd.next_import(by_deadline, time.monotonic())) is not None:
             live = self._live[rid]
             try:
                 pages = self.pd.admit_import(rid, self._reserve_tokens(live.work))

@@ -13,13 +13,13 @@ set) stay EngineCore's, which acts on what these steps return or raise."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import Any
 
 from laps_agent.engine.core.forward import ForwardItem, Runner
 from laps_agent.engine.core.kv_cache import KVCacheFull, PagedKVAllocator
 from laps_agent.engine.core.requests import GenerateWork
 from laps_agent.engine.core.warm_queue import Warm, WarmQueue
+from laps_agent.policy.scheduling.decode_order import next_admitted
 
 log = logging.getLogger("laps_agent.engine.engine")  # the loop's logger, as engine_core.py
 
@@ -27,28 +27,33 @@ log = logging.getLogger("laps_agent.engine.engine")  # the loop's logger, as eng
 class PDHandoff:
     def __init__(self, runner: Runner, kv: PagedKVAllocator, warms: WarmQueue) -> None:
         self.runner, self.kv, self.warms = runner, kv, warms
-        self.imports: deque[str] = deque()   # decode role: KV arrived, waiting for pages
+        # Decode role: KV arrived, waiting for pages, in arrival order: rid -> when its first
+        # token is due (DecodeOrder.deadline; 0 without one).
+        self.imports: dict[str, float] = {}
 
     def __contains__(self, rid: str) -> bool:
         return rid in self.imports
 
     # ---- decode role: KV from a prefill engine -----------------------------------------------
-    def queue_import(self, rid: str) -> None:
-        self.imports.append(rid)
+    def queue_import(self, rid: str, due: float = 0.0) -> None:
+        self.imports[rid] = due
 
-    def next_import(self) -> str | None:
-        return self.imports[0] if self.imports else None
+    def next_import(self, by_deadline: bool, now: float) -> str | None:
+        """The import that takes the next free slot: by deadline (decode_order.next_admitted),
+        else the oldest; None when none waits."""
+        if not by_deadline:
+            return next(iter(self.imports), None)
+        return next_admitted(self.imports, self.imports.__getitem__, now)
 
     def forget(self, rid: str) -> None:
         """`rid` was aborted or failed: it no longer waits for pages."""
-        if rid in self.imports:
-            self.imports.remove(rid)
+        self.imports.pop(rid, None)
 
     def admit_import(self, rid: str, reserve_tokens: int) -> list[int]:
-        """Pages for the head import, which leaves the queue; KVCacheFull (nothing taken, it
-        stays at the head) while the pool has no room for it."""
+        """Pages for import `rid`, which leaves the queue; KVCacheFull (nothing taken, it
+        keeps its place) while the pool has no room for it."""
         pages = self.kv.allocate(rid, reserve_tokens)
-        self.imports.popleft()
+        del self.imports[rid]
         return pages
 
     def import_kv(self, pages: list[int], work: GenerateWork) -> None:

@@ -30,6 +30,9 @@ class GenerateWork:
     params: SamplingParams
     kind: str = "generate"
     arrival: float = field(default_factory=time.monotonic)
+    # Decode: when its request reached the engine, before the KV fetch (time.monotonic); its first
+    # token's deadline counts from here (decode_order.py). None: `arrival`.
+    received: float | None = None
     kv: Any = None                 # decode: CPU tensor [layers, 2, len(input_ids), kv_heads, head_dim]
     first_token: int | None = None  # decode: the token the prefill engine sampled
     gateway_cls: str | None = None  # the class the gateway chose (X-LAPS-Class header), for metrics

@@ -195,6 +195,7 @@ class EngineServer:
 
     async def prepare(self, parsed: api.ParsedRequest, request: Request) -> tuple[GenerateWork, dict]:
         """Tokenize and, for the decode role, collect the KV from the prefill engine first."""
+        received = time.monotonic()   # a decode request's first token is due from here (decode_order.py)
         ids = await self.tokenize(parsed)
         rid = parsed.rid or new_rid()
         role, boot = self.settings.role, parsed.bootstrap
@@ -221,7 +222,7 @@ class EngineServer:
             extra["bootstrap_room"] = boot.room
             cached = (getattr(transfer, "meta", None) or {}).get("cached_tokens")
             return GenerateWork(rid, ids, parsed.params, kind="decode", kv=transfer.kv,
-                                first_token=transfer.first_token, **tags,
+                                first_token=transfer.first_token, received=received, **tags,
                                 cached_tokens=cached if isinstance(cached, int) else 0,
                                 warm_to=(boot.host, boot.port) if self.settings.prefix_warm else None), extra
         if role == "prefill" and boot is not None:

@@ -32,7 +32,7 @@ from laps_agent.emulated.core import EngineModel, Event, ModelRequest
 from laps_agent.emulated.prefill_cost import calibrate
 from laps_agent.emulated.profile import Profile
 from laps_agent.engine.core.load_report import in_time_tokens
-from laps_agent.engine.flags import bucket_grid, build_parser, long_wait_args, scheduler_config
+from laps_agent.engine.flags import bucket_grid, build_parser, decode_order, scheduler_config, slo_args
 from laps_agent.gateway.config import ProxyConfig
 from laps_agent.gateway.metrics import GatewayMetrics
 from laps_agent.gateway.proxy.load import DecodeHold, LoadTracker
@@ -46,8 +46,9 @@ from laps_agent.policy.cache_aware import cache_aware_choice
 from laps_agent.policy.classes import DEFAULT_LENGTH_THRESHOLD, LONG, SHORT, length_class
 from laps_agent.policy.groups import initial_short_count
 from laps_agent.policy.placement import ArrivalMix, PrefillCost, place
-from laps_agent.policy.planner import Pools, join_group, keep_both_groups, ttft_slos
+from laps_agent.policy.planner import Pools, join_group, keep_both_groups
 from laps_agent.policy.routing import Endpoint, NoEndpointError, RouteDecision, choose_route
+from laps_agent.policy.slo import ttft_slos
 from laps_agent.policy.systems import SINGLE_POOL_THRESHOLD, SystemConfig
 
 _ARRIVE, _ENGINE, _KV, _SAMPLE, _REBALANCE, _WARM, _SCALE = 0, 1, 2, 3, 4, 5, 6
@@ -104,7 +105,7 @@ class SimCluster:
         # The engine's own flag parser turns the system's knobs into the scheduler settings, so
         # the simulated engines are configured exactly as `laps local` configures real ones.
         flags = [*system.engine_args(), "--length-threshold", str(threshold), *engine_args]
-        args = build_parser().parse_args([*flags, *long_wait_args(flags, ttft_slos(ttft_slo_s)[LONG])])
+        args = build_parser().parse_args([*flags, *slo_args(flags, ttft_slos(ttft_slo_s))])
         grid = bucket_grid(args)
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
         running = args.max_running_requests or profile.engine.max_running_requests
@@ -128,7 +129,7 @@ class SimCluster:
         def model(role: str, cache=None) -> EngineModel:
             engine = EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                                  max_running=running, kv_pages=args.kv_pages, context_len=args.context_length,
-                                 token_events=False, prefix_cache=cache)
+                                 token_events=False, prefix_cache=cache, decode_order=decode_order(args))
             calibrate(engine)   # as `laps engine` at start-up
             return engine
 
