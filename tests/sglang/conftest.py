@@ -44,11 +44,15 @@ def retire():
         thread.join()
 
 
+DECODE_PLUGIN_ENV = {"LAPS_SCHEDULER": "1", "LAPS_LENGTH_THRESHOLD": "256", "LAPS_SLO": "short=0.5,long=3.0"}
+
+
 # Package scope: shared by every module here, and gone before the rest of the suite runs.
 @pytest.fixture(scope="package")
 def decode_launched(sglang_logs, retire):
     require_sglang()
-    server = SGLangServer("decode", sglang_logs)
+    # With the plugin's decode order on, as the operator renders a decode pod's environment.
+    server = SGLangServer("decode", sglang_logs, env=DECODE_PLUGIN_ENV)
     yield server
     retire(server)
 

@@ -46,7 +46,7 @@ def gateway(laps_prefill, decode_server, gateway_for):
     return gateway_for(laps_prefill, decode_server)
 
 
-def test_openai_client_through_gateway_and_real_pd(gateway, laps_prefill):
+def test_openai_client_through_gateway_and_real_pd(gateway, laps_prefill, decode_server):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{gateway}/v1", api_key="unused", timeout=120)
@@ -66,6 +66,9 @@ def test_openai_client_through_gateway_and_real_pd(gateway, laps_prefill):
                                             max_tokens=8, temperature=0, stream=True))
     assert "".join(p.choices[0].text for p in pieces if p.choices) == done.choices[0].text
     assert "LAPS scheduler active" in laps_prefill.log_text()
+    # The decode server's slots go in first-token deadline order (the operator's decode-pod env:
+    # conftest.DECODE_PLUGIN_ENV); the answers above passed through that hook.
+    assert "LAPS decode order active" in decode_server.log_text()
 
 
 def _after(batches: list[dict], start: int) -> list[dict]:

@@ -1,5 +1,6 @@
 """LAPS as a plugin to a stock SGLang (no fork): length-aware prefill scheduling on a prefill
-server, decided by the same `laps_agent.policy.scheduling` code as the builtin engine.
+server, and decode slots by first-token deadline on a decode server, decided by the same
+`laps_agent.policy.scheduling` code as the builtin engine.
 
 SGLang calls `register()` in each of its processes through the entry point group
 `sglang.srt.plugins` (pyproject.toml), before its scheduler exists. Nothing here imports SGLang
@@ -14,7 +15,13 @@ from __future__ import annotations
 import logging
 import sys
 
-from laps_agent.sglang_plugin.compat import HOOK_BATCH_RESULT, HOOK_NEW_BATCH, HOOK_SEND_STAMPS, problems
+from laps_agent.sglang_plugin.compat import (
+    HOOK_BATCH_RESULT,
+    HOOK_DECODE_ADMIT,
+    HOOK_NEW_BATCH,
+    HOOK_SEND_STAMPS,
+    problems,
+)
 from laps_agent.sglang_plugin.settings import load_settings
 
 log = logging.getLogger("laps.sglang_plugin")
@@ -53,6 +60,7 @@ def register() -> None:
     if found:
         log.error("LAPS plugin disabled: the installed SGLang does not match it: %s", "; ".join(found))
         return
-    around, after = make_hooks(settings)
+    around, after, before_decode = make_hooks(settings)
     HookRegistry.register(HOOK_NEW_BATCH, around, HookType.AROUND)
     HookRegistry.register(HOOK_BATCH_RESULT, after, HookType.AFTER)
+    HookRegistry.register(HOOK_DECODE_ADMIT, before_decode, HookType.BEFORE)

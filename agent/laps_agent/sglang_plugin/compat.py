@@ -24,6 +24,10 @@ HOOK_BATCH_RESULT = ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationP
 # AFTER, in the tokenizer process: the arrival stamps travel with the request (SGLang 0.5.23
 # stamps each request's arrival on the HTTP side but does not send the stamps to the scheduler).
 HOOK_SEND_STAMPS = "sglang.srt.observability.req_time_stats.APIServerReqTimeStats.__getstate__"
+# BEFORE, on a decode server: the requests whose KV arrived are put in deadline order
+# (policy/scheduling/decode_order.py) before SGLang takes the first ones into its running batch.
+HOOK_DECODE_ADMIT = ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin"
+                     "._get_new_prebuilt_batch")
 # A request's arrival, best first: SchedulerReqTimeStats fields (perf_counter seconds); the first
 # two are the tokenizer side's (APIServerReqTimeStats), which HOOK_SEND_STAMPS sends along.
 ARRIVAL_FIELDS = ("api_server_dispatch_time", "created_time", "prefill_bootstrap_queue_entry_time")
@@ -44,6 +48,7 @@ class Attr:
 CALLABLES = (
     Callable_(HOOK_NEW_BATCH, ("self", "prefill_delayer_single_pass", "running_batch")),
     Callable_(HOOK_BATCH_RESULT, ("self", "batch", "result")),
+    Callable_(HOOK_DECODE_ADMIT, ("self", "running_batch")),
     # The uncached-token count: SGLang's own radix-cache prefix match (as its LPM policy).
     Callable_("sglang.srt.mem_cache.common.match_kv_cache", ("req", "tree_cache", "token_ids")),
     Callable_("sglang.srt.constrained.grammar_manager.GrammarManager.has_waiting_grammars", ("self",)),
@@ -69,13 +74,15 @@ ATTRS = (
     Attr("sglang.srt.managers.schedule_batch.Req", "prefix_len"),
     Attr("sglang.srt.managers.schedule_batch.Req", "inflight_middle_chunks"),
     Attr("sglang.srt.managers.schedule_batch.Req", "time_stats"),
+    Attr("sglang.srt.managers.schedule_batch.Req", "retraction_count"),
     *(Attr("sglang.srt.observability.req_time_stats.SchedulerReqTimeStats", name) for name in ARRIVAL_FIELDS),
     *(Attr("sglang.srt.observability.req_time_stats.APIServerReqTimeStats", name) for name in ARRIVAL_FIELDS[:2]),
     Attr("sglang.srt.managers.schedule_batch.ScheduleBatch", "reqs"),
     Attr("sglang.srt.server_args.ServerArgs", "pp_size"),
     Attr("sglang.srt.server_args.ServerArgs", "served_model_name"),
 )
-ENUMS = (("sglang.srt.disaggregation.utils.DisaggregationMode", "PREFILL"),)
+ENUMS = (("sglang.srt.disaggregation.utils.DisaggregationMode", "PREFILL"),
+         ("sglang.srt.disaggregation.utils.DisaggregationMode", "DECODE"))
 
 
 def _assigned_in_class(cls: type, name: str) -> bool:

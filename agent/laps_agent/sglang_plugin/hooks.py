@@ -1,4 +1,4 @@
-"""The SGLang half of the plugin: two hooks on SGLang's scheduler and one on its tokenizer side
+"""The SGLang half of the plugin: three hooks on SGLang's scheduler and one on its tokenizer side
 (the methods are named in compat.py, HOOK_*; __init__.py registers these functions on them).
 
 * AROUND `Scheduler._get_new_batch_prefill_raw` (HOOK_NEW_BATCH) — the reference fork's queue-swap point. SGLang
@@ -10,6 +10,10 @@
   queue; a chunked prefill in progress still advances then (SGLang carries it outside the queue).
 * AFTER `process_batch_result_disagg_prefill` (HOOK_BATCH_RESULT) — a batch's prefill ended: time to first token by
   class, batch latency and size (metrics), and the cost model the window rules use.
+* BEFORE `_get_new_prebuilt_batch` (HOOK_DECODE_ADMIT), on a decode server — SGLang takes the
+  first requests of `waiting_queue` (KV arrived) into its running batch while slots are free;
+  the hook puts them in first-token deadline order first (`decode_queue_order`), as the builtin
+  engine's decode role admits them.
 
 The gauges (queues, running requests, KV usage, the pod's group) are set on every scheduler
 pass, in the first hook: SGLang calls it on each pass, idle ones included, so they fall back to
@@ -28,13 +32,29 @@ import os
 import time
 
 from laps_agent.policy.classes import SHORT
+from laps_agent.policy.scheduling.decode_order import DecodeOrder, admission_order
 from laps_agent.sglang_plugin.compat import ARRIVAL_FIELDS
 from laps_agent.sglang_plugin.driver import QueueDriver
 from laps_agent.sglang_plugin.settings import PluginSettings
 
 log = logging.getLogger("laps.sglang_plugin")
 _STATE_ATTR = "_laps_plugin_state"
+_DECODE_ATTR = "_laps_plugin_decode_order"
 _OFF = object()  # this scheduler runs vanilla
+
+
+def _arrival(req) -> float:
+    """When the server got the request, on perf_counter (the hooks' `now`). The scheduler loop
+    reads new requests only between batches, so its own receive time can be seconds late behind
+    a long prefill; the tokenizer process's dispatch time (propagated with the request) is the
+    HTTP-side arrival, as the builtin engine counts it. Implausible values (unset, another clock)
+    fall back to the next candidate."""
+    now = time.perf_counter()
+    for name in ARRIVAL_FIELDS:
+        value = float(getattr(req.time_stats, name, 0.0) or 0.0)
+        if now - 3600.0 < value <= now:
+            return value
+    return now
 
 
 class _State:
@@ -48,21 +68,8 @@ class _State:
             match_kv_cache(req, scheduler.tree_cache, req.origin_input_ids + req.output_ids)
             return prompt, int(req.prefix_len)
 
-        def arrival(req) -> float:
-            """When the server got the request, on perf_counter (the hooks' `now`). The
-            scheduler loop reads new requests only between batches, so its own receive time
-            can be seconds late behind a long prefill; the tokenizer process's dispatch time
-            (propagated with the request) is the HTTP-side arrival, as the builtin engine counts
-            it. Implausible values (unset, another clock) fall back to the next candidate."""
-            now = time.perf_counter()
-            for name in ARRIVAL_FIELDS:
-                value = float(getattr(req.time_stats, name, 0.0) or 0.0)
-                if now - 3600.0 < value <= now:
-                    return value
-            return now
-
         self.settings = settings
-        self.driver = QueueDriver(settings.scheduler, token_counts, arrival)
+        self.driver = QueueDriver(settings.scheduler, token_counts, _arrival)
         self.tp = scheduler.tp_size > 1
         model = getattr(scheduler.server_args, "served_model_name", None) or ""
         # Every SGLang process imports this module (for send_arrival_stamps); the series are a scheduler's.
@@ -98,6 +105,35 @@ def _state(scheduler, settings: PluginSettings):
         log.info("LAPS scheduler active: %s (from %s)", settings.scheduler, ", ".join(settings.sources))
     scheduler.__dict__[_STATE_ATTR] = state
     return None if state is _OFF else state
+
+
+def _decode_order(scheduler, settings: PluginSettings) -> DecodeOrder | None:
+    """The deadline order of a decode-mode scheduler with the plugin on (decided on first use);
+    None for every other scheduler, which keeps SGLang's own order."""
+    order = scheduler.__dict__.get(_DECODE_ATTR)
+    if order is None:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        order = _OFF
+        if scheduler.disaggregation_mode == DisaggregationMode.DECODE and settings.decode_order is not None:
+            if scheduler.server_args.pp_size > 1:
+                log.warning("LAPS decode order disabled: pipeline parallelism (pp_size=%d) is not supported",
+                            scheduler.server_args.pp_size)
+            else:
+                order = settings.decode_order
+                log.info("LAPS decode order active: a free slot goes to the first token due first (TTFT SLO "
+                         "%s, length threshold %d)", dict(order.ttft_slo_s), order.length_threshold)
+        scheduler.__dict__[_DECODE_ATTR] = order
+    return None if order is _OFF else order
+
+
+def decode_queue_order(order: DecodeOrder, waiting: list, now: float) -> list:
+    """A decode server's waiting requests (KV arrived) in the order they take free slots: those
+    resumed after a retraction first (their first token went out long ago, and their KV is back
+    in memory, waiting), then the rest by first-token deadline (decode_order.admission_order)."""
+    resumed = [r for r in waiting if r.retraction_count > 0]
+    fresh = [r for r in waiting if r.retraction_count <= 0]
+    return resumed + admission_order(fresh, lambda r: order.deadline(_arrival(r), len(r.origin_input_ids)), now)
 
 
 def _broadcast_choice(scheduler, chosen_rids):
@@ -195,4 +231,20 @@ def make_hooks(settings: PluginSettings):
                 state.metrics.observe_first_token(tracked.cls, now - tracked.arrival)
         return None
 
-    return around_new_batch, after_batch_result
+    def before_prebuilt_batch(self, *args, **kwargs):
+        order = _decode_order(self, settings)
+        if order is None or len(self.waiting_queue) < 2:
+            return None
+        ordered = decode_queue_order(order, self.waiting_queue, time.perf_counter())
+        if self.tp_size > 1:
+            # The order depends on the clock: rank 0 decides, the others apply it (their queues
+            # hold the same requests), so every rank builds the same batch.
+            leader = self.tp_group.rank == self.tp_group.ranks[0]
+            rids = _broadcast_choice(self, [r.rid for r in ordered] if leader else None)
+            if not leader:
+                place = {rid: i for i, rid in enumerate(rids)}
+                ordered = sorted(self.waiting_queue, key=lambda r: place.get(r.rid, len(place)))
+        self.waiting_queue = ordered
+        return None
+
+    return around_new_batch, after_batch_result, before_prebuilt_batch

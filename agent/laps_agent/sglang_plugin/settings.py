@@ -7,8 +7,8 @@ without a fork. They come instead from (later wins):
    `lengthThreshold`, `scheduler: {enabled, waitWindowMs, waitMaxBatch, adaptiveWindow,
    maxLongWaitMs, maxLongBatchTokens, longInWindow}`;
 2. one environment variable per builtin-engine flag (`laps engine --length-threshold` ->
-   `LAPS_LENGTH_THRESHOLD`, `--laps-scheduler` -> `LAPS_SCHEDULER`, ...), the form the operator
-   renders into the pod.
+   `LAPS_LENGTH_THRESHOLD`, `--laps-scheduler` -> `LAPS_SCHEDULER`, `--slo` -> `LAPS_SLO`, ...),
+   the form the operator renders into the pod.
 
 Without `LAPS_SCHEDULER` or a file saying `scheduler.enabled: true` the plugin stays out of
 SGLang's way entirely (installing it into an image must not change a vanilla server).
@@ -18,6 +18,7 @@ silent default. Pure Python: imported and tested without SGLang.
 """
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 from collections.abc import Mapping
@@ -25,6 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
+from laps_agent.policy.scheduling.decode_order import DECODE_ORDERS, DecodeOrder
+from laps_agent.policy.slo import ttft_slos
+from laps_agent.serving.flag_types import slo_seconds
 
 CONFIG_FILE_ENV = "LAPS_CONFIG_FILE"
 # env var -> (SchedulerConfig field, parser); names mirror `laps engine`'s flags.
@@ -55,7 +59,8 @@ ENV_KNOBS: dict[str, tuple[str, type | object]] = {
 }
 # The plugin's other variables (hooks.py, metrics.py): together with ENV_KNOBS every LAPS_* name
 # it reads, so a near miss of one of them is reported as the typo it is.
-OTHER_ENV = (CONFIG_FILE_ENV, "LAPS_LABELS_FILE", "LAPS_BATCH_LOG", "LAPS_METRICS_PORT")
+OTHER_ENV = (CONFIG_FILE_ENV, "LAPS_LABELS_FILE", "LAPS_BATCH_LOG", "LAPS_METRICS_PORT", "LAPS_SLO",
+             "LAPS_DECODE_ORDER")
 # CRD camelCase (spec.laps.scheduler.*) -> (SchedulerConfig field, the YAML type the CRD gives it)
 _FILE_SCHEDULER_KEYS = {
     "enabled": ("enabled", bool), "waitWindowMs": ("wait_window_ms", float),
@@ -82,10 +87,21 @@ class PluginSettings:
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(enabled=False))
     labels_file: str | None = None      # downward-API labels (the pod's prefill group)
     sources: tuple[str, ...] = ()       # where the values came from, for the start-up log
+    # A decode server's: LAPS_SLO (`laps engine --slo`), LAPS_DECODE_ORDER (`--decode-order`).
+    ttft_slo_s: Mapping[str, float] = field(default_factory=ttft_slos)
+    decode_order_rule: str = DECODE_ORDERS[0]
 
     @property
     def enabled(self) -> bool:
         return self.scheduler.enabled
+
+    @property
+    def decode_order(self) -> DecodeOrder | None:
+        """The order a decode server's requests whose KV arrived take free slots (None: SGLang's
+        own, arrival order), as `laps engine`'s decode_order(args)."""
+        if not self.enabled or self.decode_order_rule != "deadline":
+            return None
+        return DecodeOrder(self.ttft_slo_s, self.scheduler.length_threshold)
 
 
 def _from_file(path: Path) -> dict:
@@ -141,11 +157,21 @@ def load_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
             except ValueError as exc:
                 raise ValueError(f"{var}={env[var]!r}: {exc}") from None
             sources.append(var)
+    slo = ttft_slos()
+    if "LAPS_SLO" in env:
+        try:
+            slo = ttft_slos(slo_seconds(env["LAPS_SLO"]))
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"LAPS_SLO={env['LAPS_SLO']!r}: {exc}") from None
+        sources.append("LAPS_SLO")
+    rule = env.get("LAPS_DECODE_ORDER", DECODE_ORDERS[0])
+    if rule not in DECODE_ORDERS:
+        raise ValueError(f"LAPS_DECODE_ORDER={rule!r}: must be one of {DECODE_ORDERS}")
     if values.get("long_in_window", "cost") not in LONG_IN_WINDOW_RULES:
         raise ValueError(f"LAPS_LONG_IN_WINDOW must be one of {LONG_IN_WINDOW_RULES}")
     try:
         scheduler = SchedulerConfig(**values)
     except ValueError as exc:  # an out-of-range value: name where it came from
         raise ValueError(f"{exc} (from {', '.join(sources) or 'defaults'})") from None
-    return PluginSettings(scheduler=scheduler,
-                          labels_file=env.get("LAPS_LABELS_FILE") or None, sources=tuple(sources))
+    return PluginSettings(scheduler=scheduler, labels_file=env.get("LAPS_LABELS_FILE") or None,
+                          sources=tuple(sources), ttft_slo_s=slo, decode_order_rule=rule)

@@ -153,10 +153,18 @@ def sglang_prefill_graph_config(batch_sizes: tuple[int, ...], seq_lengths: tuple
     return json.dumps({"prefill": prefill}, separators=(",", ":"))
 
 
-def plugin_env_fields(spec: ClusterSpec) -> dict[str, tuple[str | None, str]]:
-    """The LAPS plugin's variables (laps_agent/sglang_plugin/settings.py): name -> (the CR field
-    it comes from, or None, and its value)."""
+def plugin_env_fields(spec: ClusterSpec, role: str = "prefill") -> dict[str, tuple[str | None, str]]:
+    """The LAPS plugin's variables (laps_agent/sglang_plugin/settings.py) on `role`'s pods:
+    name -> (the CR field it comes from, or None, and its value). A decode server takes only
+    what orders its decode slots (the plugin's decode order)."""
     laps, sched = spec.laps, spec.laps.scheduler
+    if role == "decode":
+        ttft = spec.slo.ttft_p90_seconds
+        return {
+            "LAPS_SCHEDULER": ("laps.scheduler.enabled", "1" if sched.enabled else "0"),
+            "LAPS_LENGTH_THRESHOLD": ("laps.lengthThreshold", str(laps.length_threshold)),
+            "LAPS_SLO": ("slo.ttftP90Seconds", slo_text({SHORT: ttft.short, LONG: ttft.long})),
+        }
     return {
         "LAPS_SCHEDULER": ("laps.scheduler.enabled", "1" if sched.enabled else "0"),
         "LAPS_LENGTH_THRESHOLD": ("laps.lengthThreshold", str(laps.length_threshold)),
@@ -170,11 +178,11 @@ def plugin_env_fields(spec: ClusterSpec) -> dict[str, tuple[str | None, str]]:
 
 
 def sglang_plugin_env(spec: ClusterSpec, role: str) -> list[dict[str, str]]:
-    """The plugin's configuration, prefill only: the plugin schedules nothing elsewhere, and
-    decode pods then run vanilla SGLang."""
-    if spec.engine.backend != "sglang" or role != "prefill":
+    """The plugin's configuration: prefill pods schedule prefill batches, decode pods order
+    their decode slots."""
+    if spec.engine.backend != "sglang":
         return []
-    return [{"name": name, "value": value} for name, (_, value) in plugin_env_fields(spec).items()]
+    return [{"name": name, "value": value} for name, (_, value) in plugin_env_fields(spec, role).items()]
 
 
 def engine_command(spec: ClusterSpec, role: str) -> tuple[list[str], list[str]]:

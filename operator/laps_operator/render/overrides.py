@@ -89,7 +89,7 @@ def extra_args_problem(spec: ClusterSpec) -> str | None:
 
 def env_problem(spec: ClusterSpec) -> str | None:
     """engine.env naming a variable the operator sets on either role's engines."""
-    fields = {name: field for name, (field, _) in plugin_env_fields(spec).items()}
+    fields = {name: field for role in ROLES for name, (field, _) in plugin_env_fields(spec, role).items()}
     owned = {e["name"] for role in ROLES for e in operator_env(spec, role)} - USER_OVERRIDABLE_ENV
     for entry in spec.engine.env:
         name = entry["name"]

@@ -181,7 +181,24 @@ def test_sglang_backend_renders_a_stock_launch_server_and_the_plugin_env():
     decode = container(build_decode_deployment(CLUSTER, spec))
     assert flag(decode["args"], "--disaggregation-mode") == "decode"
     assert "--disaggregation-bootstrap-port" not in decode["args"]
-    assert not [e for e in decode["env"] if e["name"].startswith("LAPS_") and e["name"] != "LAPS_BATCH_LOG"]
+    # Decode pods: the plugin's decode order, by the SLOs the gateway places by.
+    laps_env = {e["name"]: e["value"] for e in decode["env"] if e["name"].startswith("LAPS_")}
+    assert laps_env == {"LAPS_SCHEDULER": "1", "LAPS_LENGTH_THRESHOLD": "300", "LAPS_SLO": "short=0.5,long=3.0",
+                        "LAPS_BATCH_LOG": "/tmp/batches"}
+
+
+def test_the_plugin_on_a_decode_pod_reads_the_slos_the_gateway_places_by():
+    from laps_agent.sglang_plugin.settings import load_settings
+
+    spec = spec_of(engine={"backend": "sglang"}, slo={"ttftP90Seconds": {"short": 0.3, "long": 8}})
+    env = {e["name"]: e["value"] for e in container(build_decode_deployment(CLUSTER, spec))["env"]
+           if e["name"].startswith("LAPS_")}
+    order = load_settings(env).decode_order
+    assert order.ttft_slo_s == {"short": 0.3, "long": 8.0} and order.length_threshold == 256
+    off = spec_of(engine={"backend": "sglang"}, laps={"scheduler": {"enabled": False}})
+    env = {e["name"]: e["value"] for e in container(build_decode_deployment(CLUSTER, off))["env"]
+           if e["name"].startswith("LAPS_")}
+    assert load_settings(env).decode_order is None   # SGLang's own arrival order
 
 
 def test_sglang_plugin_env_says_off_when_the_scheduler_is_disabled():

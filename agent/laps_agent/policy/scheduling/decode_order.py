@@ -9,7 +9,7 @@ deadline go first, earliest first; those already past it go after them, earliest
 slot from a request still in time makes it late as well, and buys the late one nothing it can
 still meet. A decode engine without the LAPS scheduler (`--no-laps-scheduler`, vanilla PD) or
 with `--decode-order fifo` (the reference LAPS) admits in arrival order, as stock SGLang's decode
-server does; our SGLang plugin schedules prefill only, so SGLang's decode stays FIFO.
+server does. Our SGLang plugin orders a decode server's waiting queue the same way.
 
 Why: when decode is the bottleneck, short prompts (a 0.5 s SLO) queued behind long ones (3 s)
 missed while the long ones had seconds to spare. What it changed on the workload matrices, and
@@ -45,7 +45,19 @@ class DecodeOrder:
         return received_at + self.ttft_slo_s[length_class(prompt_tokens, self.length_threshold)]
 
 
+def admission_key(deadline: float, now: float) -> tuple[bool, float]:
+    """A waiting request's place at `now` (smaller first): still in time before late, then by
+    deadline."""
+    return deadline < now, deadline
+
+
 def next_admitted(waiting: Iterable[T], deadline: Callable[[T], float], now: float) -> T | None:
     """The waiting request that takes the next free slot at `now` (the module docstring's order;
     the first of equals, so equal deadlines keep arrival order); None when none waits."""
-    return min(waiting, key=lambda w: (deadline(w) < now, deadline(w)), default=None)
+    return min(waiting, key=lambda w: admission_key(deadline(w), now), default=None)
+
+
+def admission_order(waiting: Iterable[T], deadline: Callable[[T], float], now: float) -> list[T]:
+    """All of `waiting` in the order they take free slots at `now` (stable: equals keep their
+    order): what a driver that hands its engine a whole queue (the SGLang plugin) sorts by."""
+    return sorted(waiting, key=lambda w: admission_key(deadline(w), now))
