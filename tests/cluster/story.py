@@ -124,7 +124,8 @@ class Story:
             # whose namespaces are being deleted.
             if (entry["user"]["username"] in (OPERATOR_USER, self.gateway_user)
                     and entry.get("responseStatus", {}).get("code") == 403
-                    and entry.get("objectRef", {}).get("namespace") in (None, self.namespace)):
+                    and entry.get("objectRef", {}).get("namespace") in (None, self.namespace)
+                    and not _discovery_lag(entry)):
                 raise StepDenied(self.step, entry)
 
     def wait(self, probe: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
@@ -341,3 +342,12 @@ class Story:
             return not left
         self.wait(gone, "every child removed by the garbage collector", 90)
 
+
+
+def _discovery_lag(entry: dict) -> bool:
+    """A 403 of the API server's owner-reference admission that had not yet mapped the CRD's kind
+    ("cannot find RESTMapping"): no permission was missing, and the operator's retry succeeds.
+    `wait_owner_kind_known` waits for the mapping after the install, yet make test once met it
+    later still (2026-12-08, test_least_privilege, right after the API server logged "storage is
+    (re)initializing"); counting it as a refusal named the wrong step."""
+    return "cannot find RESTMapping" in entry.get("responseStatus", {}).get("message", "")
