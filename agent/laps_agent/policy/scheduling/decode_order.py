@@ -1,5 +1,5 @@
 """Which request takes a free decode slot (pure; the decode role of the builtin and emulated
-engines, and `laps sim`'s).
+engines, `laps sim`'s, and the SGLang plugin's on a decode server).
 
 Requests whose KV has arrived wait for a decode slot (and its KV pages). A LAPS decode engine
 gives the next one to the request whose first token is due first: its deadline is when the engine
@@ -9,7 +9,8 @@ deadline go first, earliest first; those already past it go after them, earliest
 slot from a request still in time makes it late as well, and buys the late one nothing it can
 still meet. A decode engine without the LAPS scheduler (`--no-laps-scheduler`, vanilla PD) or
 with `--decode-order fifo` (the reference LAPS) admits in arrival order, as stock SGLang's decode
-server does. Our SGLang plugin orders a decode server's waiting queue the same way.
+server does without our plugin; with it, the plugin orders a decode server's waiting queue the
+same way (sglang_plugin/hooks.py).
 
 Why: when decode is the bottleneck, short prompts (a 0.5 s SLO) queued behind long ones (3 s)
 missed while the long ones had seconds to spare. What it changed on the workload matrices, and
