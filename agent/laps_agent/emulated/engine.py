@@ -127,9 +127,8 @@ class EmulatedEngine:
             self.model.warm(page_keys(work.input_ids, self.model.page_size), len(work.input_ids))
             self._wake.set()
             return
-        received = work.arrival if work.received is None else work.received   # a decode request's, before its KV
         req = ModelRequest(work.rid, work.kind, len(work.input_ids), work.params.max_new_tokens,
-                           received, gateway_cls=work.gateway_cls)
+                           work.received_at, gateway_cls=work.gateway_cls)
         if work.kind == "decode":
             req.cls = ""  # the model classifies it like the prefill engine did
         elif self.model.prefix_cache is not None:

@@ -11,7 +11,7 @@ from laps_agent.engine.core.config import DTYPE_CHOICES
 from laps_agent.policy.classes import LONG
 from laps_agent.policy.scheduling.buckets import DEFAULT_BATCH_SIZES, DEFAULT_SEQ_LENGTHS, BucketGrid
 from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig, slo_long_wait_ms
-from laps_agent.policy.scheduling.decode_order import DECODE_ORDERS, DecodeOrder
+from laps_agent.policy.scheduling.decode_order import DECODE_ORDERS, DecodeOrder, chosen_order
 from laps_agent.serving.drain import DEFAULT_GRACE_S
 from laps_agent.serving.exit_reason import ExitRecordingParser
 from laps_agent.serving.flag_types import positive_ints, slo_seconds, slo_text
@@ -144,9 +144,7 @@ def scheduler_config(args: argparse.Namespace, grid: BucketGrid | None, max_pref
 def decode_order(args: argparse.Namespace) -> DecodeOrder | None:
     """The order requests whose KV arrived take decode slots: by TTFT deadline with the LAPS
     scheduler and --decode-order deadline, else None (FIFO, as stock SGLang)."""
-    if not args.laps_scheduler or args.decode_order != "deadline":
-        return None
-    return DecodeOrder.from_slo(args.slo, args.length_threshold)
+    return chosen_order(args.laps_scheduler, args.decode_order, args.slo, args.length_threshold)
 
 
 def bucket_grid(args: argparse.Namespace) -> BucketGrid | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from laps_agent.policy.scheduling.config import LONG_IN_WINDOW_RULES, SchedulerConfig
-from laps_agent.policy.scheduling.decode_order import DECODE_ORDERS, DecodeOrder
+from laps_agent.policy.scheduling.decode_order import DECODE_ORDERS, DecodeOrder, chosen_order
 from laps_agent.policy.slo import ttft_slos
 from laps_agent.serving.flag_types import slo_seconds
 
@@ -99,9 +99,7 @@ class PluginSettings:
     def decode_order(self) -> DecodeOrder | None:
         """The order a decode server's requests whose KV arrived take free slots (None: SGLang's
         own, arrival order), as `laps engine`'s decode_order(args)."""
-        if not self.enabled or self.decode_order_rule != "deadline":
-            return None
-        return DecodeOrder(self.ttft_slo_s, self.scheduler.length_threshold)
+        return chosen_order(self.enabled, self.decode_order_rule, self.ttft_slo_s, self.scheduler.length_threshold)
 
 
 def _from_file(path: Path) -> dict:

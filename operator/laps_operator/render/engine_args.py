@@ -37,6 +37,12 @@ def _switch(name: str, on: bool, field: str) -> Owned:
     return Owned((name, negative), field, (name if on else negative,))
 
 
+def _ttft_slo_text(spec: ClusterSpec) -> str:
+    """spec.slo.ttftP90Seconds as the --slo text (LAPS_SLO's too) the gateway and the engines read."""
+    ttft = spec.slo.ttft_p90_seconds
+    return slo_text({SHORT: ttft.short, LONG: ttft.long})
+
+
 def _csv(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in values)
 
@@ -80,10 +86,9 @@ def _builtin_owned(spec: ClusterSpec, role: str) -> list[Owned]:
             _opt("--labels-file", LABELS_FILE, None),
         ]
     else:   # decode: the LAPS scheduler orders decode admission by the TTFT SLOs (decode_order.py)
-        ttft = spec.slo.ttft_p90_seconds
         owned += [
             _switch("--laps-scheduler", sched.enabled, "laps.scheduler.enabled"),
-            _opt("--slo", slo_text({SHORT: ttft.short, LONG: ttft.long}), "slo.ttftP90Seconds"),
+            _opt("--slo", _ttft_slo_text(spec), "slo.ttftP90Seconds"),
         ]
     return owned
 
@@ -158,16 +163,14 @@ def plugin_env_fields(spec: ClusterSpec, role: str = "prefill") -> dict[str, tup
     name -> (the CR field it comes from, or None, and its value). A decode server takes only
     what orders its decode slots (the plugin's decode order)."""
     laps, sched = spec.laps, spec.laps.scheduler
-    if role == "decode":
-        ttft = spec.slo.ttft_p90_seconds
-        return {
-            "LAPS_SCHEDULER": ("laps.scheduler.enabled", "1" if sched.enabled else "0"),
-            "LAPS_LENGTH_THRESHOLD": ("laps.lengthThreshold", str(laps.length_threshold)),
-            "LAPS_SLO": ("slo.ttftP90Seconds", slo_text({SHORT: ttft.short, LONG: ttft.long})),
-        }
-    return {
+    both = {
         "LAPS_SCHEDULER": ("laps.scheduler.enabled", "1" if sched.enabled else "0"),
         "LAPS_LENGTH_THRESHOLD": ("laps.lengthThreshold", str(laps.length_threshold)),
+    }
+    if role == "decode":
+        return {**both, "LAPS_SLO": ("slo.ttftP90Seconds", _ttft_slo_text(spec))}
+    return {
+        **both,
         "LAPS_WAIT_WINDOW_MS": ("laps.scheduler.waitWindowMs", _fmt(sched.wait_window_ms)),
         "LAPS_WAIT_MAX_BATCH": ("laps.scheduler.waitMaxBatch", str(sched.wait_max_batch)),
         "LAPS_ADAPTIVE_WINDOW": ("laps.scheduler.adaptiveWindow", "1" if sched.adaptive_window else "0"),
@@ -210,8 +213,7 @@ def gateway_command(spec: ClusterSpec, cluster: ClusterRef) -> tuple[list[str], 
     if spec.gateway.max_decode_share is not None:
         args += ["--max-decode-share", _fmt(spec.gateway.max_decode_share)]
     # The SLOs the planner sizes for are the ones the gateway places by (policy/placement.py).
-    ttft = spec.slo.ttft_p90_seconds
-    args += ["--slo", slo_text({SHORT: ttft.short, LONG: ttft.long})]
+    args += ["--slo", _ttft_slo_text(spec)]
     if model_visible_to_gateway(spec):
         args += ["--tokenizer", spec.model.path]
     args += [

@@ -118,7 +118,7 @@ class EngineCore:
         if work.kind == "decode":
             order = self.config.decode_order
             self.pd.queue_import(work.rid, 0.0 if order is None else order.deadline(
-                work.arrival if work.received is None else work.received, len(work.input_ids)))
+                work.received_at, len(work.input_ids)))
         else:
             # Matched at admission, so the request is classified (and counted in the queues) by
             # what prefill will really compute here. Nothing is held until the batch starts:

@@ -33,6 +33,11 @@ class GenerateWork:
     # Decode: when its request reached the engine, before the KV fetch (time.monotonic); its first
     # token's deadline counts from here (decode_order.py). None: `arrival`.
     received: float | None = None
+
+    @property
+    def received_at(self) -> float:
+        """When the request reached the engine: `received` where the server set it, else `arrival`."""
+        return self.arrival if self.received is None else self.received
     kv: Any = None                 # decode: CPU tensor [layers, 2, len(input_ids), kv_heads, head_dim]
     first_token: int | None = None  # decode: the token the prefill engine sampled
     gateway_cls: str | None = None  # the class the gateway chose (X-LAPS-Class header), for metrics

@@ -108,6 +108,7 @@ class SimCluster:
         args = build_parser().parse_args([*flags, *slo_args(flags, ttft_slos(ttft_slo_s))])
         grid = bucket_grid(args)
         sched = scheduler_config(args, grid, args.max_prefill_tokens or profile.engine.max_prefill_tokens)
+        order = decode_order(args)
         running = args.max_running_requests or profile.engine.max_running_requests
         self.batch_tokens = sched.max_prefill_tokens
         self.decode_slots_per_pod = running   # what each decode engine reports as its slots
@@ -129,7 +130,7 @@ class SimCluster:
         def model(role: str, cache=None) -> EngineModel:
             engine = EngineModel(profile, role, sched, grid, batch_prefill_graphs_mode=args.batch_prefill_graphs_mode,
                                  max_running=running, kv_pages=args.kv_pages, context_len=args.context_length,
-                                 token_events=False, prefix_cache=cache, decode_order=decode_order(args))
+                                 token_events=False, prefix_cache=cache, decode_order=order)
             calibrate(engine)   # as `laps engine` at start-up
             return engine
 

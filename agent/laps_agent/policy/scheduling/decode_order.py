@@ -46,6 +46,15 @@ class DecodeOrder:
         return received_at + self.ttft_slo_s[length_class(prompt_tokens, self.length_threshold)]
 
 
+def chosen_order(laps_scheduler: bool, rule: str, given_slo: Mapping[str, float] | None,
+                 length_threshold: int) -> DecodeOrder | None:
+    """The order a decode engine runs (None: arrival order): by deadline with the LAPS scheduler
+    and the rule "deadline" (`--decode-order`, LAPS_DECODE_ORDER); `given_slo` as --slo gives it."""
+    if not laps_scheduler or rule != "deadline":
+        return None
+    return DecodeOrder.from_slo(given_slo, length_threshold)
+
+
 def admission_key(deadline: float, now: float) -> tuple[bool, float]:
     """A waiting request's place at `now` (smaller first): still in time before late, then by
     deadline."""
